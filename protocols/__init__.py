@@ -1,0 +1,1 @@
+"""The contract both sides of pfl-edge import: messages, topics, tensor codec, algorithm configs."""

@@ -1,0 +1,268 @@
+"""Every message pfl-edge exchanges, as frozen pydantic models on one base.
+
+A message travels as a frame (see `protocols.codec`): this header, validated here, followed by the
+tensors its `manifest` describes. `parse_header` is the one entry point for anything inbound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+)
+
+from protocols.errors import ProtocolError
+from protocols.versions import PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS
+
+SEGMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A device id or fleet name: one MQTT topic segment with no wildcards or separators."""
+
+DeviceId = Annotated[str, Field(pattern=SEGMENT_PATTERN)]
+TensorName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+DType = Literal[
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"
+]
+
+
+def _require_finite(value: float) -> float:
+    if not math.isfinite(value):
+        msg = f"expected a finite number, got {value}"
+        raise ValueError(msg)
+    return value
+
+
+FiniteFloat = Annotated[float, AfterValidator(_require_finite)]
+Scalars = dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], FiniteFloat]
+"""An algorithm's named scalars (e.g. Self-FL's sigma_m^2): finite numbers only."""
+
+
+def _check_version(version: int) -> int:
+    if version not in SUPPORTED_PROTOCOL_VERSIONS:
+        msg = f"unsupported protocol version {version}; this build speaks {PROTOCOL_VERSION}"
+        raise ValueError(msg)
+    return version
+
+
+class WireModel(BaseModel):
+    """Base of every part of the wire contract: strict about unknown fields, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(WireModel):
+    """Base of every top-level message: a version and a send time."""
+
+    protocol_version: Annotated[int, AfterValidator(_check_version)] = PROTOCOL_VERSION
+    sent_at: float = Field(default_factory=time.time)
+
+
+class TensorSpec(WireModel):
+    """Name, dtype and shape of one tensor in a frame."""
+
+    name: TensorName
+    dtype: DType
+    shape: tuple[NonNegativeInt, ...]
+
+
+class TensorManifest(WireModel):
+    """What tensors a frame carries, and the SHA-256 and length of their encoded bytes."""
+
+    tensors: tuple[TensorSpec, ...] = ()
+    byte_length: NonNegativeInt = 0
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = "0" * 64
+
+
+class MemoryPlan(WireModel):
+    """How a device will train within its memory budget."""
+
+    budget_bytes: NonNegativeInt
+    estimated_peak_bytes: NonNegativeInt
+    micro_batch_size: Annotated[int, Field(ge=1)]
+    accumulation_steps: Annotated[int, Field(ge=1)]
+    method: Literal["estimate", "probe"] = "estimate"
+
+
+class Capabilities(WireModel):
+    """What a device can offer, sent with its hello."""
+
+    cores: Annotated[int, Field(ge=1)]
+    memory_bytes: NonNegativeInt
+    arch: str = Field(max_length=64)
+    torch_version: str = Field(max_length=64)
+    python_version: str = Field(max_length=32)
+
+
+class DeviceHello(Message):
+    """A device announcing itself: who it is, what it runs and how much data it holds."""
+
+    kind: Literal["hello"] = "hello"
+    device_id: DeviceId
+    task: str = Field(max_length=256)
+    num_train_samples: NonNegativeInt
+    capabilities: Capabilities
+    memory_plan: MemoryPlan | None = None
+    stateful: bool = True
+
+
+class DeviceStatus(Message):
+    """A device's liveness and progress; retained, with an "offline" last-will."""
+
+    kind: Literal["status"] = "status"
+    device_id: DeviceId
+    state: Literal["online", "training", "evaluating", "exporting", "offline"]
+    round_id: NonNegativeInt | None = None
+    last_loss: FiniteFloat | None = None
+    detail: str = Field(default="", max_length=1024)
+
+
+class CoordinatorStatus(Message):
+    """The coordinator's liveness and progress; retained, with an "offline" last-will."""
+
+    kind: Literal["coordinator-status"] = "coordinator-status"
+    state: Literal["online", "running", "finished", "offline"]
+    fleet: DeviceId
+    task: str = Field(default="", max_length=256)
+    algorithm: str = Field(default="", max_length=64)
+    round_id: NonNegativeInt | None = None
+    rounds: NonNegativeInt | None = None
+
+
+class SharedModel(Message):
+    """The shared parameters the coordinator holds; retained, so late devices catch up."""
+
+    kind: Literal["shared-model"] = "shared-model"
+    round_id: NonNegativeInt
+    manifest: TensorManifest
+
+
+class DeviceAssignment(WireModel):
+    """What one selected device receives beyond the shared model (algorithm scalars)."""
+
+    scalars: Scalars = Field(default_factory=dict)
+
+
+class RoundAnnouncement(Message):
+    """A call for work on the current shared model: train, evaluate or export.
+
+    `model_sha256` names the SharedModel the work uses. `assignments` lists the devices asked to
+    answer; an empty mapping means every device.
+    """
+
+    kind: Literal["round"] = "round"
+    round_id: NonNegativeInt
+    phase: Literal["train", "evaluate", "export"]
+    algorithm: str = Field(max_length=64)
+    config: dict[str, Any] = Field(default_factory=dict)
+    model_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    deadline_s: Annotated[float, Field(gt=0)] = 600.0
+    assignments: dict[DeviceId, DeviceAssignment] = Field(default_factory=dict)
+    final: bool = False
+
+    def addresses(self, device_id: str) -> bool:
+        """Whether this announcement asks `device_id` to answer."""
+        return not self.assignments or device_id in self.assignments
+
+
+class DeviceUpdate(Message):
+    """A device's answer to a training round: shared-parameter delta plus scalars only."""
+
+    kind: Literal["update"] = "update"
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    algorithm: str = Field(max_length=64)
+    num_samples: NonNegativeInt
+    train_loss: FiniteFloat
+    scalars: Scalars = Field(default_factory=dict)
+    manifest: TensorManifest
+
+
+class EvaluationReport(Message):
+    """A device's held-out metrics for its personalized model and for the shared global model."""
+
+    kind: Literal["evaluation"] = "evaluation"
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    metric_name: Literal["accuracy", "mse"]
+    personalized: FiniteFloat
+    global_model: FiniteFloat | None = None
+    num_test_samples: NonNegativeInt
+    num_train_samples: NonNegativeInt
+
+
+class Command(Message):
+    """An instruction to one device (or all) outside the round flow."""
+
+    kind: Literal["command"] = "command"
+    action: Literal["export", "reset-state", "shutdown", "hello"]
+    round_id: NonNegativeInt | None = None
+    arguments: dict[str, str] = Field(default_factory=dict)
+
+
+class ExportReport(Message):
+    """What a device says about the ONNX file it wrote; never the model itself."""
+
+    kind: Literal["export-report"] = "export-report"
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    ok: bool
+    path: str = Field(default="", max_length=4096)
+    size_bytes: NonNegativeInt = 0
+    sha256: str = Field(default="", max_length=64)
+    parity_max_abs_diff: FiniteFloat | None = None
+    metrics: Scalars = Field(default_factory=dict)
+    error: str = Field(default="", max_length=4096)
+
+
+AnyMessage = Annotated[
+    DeviceHello
+    | DeviceStatus
+    | CoordinatorStatus
+    | SharedModel
+    | RoundAnnouncement
+    | DeviceUpdate
+    | EvaluationReport
+    | Command
+    | ExportReport,
+    Field(discriminator="kind"),
+]
+MESSAGE_ADAPTER: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
+ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
+    DeviceHello,
+    DeviceStatus,
+    CoordinatorStatus,
+    SharedModel,
+    RoundAnnouncement,
+    DeviceUpdate,
+    EvaluationReport,
+    Command,
+    ExportReport,
+)
+
+
+def parse_header(raw: bytes | str) -> AnyMessage:
+    """Validate a JSON header into its message type.
+
+    Raises:
+        ProtocolError: the JSON is malformed, of an unknown kind or version, or breaks a field rule.
+    """
+    try:
+        return MESSAGE_ADAPTER.validate_json(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        msg = f"malformed message: {where}: {first['msg']} ({error.error_count()} problem(s))"
+        raise ProtocolError(msg) from None
+
+
+def dump_header(message: Message) -> bytes:
+    """The JSON bytes of a message header."""
+    return message.model_dump_json().encode()

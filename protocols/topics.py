@@ -1,0 +1,119 @@
+"""The topic layout, written down once: builders for every topic and one parser for inbound ones.
+
+    pfl/<fleet>/coordinator/status          retained, last-will "offline"     coordinator -> all
+    pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
+    pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> all
+    pfl/<fleet>/command/<device>            Command (or "all" for every one)   coordinator -> device
+    pfl/<fleet>/device/<device>/hello       DeviceHello                        device -> coordinator
+    pfl/<fleet>/device/<device>/status      retained, last-will "offline"      device -> all
+    pfl/<fleet>/device/<device>/update      DeviceUpdate + shared delta        device -> coordinator
+    pfl/<fleet>/device/<device>/evaluation  EvaluationReport                   device -> coordinator
+    pfl/<fleet>/device/<device>/export-report ExportReport                     device -> coordinator
+
+A device publishes only under its own `device/<id>/` subtree; everything else is the coordinator's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from protocols.errors import ProtocolError
+
+ROOT: Final = "pfl"
+BROADCAST: Final = "all"
+DeviceTopicKind = Literal["hello", "status", "update", "evaluation", "export-report"]
+FleetTopicKind = Literal["coordinator-status", "round", "model", "command"]
+DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
+_SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _segment(value: str, what: str) -> str:
+    if not _SEGMENT.match(value):
+        msg = f"invalid {what} {value!r}: use letters, digits, '_', '.', '-' (at most 64)"
+        raise ProtocolError(msg)
+    return value
+
+
+def coordinator_status(fleet: str) -> str:
+    """Retained coordinator liveness."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/status"
+
+
+def round_announcement(fleet: str) -> str:
+    """Retained announcement of the current round."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/round"
+
+
+def shared_model(fleet: str) -> str:
+    """Retained shared model."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/model"
+
+
+def command(fleet: str, device_id: str = BROADCAST) -> str:
+    """Commands for one device, or for every device with the default."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/command/{_segment(device_id, 'device id')}"
+
+
+def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
+    """A topic in a device's own subtree."""
+    if kind not in DEVICE_TOPIC_KINDS:
+        msg = f"unknown device topic {kind!r}; expected one of {', '.join(DEVICE_TOPIC_KINDS)}"
+        raise ProtocolError(msg)
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_segment(device_id, 'device id')}/{kind}"
+
+
+def device_subscription(fleet: str, kind: DeviceTopicKind) -> str:
+    """The wildcard the coordinator subscribes to for one kind of device message."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/+/{kind}"
+
+
+def device_subtree(fleet: str, device_id: str) -> str:
+    """Everything a device may publish to (for ACLs)."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_segment(device_id, 'device id')}/#"
+
+
+@dataclass(frozen=True)
+class TopicRef:
+    """A parsed inbound topic: which fleet, what kind, and for device topics which device."""
+
+    fleet: str
+    kind: str
+    device_id: str | None = None
+
+
+def parse_topic(topic: str) -> TopicRef:
+    """Turn an inbound topic into a typed reference.
+
+    Raises:
+        ProtocolError: the topic is not one this layout defines.
+    """
+    parts = topic.split("/")
+    if len(parts) < 3 or parts[0] != ROOT:
+        msg = f"not a pfl-edge topic: {topic!r}"
+        raise ProtocolError(msg, topic=topic)
+    fleet = _segment(parts[1], "fleet")
+    rest = parts[2:]
+    if rest == ["coordinator", "status"]:
+        return TopicRef(fleet, "coordinator-status")
+    if rest in (["round"], ["model"]):
+        return TopicRef(fleet, rest[0])
+    if len(rest) == 2 and rest[0] == "command":
+        return TopicRef(fleet, "command", _segment(rest[1], "device id"))
+    if len(rest) == 3 and rest[0] == "device" and rest[2] in DEVICE_TOPIC_KINDS:
+        return TopicRef(fleet, rest[2], _segment(rest[1], "device id"))
+    msg = f"unknown pfl-edge topic: {topic!r}"
+    raise ProtocolError(msg, topic=topic)
+
+
+def topic_matches(pattern: str, topic: str) -> bool:
+    """MQTT wildcard matching (`+` one level, `#` the rest), as a broker applies it."""
+    pattern_parts = pattern.split("/")
+    topic_parts = topic.split("/")
+    for index, part in enumerate(pattern_parts):
+        if part == "#":
+            return True
+        if index >= len(topic_parts) or (part != "+" and part != topic_parts[index]):
+            return False
+    return len(pattern_parts) == len(topic_parts)

@@ -1,0 +1,60 @@
+"""The transport interface the coordinator and the agents are written against.
+
+Both sides publish bytes to topics and react to bytes on subscribed topics. A transport never
+parses payloads; it moves them, counts them, and calls handlers one message at a time on a single
+thread of its own choosing (never inside a network loop), so handlers may take time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+MessageHandler = Callable[[str, bytes], None]
+
+
+@dataclass
+class TransportStats:
+    """Bytes and messages a client moved, payload bytes only (topic and framing excluded)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+
+@dataclass(frozen=True)
+class Will:
+    """A message the broker publishes on the client's behalf if it vanishes without closing."""
+
+    topic: str
+    payload: bytes
+    retain: bool = True
+
+
+class Transport(Protocol):
+    """A connected client of a publish/subscribe broker."""
+
+    client_id: str
+    stats: TransportStats
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Send `payload` to `topic` at QoS 1; `retain` keeps it for late subscribers."""
+        ...
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Call `handler(topic, payload)` for every message matching the MQTT `pattern`."""
+        ...
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Let messages flow until `predicate()` holds or `timeout_s` passes; return predicate().
+
+        Handlers run during the wait (in-process) or on the transport's dispatch thread (MQTT),
+        and `predicate` must be cheap and thread-safe.
+        """
+        ...
+
+    def close(self) -> None:
+        """Disconnect cleanly: the broker does not publish the will."""
+        ...

@@ -1,0 +1,125 @@
+"""An in-process broker for simulation: the same messages, encoded the same way, no sockets.
+
+Messages are queued and delivered in publish order when some client waits, so a run on one thread
+is deterministic. Retained messages and last-wills behave as on an MQTT broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from protocols.topics import topic_matches
+from protocols.transport.base import MessageHandler, TransportStats, Will
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Subscription:
+    pattern: str
+    handler: MessageHandler
+    client: InProcessTransport
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    topic: str
+    payload: bytes
+    only: _Subscription | None = None  # a retained message for one new subscriber
+
+
+@dataclass
+class InProcessBroker:
+    """The hub every in-process client connects to."""
+
+    _subscriptions: list[_Subscription] = field(default_factory=list)
+    _retained: dict[str, bytes] = field(default_factory=dict)
+    _queue: deque[_Delivery] = field(default_factory=deque)
+    _dispatching: bool = False
+
+    def connect(self, client_id: str, will: Will | None = None) -> InProcessTransport:
+        """A new client of this hub."""
+        return InProcessTransport(self, client_id, will)
+
+    def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        if retain:
+            if payload:
+                self._retained[topic] = payload
+            else:
+                self._retained.pop(topic, None)
+        self._queue.append(_Delivery(topic, payload))
+
+    def _subscribe(self, subscription: _Subscription) -> None:
+        self._subscriptions.append(subscription)
+        for topic, payload in list(self._retained.items()):
+            if topic_matches(subscription.pattern, topic):
+                self._queue.append(_Delivery(topic, payload, subscription))
+
+    def _drop(self, client: InProcessTransport) -> None:
+        self._subscriptions = [s for s in self._subscriptions if s.client is not client]
+
+    def pump(self, predicate: Callable[[], bool]) -> bool:
+        """Deliver queued messages until `predicate()` holds or nothing is left to deliver."""
+        if self._dispatching:  # a handler waiting inside a handler: let the outer loop deliver
+            return predicate()
+        self._dispatching = True
+        try:
+            while not predicate() and self._queue:
+                self._deliver(self._queue.popleft())
+        finally:
+            self._dispatching = False
+        return predicate()
+
+    def _deliver(self, delivery: _Delivery) -> None:
+        topic, payload = delivery.topic, delivery.payload
+        targets = (
+            [delivery.only]
+            if delivery.only is not None
+            else [s for s in self._subscriptions if topic_matches(s.pattern, topic)]
+        )
+        for subscription in targets:
+            stats = subscription.client.stats
+            stats.bytes_received += len(payload)
+            stats.messages_received += 1
+            try:
+                subscription.handler(topic, payload)
+            except Exception:  # a handler must never stop the hub, as with paho's loop
+                logger.exception("handler of %s failed on %s", subscription.client.client_id, topic)
+
+
+class InProcessTransport:
+    """One client of an `InProcessBroker`."""
+
+    def __init__(self, broker: InProcessBroker, client_id: str, will: Will | None) -> None:
+        self.client_id = client_id
+        self.stats = TransportStats()
+        self._broker = broker
+        self._will = will
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Queue `payload` for every matching subscriber."""
+        self.stats.bytes_sent += len(payload)
+        self.stats.messages_sent += 1
+        self._broker._publish(topic, payload, retain)
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Receive matching messages, retained ones first."""
+        self._broker._subscribe(_Subscription(pattern, handler, self))
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Deliver messages until `predicate()` holds; time does not pass in-process."""
+        del timeout_s
+        return self._broker.pump(predicate)
+
+    def close(self) -> None:
+        """Leave without a will."""
+        self._broker._drop(self)
+
+    def vanish(self) -> None:
+        """Leave abruptly: the hub publishes the will, as a broker does on a lost connection."""
+        self._broker._drop(self)
+        if self._will is not None:
+            self._broker._publish(self._will.topic, self._will.payload, self._will.retain)

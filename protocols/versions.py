@@ -1,0 +1,8 @@
+"""The protocol version spoken on the wire and the one rule for accepting another."""
+
+from __future__ import annotations
+
+from typing import Final
+
+PROTOCOL_VERSION: Final = 1
+SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({1})

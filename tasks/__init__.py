@@ -1,0 +1,1 @@
+"""Built-in tasks: models, offline data generators and non-IID partitioners."""
