@@ -1,0 +1,74 @@
+"""Fleet metrics from device evaluation reports, and the run directory they are written to."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from protocols.messages import EvaluationReport
+
+
+def _tail_count(count: int) -> int:
+    return max(1, math.ceil(0.1 * count))
+
+
+def summarize_evaluations(reports: Sequence[EvaluationReport]) -> dict[str, float | None]:
+    """Self-FL's fleet metrics (spec selffl.md 5.10) over per-device held-out results.
+
+    personalized_mean: unweighted mean over devices of their personalized model's metric.
+    personalized_worst10: unweighted mean over the worst ceil(10%) devices (lowest accuracy,
+        highest MSE).
+    personalized_top10_weighted: test-sample-weighted mean over the ceil(10%) devices with the
+        most training samples.
+    global: unweighted mean over devices of the global model's metric (None if the algorithm has
+        no global model).
+    """
+    usable = [r for r in reports if r.num_test_samples > 0]
+    if not usable:
+        return {
+            "personalized_mean": None,
+            "personalized_worst10": None,
+            "personalized_top10_weighted": None,
+            "global": None,
+        }
+    higher_is_better = usable[0].metric_name == "accuracy"
+    values = sorted((r.personalized for r in usable), reverse=not higher_is_better)
+    tail = _tail_count(len(usable))
+    largest = sorted(usable, key=lambda r: (-r.num_train_samples, r.device_id))[:tail]
+    weight = sum(r.num_test_samples for r in largest)
+    globals_ = [r.global_model for r in usable]
+    return {
+        "personalized_mean": sum(values) / len(values),
+        "personalized_worst10": sum(values[:tail]) / tail,
+        "personalized_top10_weighted": sum(r.personalized * r.num_test_samples for r in largest)
+        / weight,
+        "global": None
+        if any(g is None for g in globals_)
+        else sum(g for g in globals_ if g is not None) / len(globals_),
+    }
+
+
+class RunRecorder:
+    """Writes `metrics.jsonl` (one line per round) and `summary.json` into a run directory."""
+
+    def __init__(self, out_dir: Path | None) -> None:
+        self.out_dir = out_dir
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "metrics.jsonl").write_text("")
+
+    def record_round(self, record: Mapping[str, Any]) -> None:
+        """Append one round's metrics."""
+        if self.out_dir is None:
+            return
+        with (self.out_dir / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write the run's summary."""
+        if self.out_dir is None:
+            return
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))

@@ -1,0 +1,87 @@
+"""The fleet registry: which devices exist, whether they are online, and what they last said."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from coordinator.strategies.base import DeviceInfo, FleetSnapshot
+from protocols.messages import DeviceHello, DeviceStatus
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """The latest the coordinator heard from one device."""
+
+    device_id: str
+    online: bool
+    last_seen: float
+    num_train_samples: int = 0
+    hello: DeviceHello | None = None
+    round_id: int | None = None
+    last_loss: float | None = None
+    detail: str = ""
+
+
+class FleetRegistry:
+    """Thread-safe: transport handlers write, the round engine reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._devices: dict[str, DeviceRecord] = {}
+
+    def on_hello(self, hello: DeviceHello) -> None:
+        """A device (re)joined: it is online and eligible from the next round on."""
+        with self._lock:
+            previous = self._devices.get(hello.device_id)
+            base = previous or DeviceRecord(hello.device_id, True, time.time())
+            self._devices[hello.device_id] = replace(
+                base,
+                online=True,
+                last_seen=time.time(),
+                num_train_samples=hello.num_train_samples,
+                hello=hello,
+            )
+
+    def on_status(self, status: DeviceStatus) -> None:
+        """Track liveness; an "offline" status (often the broker's last-will) excludes a device."""
+        with self._lock:
+            previous = self._devices.get(status.device_id)
+            if previous is None and status.state == "offline":
+                return
+            base = previous or DeviceRecord(status.device_id, True, time.time())
+            self._devices[status.device_id] = replace(
+                base,
+                online=status.state != "offline" and base.hello is not None,
+                last_seen=time.time(),
+                round_id=status.round_id if status.round_id is not None else base.round_id,
+                last_loss=status.last_loss if status.last_loss is not None else base.last_loss,
+                detail=status.detail,
+            )
+
+    def knows(self, device_id: str) -> bool:
+        """Whether the device ever said hello."""
+        with self._lock:
+            record = self._devices.get(device_id)
+            return record is not None and record.hello is not None
+
+    def online_count(self) -> int:
+        """How many devices can take part now."""
+        with self._lock:
+            return sum(1 for record in self._devices.values() if record.online)
+
+    def records(self) -> list[DeviceRecord]:
+        """Every known device, sorted by id."""
+        with self._lock:
+            return [self._devices[key] for key in sorted(self._devices)]
+
+    def snapshot(self) -> FleetSnapshot:
+        """The planning view of the fleet."""
+        return FleetSnapshot(
+            tuple(
+                DeviceInfo(r.device_id, r.num_train_samples, r.online)
+                for r in self.records()
+                if r.hello is not None
+            )
+        )

@@ -1,0 +1,340 @@
+"""The round engine: select, broadcast, collect until all answered or the deadline, aggregate.
+
+It does not know which transport carries its messages. It owns deadlines, quorum, duplicate and
+stale-message dropping, byte accounting and the per-round record; the strategy owns the math.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from coordinator.metrics import summarize_evaluations
+from coordinator.registry import FleetRegistry
+from coordinator.strategies.base import ReceivedUpdate, Strategy, Tensors
+from protocols import topics
+from protocols.codec import decode_frame, encode_frame, pack_tensors, unpack_tensors
+from protocols.errors import PflError, ProtocolError, RoundError
+from protocols.messages import (
+    Command,
+    CoordinatorStatus,
+    DeviceAssignment,
+    DeviceHello,
+    DeviceStatus,
+    DeviceUpdate,
+    EvaluationReport,
+    RoundAnnouncement,
+    SharedModel,
+    TensorSpec,
+)
+from protocols.transport.base import Transport, Will
+
+logger = logging.getLogger(__name__)
+Answer = TypeVar("Answer")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How rounds run: deadline, quorum and evaluation cadence."""
+
+    fleet: str = "default"
+    task: str = ""
+    rounds: int = 10
+    round_timeout_s: float = 600.0
+    quorum: float = 0.5
+    eval_every: int = 0
+    seed: int = 0
+
+
+class _Collector(Generic[Answer]):
+    """Answers for one (round, phase) from the devices asked; first answer per device wins."""
+
+    def __init__(self, round_id: int, phase: str, expected: set[str]) -> None:
+        self.round_id = round_id
+        self.phase = phase
+        self.expected = expected
+        self.answers: dict[str, Answer] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, device_id: str, answer: Answer) -> bool:
+        with self._lock:
+            if device_id not in self.expected or device_id in self.answers:
+                return False
+            self.answers[device_id] = answer
+            return True
+
+    def complete(self) -> bool:
+        with self._lock:
+            return len(self.answers) >= len(self.expected)
+
+    def sorted_answers(self) -> list[Answer]:
+        with self._lock:
+            return [self.answers[key] for key in sorted(self.answers)]
+
+
+@dataclass
+class RoundRecord:
+    """What one training round did, as written to metrics.jsonl."""
+
+    round_id: int
+    participants: int
+    selected: int
+    train_loss: float
+    bytes_up: int
+    bytes_down: int
+    wall_seconds: float
+    scalars: dict[str, float] = field(default_factory=dict)
+    evaluation: dict[str, float | None] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """A flat JSON-ready mapping."""
+        return dict(self.__dict__)
+
+
+def coordinator_will(fleet: str) -> Will:
+    """The retained "offline" status the broker publishes if the coordinator vanishes."""
+    return Will(
+        topics.coordinator_status(fleet),
+        encode_frame(CoordinatorStatus(state="offline", fleet=fleet)),
+    )
+
+
+class Coordinator:
+    """Drives rounds over any transport."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        strategy: Strategy,
+        shared: Tensors,
+        settings: EngineSettings,
+    ) -> None:
+        self.transport = transport
+        self.strategy = strategy
+        self.shared = shared
+        self.settings = settings
+        self.registry = FleetRegistry()
+        self.rng = np.random.default_rng(settings.seed)
+        self.round_id = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.rejected = 0
+        self._model_sha = ""
+        self._specs = [
+            TensorSpec(name=k, dtype=str(v.dtype).removeprefix("torch."), shape=tuple(v.shape))
+            for k, v in shared.items()
+        ]  # type: ignore[arg-type]
+        self._train: _Collector[ReceivedUpdate] | None = None
+        self._evaluation: _Collector[EvaluationReport] | None = None
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe to device topics, publish status and the initial model, ask for hellos."""
+        fleet = self.settings.fleet
+        handlers: dict[topics.DeviceTopicKind, Callable[[str, bytes], None]] = {
+            "hello": self._on_hello,
+            "status": self._on_status,
+            "update": self._on_update,
+            "evaluation": self._on_evaluation,
+        }
+        for kind, handler in handlers.items():
+            self.transport.subscribe(
+                topics.device_subscription(fleet, kind), self._guarded(handler)
+            )
+        self.publish_status("online")
+        self.publish_model()
+        self._broadcast(topics.command(fleet), encode_frame(Command(action="hello")))
+
+    def wait_for_devices(self, count: int, timeout_s: float) -> bool:
+        """Let hellos arrive until `count` devices are online or `timeout_s` passes."""
+        return self.transport.wait_until(lambda: self.registry.online_count() >= count, timeout_s)
+
+    def publish_status(self, state: str) -> None:
+        """Retained coordinator liveness and progress."""
+        status = CoordinatorStatus(
+            state=state,  # type: ignore[arg-type]
+            fleet=self.settings.fleet,
+            task=self.settings.task,
+            algorithm=self.strategy.name,
+            round_id=self.round_id,
+            rounds=self.settings.rounds,
+        )
+        self.transport.publish(
+            topics.coordinator_status(self.settings.fleet), encode_frame(status), retain=True
+        )
+
+    def publish_model(self) -> None:
+        """Retain the current shared model so devices (and late joiners) hold it."""
+        manifest, blob = pack_tensors(self.shared)
+        self._model_sha = manifest.sha256
+        frame = encode_frame(SharedModel(round_id=self.round_id, manifest=manifest), blob)
+        self._broadcast(topics.shared_model(self.settings.fleet), frame, retain=True)
+
+    # -- rounds -----------------------------------------------------------------------------
+
+    def run_round(self) -> RoundRecord:
+        """One training round: plan, announce, collect, aggregate, publish the new model.
+
+        Raises:
+            RoundError: no device is online, or fewer than the quorum answered by the deadline.
+        """
+        started = time.perf_counter()
+        up_before, down_before = self.bytes_up, self.bytes_down
+        round_id = self.round_id + 1
+        plan = self.strategy.plan_round(round_id, self.registry.snapshot(), self.rng)
+        if not plan.devices:
+            msg = "no device is online to train"
+            raise RoundError(msg, round_id=round_id)
+        collector: _Collector[ReceivedUpdate] = _Collector(round_id, "train", set(plan.devices))
+        self._train = collector
+        assignments = {
+            d: DeviceAssignment(scalars=dict(plan.scalars.get(d, {}))) for d in plan.devices
+        }
+        self._announce(round_id, "train", assignments)
+        self.transport.wait_until(collector.complete, self.settings.round_timeout_s)
+        self._train = None
+        updates = collector.sorted_answers()
+        needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
+        if len(updates) < needed:
+            msg = (
+                f"only {len(updates)} of {len(plan.devices)} updates by the deadline "
+                f"(quorum {needed})"
+            )
+            raise RoundError(msg, round_id=round_id)
+        if len(updates) < len(plan.devices):
+            missing = sorted(set(plan.devices) - {u.device_id for u in updates})
+            logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
+        aggregate = self.strategy.aggregate(round_id, self.shared, updates)
+        self.shared = aggregate.shared
+        self.round_id = round_id
+        self.publish_model()
+        samples = sum(u.num_samples for u in updates)
+        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+        return RoundRecord(
+            round_id=round_id,
+            participants=len(updates),
+            selected=len(plan.devices),
+            train_loss=loss,
+            bytes_up=self.bytes_up - up_before,
+            bytes_down=self.bytes_down - down_before,
+            wall_seconds=time.perf_counter() - started,
+            scalars=dict(aggregate.scalars),
+        )
+
+    def evaluate(
+        self, *, final: bool = False
+    ) -> tuple[list[EvaluationReport], dict[str, float | None]]:
+        """Ask every online device to evaluate its personalized and the global model."""
+        devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
+        collector: _Collector[EvaluationReport] = _Collector(self.round_id, "evaluate", devices)
+        self._evaluation = collector
+        self._announce(self.round_id, "evaluate", {}, final=final)
+        self.transport.wait_until(collector.complete, self.settings.round_timeout_s)
+        self._evaluation = None
+        reports = collector.sorted_answers()
+        if len(reports) < len(devices):
+            logger.warning(
+                "evaluation of round %d: %d of %d devices answered",
+                self.round_id,
+                len(reports),
+                len(devices),
+            )
+        return reports, summarize_evaluations(reports)
+
+    def _announce(
+        self,
+        round_id: int,
+        phase: str,
+        assignments: dict[str, DeviceAssignment],
+        final: bool = False,
+    ) -> None:
+        announcement = RoundAnnouncement(
+            round_id=round_id,
+            phase=phase,  # type: ignore[arg-type]
+            algorithm=self.strategy.name,
+            config=self.strategy.config.model_dump(mode="json"),
+            model_sha256=self._model_sha,
+            deadline_s=self.settings.round_timeout_s,
+            assignments=assignments,
+            final=final,
+        )
+        self._broadcast(
+            topics.round_announcement(self.settings.fleet), encode_frame(announcement), retain=True
+        )
+
+    def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.transport.publish(topic, payload, retain=retain)
+        self.bytes_down += len(payload) * self.registry.online_count()
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _guarded(self, handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
+        def guarded(topic: str, payload: bytes) -> None:
+            self.bytes_up += len(payload)
+            try:
+                handler(topic, payload)
+            except PflError as error:
+                self.rejected += 1
+                logger.warning("dropped message on %s: %s", topic, error)
+
+        return guarded
+
+    def _device_message(self, topic: str, payload: bytes, expected: type[Any]) -> tuple[Any, bytes]:
+        reference = topics.parse_topic(topic)
+        message, blob = decode_frame(payload)
+        if not isinstance(message, expected):
+            msg = f"expected {expected.__name__}, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        if message.device_id != reference.device_id:
+            msg = f"device id {message.device_id!r} does not match its topic"
+            raise ProtocolError(msg, device_id=reference.device_id, topic=topic)
+        return message, blob
+
+    def _on_hello(self, topic: str, payload: bytes) -> None:
+        hello, _ = self._device_message(topic, payload, DeviceHello)
+        if hello.task != self.settings.task and self.settings.task:
+            msg = f"device runs task {hello.task!r}, the fleet runs {self.settings.task!r}"
+            raise RoundError(msg, device_id=hello.device_id, topic=topic)
+        self.registry.on_hello(hello)
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        status, _ = self._device_message(topic, payload, DeviceStatus)
+        self.registry.on_status(status)
+
+    def _on_update(self, topic: str, payload: bytes) -> None:
+        update, blob = self._device_message(topic, payload, DeviceUpdate)
+        collector = self._train
+        if collector is None or update.round_id != collector.round_id:
+            msg = "stale or unexpected update"
+            raise RoundError(msg, device_id=update.device_id, round_id=update.round_id, topic=topic)
+        if update.algorithm != self.strategy.name:
+            msg = (
+                f"update from algorithm {update.algorithm!r}, the fleet runs {self.strategy.name!r}"
+            )
+            raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+        delta = unpack_tensors(update.manifest, blob, expected=self._specs)
+        received = ReceivedUpdate(
+            update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
+        )
+        if not collector.offer(update.device_id, received):
+            logger.info(
+                "ignored duplicate or unrequested update from %s for round %d",
+                update.device_id,
+                update.round_id,
+            )
+
+    def _on_evaluation(self, topic: str, payload: bytes) -> None:
+        report, _ = self._device_message(topic, payload, EvaluationReport)
+        collector = self._evaluation
+        if collector is None or report.round_id != collector.round_id:
+            msg = "stale or unexpected evaluation report"
+            raise RoundError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
+        collector.offer(report.device_id, report)

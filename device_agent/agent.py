@@ -1,0 +1,301 @@
+"""The device agent: hears rounds, trains with its algorithm's local update, reports deltas.
+
+It does the I/O around the math: decoding, personal state load/save, seeds, status and errors.
+The same object serves a real device over MQTT and a virtual device in simulation; handlers run
+one at a time on the transport's dispatch thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import torch
+from protocols.codec import decode_frame, encode_frame, pack_tensors, unpack_tensors
+from torch import nn
+
+from device_agent.algorithms import build_local_update
+from device_agent.algorithms.base import LocalContext, LocalUpdate
+from device_agent.capabilities import probe_capabilities
+from device_agent.state_store import StateStore
+from device_agent.training import StepBudget, Tensors, evaluate
+from protocols import topics
+from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.errors import PflError, ProtocolError
+from protocols.messages import (
+    Capabilities,
+    Command,
+    DeviceHello,
+    DeviceStatus,
+    DeviceUpdate,
+    EvaluationReport,
+    MemoryPlan,
+    RoundAnnouncement,
+    SharedModel,
+    TensorSpec,
+)
+from protocols.transport.base import Transport, Will
+from tasks.base import DeviceData, Task
+from tasks.split import ParamSplit, resolve_split
+
+logger = logging.getLogger(__name__)
+
+
+def device_will(fleet: str, device_id: str) -> Will:
+    """The retained "offline" status the broker publishes if the device vanishes."""
+    status = DeviceStatus(device_id=device_id, state="offline", detail="connection lost")
+    return Will(topics.device(fleet, device_id, "status"), encode_frame(status))
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from the run seed and a context, identical in every process."""
+    text = "/".join(str(part) for part in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def tensor_specs(state: dict[str, torch.Tensor], names: tuple[str, ...]) -> list[TensorSpec]:
+    """What the wire must carry for `names`: their dtypes and shapes in this model."""
+    return [
+        TensorSpec(
+            name=name,
+            dtype=str(state[name].dtype).removeprefix("torch."),
+            shape=tuple(state[name].shape),
+        )  # type: ignore[arg-type]
+        for name in names
+    ]
+
+
+@dataclass
+class _ReceivedModel:
+    header: SharedModel
+    blob: bytes
+    decoded: Tensors | None = None
+
+
+class DeviceAgent:
+    """One device of the fleet, real or virtual.
+
+    Args:
+        workspace: the nn.Module training happens in; virtual devices share one.
+        initial_state: the task model's initial tensors, where personal state starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_id: str,
+        fleet: str,
+        transport: Transport,
+        task: Task,
+        data: DeviceData,
+        seed: int,
+        store: StateStore,
+        workspace: nn.Module,
+        initial_state: Tensors,
+        stateful: bool = True,
+        budget: StepBudget | None = None,
+        memory_plan: MemoryPlan | None = None,
+        capabilities: Capabilities | None = None,
+    ) -> None:
+        self.device_id = device_id
+        self.fleet = fleet
+        self.transport = transport
+        self.task = task
+        self.data = data
+        self.seed = seed
+        self.store = store
+        self.workspace = workspace
+        self.initial_state = initial_state
+        self.stateful = stateful
+        self.budget = budget or StepBudget()
+        self.memory_plan = memory_plan
+        self.capabilities = capabilities
+        self.last_loss: float | None = None
+        self._model: _ReceivedModel | None = None
+        self._pending: RoundAnnouncement | None = None
+        self._answered: set[tuple[int, str]] = set()
+
+    def start(self) -> None:
+        """Subscribe to the fleet's topics, then say hello."""
+        self.transport.subscribe(topics.shared_model(self.fleet), self._on_model)
+        self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
+        self.transport.subscribe(topics.command(self.fleet), self._on_command)
+        self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
+        self.publish_status("online")
+        self.say_hello()
+
+    def stop(self) -> None:
+        """Leave cleanly: retained status "offline", then disconnect."""
+        self.publish_status("offline", detail="stopped")
+        self.transport.close()
+
+    def say_hello(self) -> None:
+        """Announce this device and its capabilities to the coordinator."""
+        hello = DeviceHello(
+            device_id=self.device_id,
+            task=self.task.name,
+            num_train_samples=len(self.data.train),
+            capabilities=self.capabilities or probe_capabilities(),
+            memory_plan=self.memory_plan,
+            stateful=self.stateful,
+        )
+        self._publish("hello", encode_frame(hello))
+
+    def publish_status(self, state: str, *, round_id: int | None = None, detail: str = "") -> None:
+        """Retained liveness and progress for `pfl-coord status`."""
+        status = DeviceStatus(
+            device_id=self.device_id,
+            state=state,  # type: ignore[arg-type]
+            round_id=round_id,
+            last_loss=self.last_loss,
+            detail=detail[:1024],
+        )
+        self.transport.publish(
+            topics.device(self.fleet, self.device_id, "status"), encode_frame(status), retain=True
+        )
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _on_model(self, topic: str, payload: bytes) -> None:
+        message, blob = decode_frame(payload)
+        if not isinstance(message, SharedModel):
+            msg = f"expected a shared model, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        self._model = _ReceivedModel(message, blob)
+        self._serve_pending()
+
+    def _on_round(self, topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        if not isinstance(message, RoundAnnouncement):
+            msg = f"expected a round announcement, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        if (
+            message.addresses(self.device_id)
+            and (message.round_id, message.phase) not in self._answered
+        ):
+            self._pending = message
+            self._serve_pending()
+
+    def _on_command(self, topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        if not isinstance(message, Command):
+            msg = f"expected a command, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        if message.action == "hello":
+            self.say_hello()
+        elif message.action == "reset-state":
+            self.store.clear()
+            logger.info("device %s: personal state cleared on request", self.device_id)
+
+    def _serve_pending(self) -> None:
+        announcement, model = self._pending, self._model
+        if announcement is None or model is None:
+            return
+        if model.header.manifest.sha256 != announcement.model_sha256:
+            return  # the announced model has not arrived yet
+        self._pending = None
+        self._answered.add((announcement.round_id, announcement.phase))
+        try:
+            if announcement.phase == "train":
+                self._train(announcement, model)
+            elif announcement.phase == "evaluate":
+                self._evaluate(announcement, model)
+        except PflError as error:
+            logger.warning(
+                "device %s: %s round %d failed: %s",
+                self.device_id,
+                announcement.phase,
+                announcement.round_id,
+                error,
+            )
+            self.publish_status("online", round_id=announcement.round_id, detail=str(error))
+
+    # -- work -------------------------------------------------------------------------------
+
+    def _context(
+        self, announcement: RoundAnnouncement, model: _ReceivedModel
+    ) -> tuple[LocalUpdate, LocalContext]:
+        try:
+            config: AlgorithmConfig = parse_algorithm_config(
+                announcement.algorithm, announcement.config
+            )
+            update = build_local_update(announcement.algorithm)
+        except ValueError as error:
+            raise ProtocolError(str(error), round_id=announcement.round_id) from None
+        split = resolve_split(self.workspace, self.task.personal_patterns, config)
+        if model.decoded is None:
+            expected = tensor_specs(self.initial_state, split.shared)
+            model.decoded = unpack_tensors(model.header.manifest, model.blob, expected=expected)
+        personal = self._load_personal(split)
+        self.workspace.load_state_dict({**model.decoded, **personal})
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
+        )
+        scalars = announcement.assignments.get(self.device_id)
+        context = LocalContext(
+            model=self.workspace,
+            task=self.task,
+            data=self.data,
+            split=split,
+            config=config,
+            global_shared=model.decoded,
+            personal=personal,
+            generator=generator,
+            budget=self.budget,
+            assignment=dict(scalars.scalars) if scalars is not None else {},
+        )
+        return update, context
+
+    def _fingerprint(self, split: ParamSplit) -> str:
+        layout = ";".join(
+            f"{name}:{tuple(self.initial_state[name].shape)}" for name in split.personal
+        )
+        return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
+
+    def _load_personal(self, split: ParamSplit) -> Tensors:
+        stored = self.store.load(self._fingerprint(split)) if self.stateful else None
+        if stored is not None:
+            return stored
+        return {name: self.initial_state[name] for name in split.personal}
+
+    def _train(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
+        update, ctx = self._context(announcement, model)
+        result = update.run(ctx)
+        if self.stateful and ctx.split.personal:
+            self.store.save(self._fingerprint(ctx.split), result.personal)
+        manifest, blob = pack_tensors(result.shared_delta)
+        message = DeviceUpdate(
+            round_id=announcement.round_id,
+            device_id=self.device_id,
+            algorithm=announcement.algorithm,
+            num_samples=result.num_samples,
+            train_loss=result.train_loss,
+            scalars=result.scalars,
+            manifest=manifest,
+        )
+        self._publish("update", encode_frame(message, blob))
+        self.last_loss = result.train_loss
+        self.publish_status("online", round_id=announcement.round_id)
+
+    def _evaluate(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
+        update, ctx = self._context(announcement, model)
+        update.personalize(ctx)
+        personalized = evaluate(ctx.model, self.task, self.data.test)
+        global_metric = None
+        if not ctx.split.personal:
+            self.workspace.load_state_dict(ctx.global_shared)
+            global_metric = evaluate(self.workspace, self.task, self.data.test)
+        report = EvaluationReport(
+            round_id=announcement.round_id,
+            device_id=self.device_id,
+            metric_name=self.task.metric_name,
+            personalized=personalized,
+            global_model=global_metric,
+            num_test_samples=len(self.data.test),
+            num_train_samples=len(self.data.train),
+        )
+        self._publish("evaluation", encode_frame(report))
+
+    def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
+        self.transport.publish(topics.device(self.fleet, self.device_id, kind), payload)

@@ -1,0 +1,185 @@
+"""The one local training loop every algorithm uses, and the tensor arithmetic they share.
+
+Micro-batching with gradient accumulation, clipping, non-finite checks and a step budget that spans
+epochs live here once; an algorithm says which parameters train and adds a loss term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from protocols.errors import TrainingError
+from tasks.base import Split, Task
+
+Tensors = dict[str, torch.Tensor]
+ExtraLoss = Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """How the memory plan bounds one optimizer step: micro-batch size (None = whole batch)."""
+
+    micro_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One training phase: which tensors move, for how long, and how."""
+
+    trainable: tuple[str, ...]
+    epochs: int
+    batch_size: int
+    lr: float
+    max_steps: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_grad_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What a phase did: optimizer steps, samples seen and their mean loss."""
+
+    steps: int
+    samples: int
+    mean_loss: float
+
+
+def minibatches(
+    split: Split, batch_size: int, epochs: int, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled minibatches over `epochs` passes; the last batch of a pass may be smaller."""
+    count = len(split)
+    for _ in range(epochs):
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count, batch_size):
+            index = order[start : start + batch_size]
+            yield split.inputs[index], split.targets[index]
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    split: Split,
+    spec: TrainSpec,
+    generator: torch.Generator,
+    *,
+    budget: StepBudget | None = None,
+    extra_loss: ExtraLoss | None = None,
+) -> TrainStats:
+    """Run plain SGD on `spec.trainable`; every other parameter is frozen (no gradient kept).
+
+    Raises:
+        TrainingError: the loss or the gradient became non-finite.
+    """
+    parameters = dict(model.named_parameters())
+    unknown = [name for name in spec.trainable if name not in parameters]
+    if unknown:
+        msg = f"cannot train tensors that are not parameters: {', '.join(unknown)}"
+        raise ValueError(msg)
+    trainable = [parameters[name] for name in spec.trainable]
+    if not trainable or len(split) == 0:
+        return TrainStats(0, 0, 0.0)
+    wanted = set(spec.trainable)
+    for name, parameter in parameters.items():
+        parameter.requires_grad_(name in wanted)
+    optimizer = torch.optim.SGD(
+        trainable, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+    micro = budget.micro_batch_size if budget is not None else None
+    model.train()
+    steps = samples = 0
+    loss_sum = 0.0
+    try:
+        for inputs, targets in minibatches(split, spec.batch_size, spec.epochs, generator):
+            if spec.max_steps is not None and steps >= spec.max_steps:
+                break
+            optimizer.zero_grad(set_to_none=True)
+            batch_loss = _accumulate(model, task, inputs, targets, micro, extra_loss)
+            if spec.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
+            _check_gradients(trainable)
+            optimizer.step()
+            steps += 1
+            samples += int(inputs.shape[0])
+            loss_sum += batch_loss * int(inputs.shape[0])
+    finally:
+        for parameter in parameters.values():
+            parameter.requires_grad_(True)
+    return TrainStats(steps, samples, loss_sum / samples if samples else 0.0)
+
+
+def _accumulate(
+    model: nn.Module,
+    task: Task,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    micro_batch_size: int | None,
+    extra_loss: ExtraLoss | None,
+) -> float:
+    """Backpropagate one batch as micro-batches whose gradients sum to the whole batch's."""
+    batch = int(inputs.shape[0])
+    size = batch if micro_batch_size is None else max(1, min(micro_batch_size, batch))
+    total = 0.0
+    for start in range(0, batch, size):
+        part_inputs, part_targets = inputs[start : start + size], targets[start : start + size]
+        weight = part_inputs.shape[0] / batch
+        loss = task.loss(model(part_inputs), part_targets) * weight
+        if not torch.isfinite(loss):
+            msg = f"training loss became {loss.item()}"
+            raise TrainingError(msg)
+        loss.backward()
+        total += float(loss.detach())
+    if extra_loss is not None:
+        extra = extra_loss()
+        if not torch.isfinite(extra):
+            msg = f"regularization term became {extra.item()}"
+            raise TrainingError(msg)
+        extra.backward()
+    return total
+
+
+def _check_gradients(parameters: Sequence[nn.Parameter]) -> None:
+    for parameter in parameters:
+        if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
+            msg = "a gradient became non-finite"
+            raise TrainingError(msg)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Task, split: Split, batch_size: int = 1024) -> float:
+    """The task's metric averaged over `split` (accuracy or mean squared error)."""
+    if len(split) == 0:
+        return float("nan")
+    model.eval()
+    total = 0.0
+    for start in range(0, len(split), batch_size):
+        outputs = model(split.inputs[start : start + batch_size])
+        total += task.metric_sum(outputs, split.targets[start : start + batch_size])
+    return total / len(split)
+
+
+def snapshot(model: nn.Module, names: Sequence[str]) -> Tensors:
+    """Detached copies of the named state_dict tensors."""
+    state = model.state_dict()
+    return {name: state[name].detach().clone() for name in names}
+
+
+def difference(after: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor]) -> Tensors:
+    """`after - before` per tensor: the one sign of every delta (local - global)."""
+    return {name: after[name] - before[name] for name in before}
+
+
+def squared_distance(model: nn.Module, reference: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of ||w - reference||^2 over reference's parameters (not buffers), differentiable."""
+    parameters = dict(model.named_parameters())
+    terms = [
+        ((parameters[name] - value) ** 2).sum()
+        for name, value in reference.items()
+        if name in parameters
+    ]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
