@@ -71,9 +71,9 @@ class RunSettings(_TomlSettings):
     rounds: int = Field(10, ge=1, description="training rounds")
     seed: int = Field(0, ge=0, description="seed of data, model init, sampling and training")
     participation: float = Field(1.0, gt=0, le=1, description="fraction of devices per round")
-    local_epochs: int = Field(1, ge=1, description="local epochs per round")
-    batch_size: int = Field(32, ge=1, description="local minibatch size")
-    lr: float = Field(0.1, gt=0, description="local learning rate")
+    local_epochs: int | None = Field(None, ge=1, description="local epochs (algorithm default)")
+    batch_size: int | None = Field(None, ge=1, description="minibatch size (algorithm default)")
+    lr: float | None = Field(None, gt=0, description="local learning rate (algorithm default)")
     personal: list[str] | None = Field(None, description="personal parameter patterns")
     eval_every: int = Field(0, ge=0, description="evaluate every N rounds (0: at the end only)")
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -87,13 +87,13 @@ class RunSettings(_TomlSettings):
         Raises:
             ValueError: unknown algorithm or invalid hyperparameters.
         """
-        values: dict[str, Any] = {
+        common = {
             "local_epochs": self.local_epochs,
             "batch_size": self.batch_size,
             "lr": self.lr,
+            "personal": tuple(self.personal) if self.personal is not None else None,
         }
-        if self.personal is not None:
-            values["personal"] = tuple(self.personal)
+        values: dict[str, Any] = {key: value for key, value in common.items() if value is not None}
         values.update(self.algorithm_options)
         return parse_algorithm_config(self.algorithm, values)
 

@@ -29,7 +29,7 @@ class AlgorithmConfig(WireModel):
     default_personal: ClassVar[PersonalDefault] = "none"
 
     local_epochs: Annotated[int, Field(ge=1)] = 1
-    batch_size: Annotated[int, Field(ge=1)] = 32
+    batch_size: Annotated[int, Field(ge=1)] = 10
     lr: PositiveFloat = 0.1
     max_steps: Annotated[int, Field(ge=1)] | None = None
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
