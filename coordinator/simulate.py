@@ -17,6 +17,7 @@ from coordinator.metrics import RunRecorder
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
 from coordinator.strategies import build_strategy
+from coordinator.strategies.base import Tensors
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
@@ -32,11 +33,19 @@ RoundCallback = Callable[[RoundRecord], None]
 
 @dataclass
 class SimulationResult:
-    """The run's summary (as in summary.json), per-round records and final device reports."""
+    """The run's summary (as in summary.json), per-round records, final reports and the fleet."""
 
     summary: dict[str, Any]
     records: list[RoundRecord] = field(default_factory=list)
     reports: list[EvaluationReport] = field(default_factory=list)
+    final_shared: Tensors = field(default_factory=dict)
+    agents: list[DeviceAgent] = field(default_factory=list)
+
+    def device_bytes(self) -> tuple[int, int]:
+        """Payload bytes all devices sent and received, as their transports counted them."""
+        sent = sum(agent.transport.stats.bytes_sent for agent in self.agents)
+        received = sum(agent.transport.stats.bytes_received for agent in self.agents)
+        return sent, received
 
 
 def device_name(index: int) -> str:
@@ -45,9 +54,14 @@ def device_name(index: int) -> str:
 
 
 def run_simulation(
-    settings: SimulationSettings, on_round: RoundCallback | None = None
+    settings: SimulationSettings,
+    on_round: RoundCallback | None = None,
+    broker: InProcessBroker | None = None,
 ) -> SimulationResult:
     """Run a whole federated training and evaluation with virtual devices.
+
+    Byte counts in the summary and the round records are measured at the devices' transports.
+    A caller may pass its own `broker`, e.g. with a wiretap subscribed to `#`.
 
     Raises:
         ValueError: an unknown task, algorithm or option.
@@ -65,7 +79,8 @@ def run_simulation(
     split = resolve_split(workspace, task.personal_patterns, config)
     shared = {name: initial_state[name] for name in split.shared}
 
-    broker = InProcessBroker()
+    broker = broker or InProcessBroker()
+    result = SimulationResult(summary={})
     coordinator = Coordinator(
         broker.connect("coordinator", coordinator_will(settings.fleet)),
         build_strategy(config, settings.participation),
@@ -81,7 +96,7 @@ def run_simulation(
     capabilities = probe_capabilities()
     for index, data in enumerate(fleet_data):
         device_id = device_name(index)
-        DeviceAgent(
+        agent = DeviceAgent(
             device_id=device_id,
             fleet=settings.fleet,
             transport=broker.connect(device_id, device_will(settings.fleet, device_id)),
@@ -92,15 +107,17 @@ def run_simulation(
             workspace=workspace,
             initial_state=initial_state,
             capabilities=capabilities,
-        ).start()
+        )
+        agent.start()
+        result.agents.append(agent)
     coordinator.start()
     if not coordinator.wait_for_devices(settings.devices, timeout_s=60.0):
         msg = f"only {coordinator.registry.online_count()} of {settings.devices} devices joined"
         raise RoundError(msg)
 
     recorder = RunRecorder(settings.out)
-    result = SimulationResult(summary={})
     for round_index in range(1, settings.rounds + 1):
+        sent_before, received_before = result.device_bytes()
         record = coordinator.run_round()
         if (
             settings.eval_every
@@ -110,11 +127,18 @@ def run_simulation(
             _, record.evaluation = coordinator.evaluate()
         if round_index == settings.rounds:
             result.reports, record.evaluation = coordinator.evaluate(final=True)
+        sent_after, received_after = result.device_bytes()
+        record.bytes_up, record.bytes_down = (
+            sent_after - sent_before,
+            received_after - received_before,
+        )
         recorder.record_round(record.as_json())
         result.records.append(record)
         if on_round is not None:
             on_round(record)
     coordinator.publish_status("finished")
+    result.final_shared = coordinator.shared
+    bytes_up, bytes_down = result.device_bytes()
     result.summary = {
         "algorithm": config.name,
         "task": task.name,
@@ -127,8 +151,8 @@ def run_simulation(
         "metric_name": task.metric_name,
         "metrics": result.records[-1].evaluation,
         "wall_seconds": time.perf_counter() - started,
-        "bytes_up": coordinator.bytes_up,
-        "bytes_down": coordinator.bytes_down,
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_down,
         "rejected_messages": coordinator.rejected,
         "config": config.model_dump(mode="json"),
     }

@@ -1,0 +1,99 @@
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+from device_agent.training import StepBudget, TrainSpec, minibatches, train
+from protocols.errors import TrainingError
+from tasks.base import Split
+
+
+class _Regression:
+    name = "regression"
+    metric_name = "mse"
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return ((outputs - targets) ** 2).mean()
+
+    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
+        return float(((outputs - targets) ** 2).sum())
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(OrderedDict(hidden=nn.Linear(3, 4), act=nn.Tanh(), output=nn.Linear(4, 1)))
+
+
+def _data(n: int = 23) -> Split:
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(n, 3, generator=generator)
+    return Split(inputs, inputs.sum(dim=1, keepdim=True))
+
+
+def _spec(**changes: object) -> TrainSpec:
+    values = {
+        "trainable": ("hidden.weight", "hidden.bias", "output.weight", "output.bias"),
+        "epochs": 2,
+        "batch_size": 8,
+        "lr": 0.1,
+    }
+    values.update(changes)
+    return TrainSpec(**values)  # type: ignore[arg-type]
+
+
+def test_micro_batches_accumulate_to_the_same_step_as_whole_batches() -> None:
+    # Prepare
+    whole, micro = _model(), _model()
+    # Execute
+    train(whole, _Regression(), _data(), _spec(), torch.Generator().manual_seed(3))
+    train(
+        micro,
+        _Regression(),
+        _data(),
+        _spec(),
+        torch.Generator().manual_seed(3),
+        budget=StepBudget(micro_batch_size=3),
+    )
+    # Assert
+    for (name, a), (_, b) in zip(
+        whole.state_dict().items(), micro.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_step_budget_spans_epochs() -> None:
+    # 23 samples at batch 8 = 3 steps per epoch; 5 epochs would be 15 steps
+    stats = train(_model(), _Regression(), _data(), _spec(epochs=5, max_steps=7), torch.Generator())
+    assert stats.steps == 7
+    assert stats.samples == 8 + 8 + 7 + 8 + 8 + 7 + 8
+
+
+def test_frozen_parameters_do_not_move() -> None:
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train(
+        model,
+        _Regression(),
+        _data(),
+        _spec(trainable=("output.weight", "output.bias")),
+        torch.Generator(),
+    )
+    after = model.state_dict()
+    torch.testing.assert_close(after["hidden.weight"], before["hidden.weight"])
+    assert not torch.equal(after["output.weight"], before["output.weight"])
+
+
+def test_non_finite_loss_raises_a_training_error() -> None:
+    data = _data()
+    poisoned = Split(data.inputs, data.targets.clone().fill_(float("inf")))
+    with pytest.raises(TrainingError, match="loss"):
+        train(_model(), _Regression(), poisoned, _spec(), torch.Generator())
+
+
+def test_minibatches_cover_every_sample_once_per_epoch() -> None:
+    data = _data(10)
+    seen = [x for x, _ in minibatches(data, 4, 2, torch.Generator().manual_seed(0))]
+    assert [len(x) for x in seen] == [4, 4, 2, 4, 4, 2]
+    first_epoch = torch.cat(seen[:3])
+    assert sorted(first_epoch[:, 0].tolist()) == sorted(data.inputs[:, 0].tolist())
