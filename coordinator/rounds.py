@@ -20,7 +20,13 @@ from coordinator.metrics import summarize_evaluations
 from coordinator.registry import FleetRegistry
 from coordinator.strategies.base import ReceivedUpdate, Strategy, Tensors
 from protocols import topics
-from protocols.codec import decode_frame, encode_frame, pack_tensors, unpack_tensors
+from protocols.codec import (
+    decode_frame,
+    describe_tensors,
+    encode_frame,
+    pack_tensors,
+    unpack_tensors,
+)
 from protocols.errors import PflError, ProtocolError, RoundError
 from protocols.messages import (
     Command,
@@ -32,7 +38,6 @@ from protocols.messages import (
     EvaluationReport,
     RoundAnnouncement,
     SharedModel,
-    TensorSpec,
 )
 from protocols.transport.base import Transport, Will
 
@@ -127,10 +132,7 @@ class Coordinator:
         self.bytes_down = 0
         self.rejected = 0
         self._model_sha = ""
-        self._specs = [
-            TensorSpec(name=k, dtype=str(v.dtype).removeprefix("torch."), shape=tuple(v.shape))
-            for k, v in shared.items()
-        ]  # type: ignore[arg-type]
+        self._specs = describe_tensors(shared)
         self._train: _Collector[ReceivedUpdate] | None = None
         self._evaluation: _Collector[EvaluationReport] | None = None
 

@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from protocols.codec import decode_frame, encode_frame, pack_tensors, unpack_tensors
 from torch import nn
 
 from device_agent.algorithms import build_local_update
@@ -22,6 +21,13 @@ from device_agent.state_store import StateStore
 from device_agent.training import StepBudget, Tensors, evaluate
 from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.codec import (
+    decode_frame,
+    describe_tensors,
+    encode_frame,
+    pack_tensors,
+    unpack_tensors,
+)
 from protocols.errors import PflError, ProtocolError
 from protocols.messages import (
     Capabilities,
@@ -33,7 +39,6 @@ from protocols.messages import (
     MemoryPlan,
     RoundAnnouncement,
     SharedModel,
-    TensorSpec,
 )
 from protocols.transport.base import Transport, Will
 from tasks.base import DeviceData, Task
@@ -52,18 +57,6 @@ def derive_seed(seed: int, *parts: object) -> int:
     """A 63-bit seed from the run seed and a context, identical in every process."""
     text = "/".join(str(part) for part in (seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
-
-
-def tensor_specs(state: dict[str, torch.Tensor], names: tuple[str, ...]) -> list[TensorSpec]:
-    """What the wire must carry for `names`: their dtypes and shapes in this model."""
-    return [
-        TensorSpec(
-            name=name,
-            dtype=str(state[name].dtype).removeprefix("torch."),
-            shape=tuple(state[name].shape),
-        )  # type: ignore[arg-type]
-        for name in names
-    ]
 
 
 @dataclass
@@ -225,7 +218,7 @@ class DeviceAgent:
             raise ProtocolError(str(error), round_id=announcement.round_id) from None
         split = resolve_split(self.workspace, self.task.personal_patterns, config)
         if model.decoded is None:
-            expected = tensor_specs(self.initial_state, split.shared)
+            expected = describe_tensors({n: self.initial_state[n] for n in split.shared})
             model.decoded = unpack_tensors(model.header.manifest, model.blob, expected=expected)
         personal = self._load_personal(split)
         self.workspace.load_state_dict({**model.decoded, **personal})

@@ -6,6 +6,7 @@ tensors its `manifest` describes. `parse_header` is the one entry point for anyt
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import Annotated, Any, Literal
@@ -78,7 +79,7 @@ class TensorManifest(WireModel):
 
     tensors: tuple[TensorSpec, ...] = ()
     byte_length: NonNegativeInt = 0
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = "0" * 64
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = hashlib.sha256(b"").hexdigest()
 
 
 class MemoryPlan(WireModel):

@@ -1,0 +1,137 @@
+"""Resolving a task by name: a built-in, or the user's own "package.module:attribute"."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from torch import nn
+
+from tasks.base import Task
+from tasks.digits import DigitsTask
+from tasks.gaussian import GaussianTask
+from tasks.sine import SineTask
+from tasks.synthetic import SyntheticTask
+
+BUILTIN_TASKS: Final[dict[str, type]] = {
+    task.name: task for task in (DigitsTask, SyntheticTask, GaussianTask, SineTask)
+}
+
+FINGERPRINT_VERSION: Final = "pfl-edge/task-fingerprint/1"
+
+_TASK_MEMBERS: Final = (
+    "name",
+    "metric_name",
+    "personal_patterns",
+    "input_names",
+    "output_names",
+    "build_model",
+    "loss",
+    "metric_sum",
+    "make_fleet",
+)
+
+
+def load_task(name: str, options: Mapping[str, object] | None = None) -> Task:
+    """Turn the task named on a command line or in a config into a Task object.
+
+    `name` is a built-in ("digits", "synthetic", "gaussian", "sine") or "package.module:attribute",
+    where the attribute is a Task class or factory (called with `options` as keyword arguments)
+    or a ready Task instance (which takes no options).
+
+    Raises:
+        ValueError: For an unknown name, a module or attribute that cannot be imported, options
+            the task does not accept, or an object that is not a Task.
+    """
+    options = dict(options or {})
+    if name in BUILTIN_TASKS:
+        return _check_task(_instantiate(BUILTIN_TASKS[name], options, name), name)
+    if ":" not in name:
+        msg = (
+            f"unknown task {name!r}; valid built-ins: {', '.join(sorted(BUILTIN_TASKS))}, "
+            f"or 'package.module:attribute' for your own task"
+        )
+        raise ValueError(msg)
+    target = _import_attribute(name)
+    if isinstance(target, type) or not isinstance(target, Task):
+        if not callable(target):
+            msg = f"{name!r} is neither a Task, a Task class nor a factory: {target!r}"
+            raise ValueError(msg)
+        return _check_task(_instantiate(target, options, name), name)
+    if options:
+        msg = f"{name!r} is a Task instance and accepts no options, got {sorted(options)}"
+        raise ValueError(msg)
+    return target
+
+
+def task_fingerprint(task: Task, model: nn.Module) -> str:
+    """SHA-256 of the task name and the model's state layout, to refuse mismatched saved state.
+
+    It covers each state_dict entry's name, shape and dtype (not values), so personal state saved
+    for one architecture is never loaded into another.
+    """
+    layout = sorted(
+        (key, list(tensor.shape), str(tensor.dtype)) for key, tensor in model.state_dict().items()
+    )
+    payload = json.dumps([FINGERPRINT_VERSION, task.name, layout], separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _import_attribute(spec: str) -> object:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        msg = f"task {spec!r} must have the form 'package.module:attribute'"
+        raise ValueError(msg)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        msg = f"cannot import module {module_name!r} for task {spec!r}: {error}"
+        raise ValueError(msg) from error
+    target: object = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as error:
+            msg = f"module {module_name!r} has no attribute {attribute!r} (task {spec!r})"
+            raise ValueError(msg) from error
+    return target
+
+
+def _instantiate(factory: Callable[..., object], options: dict[str, object], name: str) -> object:
+    """Call `factory(**options)` after checking the options against its signature.
+
+    Checking first turns a misspelt option into a ValueError naming the accepted ones, instead of
+    a TypeError from deep inside the call.
+    """
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory(**options)
+    try:
+        signature.bind(**options)
+    except TypeError as error:
+        accepted = [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        unknown = sorted(set(options) - set(accepted))
+        problem = f"unknown options {unknown}" if unknown else str(error)
+        msg = (
+            f"task {name!r}: {problem}; accepted options: "
+            f"{', '.join(accepted) if accepted else '(none)'}"
+        )
+        raise ValueError(msg) from error
+    return factory(**options)
+
+
+def _check_task(candidate: object, name: str) -> Task:
+    missing = [member for member in _TASK_MEMBERS if not hasattr(candidate, member)]
+    if missing or not isinstance(candidate, Task):
+        msg = f"{name!r} did not produce a Task: missing {', '.join(missing)}"
+        raise ValueError(msg)
+    return candidate

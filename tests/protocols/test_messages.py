@@ -1,0 +1,308 @@
+"""Tests for the message models: round trips, strictness, field rules and immutability."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from protocols.errors import ProtocolError
+from protocols.messages import (
+    ALL_MESSAGE_TYPES,
+    Capabilities,
+    Command,
+    CoordinatorStatus,
+    DeviceAssignment,
+    DeviceHello,
+    DeviceStatus,
+    DeviceUpdate,
+    EvaluationReport,
+    ExportReport,
+    MemoryPlan,
+    Message,
+    RoundAnnouncement,
+    SharedModel,
+    TensorManifest,
+    TensorSpec,
+    dump_header,
+    parse_header,
+)
+
+MODEL_SHA256 = "ab" * 32
+MANIFEST = TensorManifest(
+    tensors=(
+        TensorSpec(name="layer.weight", dtype="float32", shape=(4, 3)),
+        TensorSpec(name="layer.bias", dtype="bfloat16", shape=(4,)),
+        TensorSpec(name="steps", dtype="int64", shape=()),
+    ),
+    byte_length=120,
+    sha256="cd" * 32,
+)
+HELLO = DeviceHello(
+    device_id="jetson-7",
+    task="sine",
+    num_train_samples=320,
+    capabilities=Capabilities(
+        cores=6,
+        memory_bytes=8 << 30,
+        arch="aarch64",
+        torch_version="2.13.0",
+        python_version="3.10.12",
+    ),
+    memory_plan=MemoryPlan(
+        budget_bytes=1 << 30,
+        estimated_peak_bytes=700 << 20,
+        micro_batch_size=16,
+        accumulation_steps=4,
+        method="probe",
+    ),
+    stateful=False,
+)
+STATUS = DeviceStatus(
+    device_id="pi-3", state="training", round_id=5, last_loss=0.75, detail="epoch 2"
+)
+COORDINATOR = CoordinatorStatus(
+    state="running", fleet="lab", task="sine", algorithm="selffl", round_id=5, rounds=40
+)
+MODEL = SharedModel(round_id=5, manifest=MANIFEST)
+ROUND = RoundAnnouncement(
+    round_id=5,
+    phase="train",
+    algorithm="selffl",
+    config={"local_epochs": 2, "lr": 0.05},
+    model_sha256=MODEL_SHA256,
+    deadline_s=30.0,
+    assignments={"pi-3": DeviceAssignment(scalars={"sigma0_sq": 0.5})},
+)
+UPDATE = DeviceUpdate(
+    round_id=5,
+    device_id="pi-3",
+    algorithm="selffl",
+    num_samples=97,
+    train_loss=0.31,
+    scalars={"sigma_m_sq": 0.02},
+    manifest=MANIFEST,
+)
+EVALUATION = EvaluationReport(
+    round_id=5,
+    device_id="pi-3",
+    metric_name="mse",
+    personalized=0.1,
+    global_model=0.4,
+    num_test_samples=50,
+    num_train_samples=97,
+)
+COMMAND = Command(action="export", round_id=5, arguments={"opset": "17"})
+EXPORT = ExportReport(
+    round_id=5,
+    device_id="pi-3",
+    ok=True,
+    path="/var/lib/pfl/model.onnx",
+    size_bytes=4096,
+    sha256="ef" * 32,
+    parity_max_abs_diff=1e-7,
+    metrics={"latency_ms": 0.8},
+)
+EXAMPLES: tuple[Message, ...] = (
+    HELLO,
+    STATUS,
+    COORDINATOR,
+    MODEL,
+    ROUND,
+    UPDATE,
+    EVALUATION,
+    COMMAND,
+    EXPORT,
+)
+BY_KIND: dict[str, Message] = {type(m).model_fields["kind"].default: m for m in EXAMPLES}
+WITH_DEVICE_ID = [message for message in EXAMPLES if "device_id" in type(message).model_fields]
+
+
+def fields_of(message: Message) -> dict[str, Any]:
+    return json.loads(dump_header(message))
+
+
+def test_examples_cover_every_message_type() -> None:
+    # Assert
+    assert {type(message) for message in EXAMPLES} == set(ALL_MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda message: type(message).__name__)
+def test_every_message_round_trips_through_its_header(message: Message) -> None:
+    # Execute
+    parsed = parse_header(dump_header(message))
+
+    # Assert
+    assert type(parsed) is type(message)
+    assert parsed == message
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda message: type(message).__name__)
+def test_unknown_top_level_fields_are_rejected(message: Message) -> None:
+    # Prepare
+    fields = fields_of(message) | {"personal_weights": [1.0, 2.0]}
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="personal_weights: Extra inputs are not permitted"):
+        parse_header(json.dumps(fields))
+
+
+def test_unknown_nested_fields_are_rejected() -> None:
+    # Prepare
+    fields = fields_of(UPDATE)
+    fields["manifest"]["tensors"][0]["raw_data"] = "AAAA"
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="raw_data: Extra inputs are not permitted"):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize(
+    "device_id",
+    ["", "a/b", "pi+3", "pi#", "#", "+", "x" * 65, "-leading", ".hidden", "has space", "ü"],
+)
+@pytest.mark.parametrize("message", WITH_DEVICE_ID, ids=lambda message: type(message).__name__)
+def test_invalid_device_ids_are_rejected(message: Message, device_id: str) -> None:
+    # Prepare
+    fields = fields_of(message) | {"device_id": device_id}
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="device_id"):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize("device_id", ["a", "pi-3", "jetson_7.lab", "x" * 64])
+def test_valid_device_ids_are_accepted(device_id: str) -> None:
+    # Execute
+    status = DeviceStatus(device_id=device_id, state="online")
+
+    # Assert
+    assert parse_header(dump_header(status)) == status
+
+
+def test_invalid_device_id_in_assignments_is_rejected() -> None:
+    # Prepare
+    fields = fields_of(ROUND)
+    fields["assignments"] = {"pi/3": {"scalars": {}}}
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="assignments"):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("update", ("train_loss",)),
+        ("update", ("scalars", "sigma_m_sq")),
+        ("evaluation", ("personalized",)),
+        ("evaluation", ("global_model",)),
+        ("status", ("last_loss",)),
+        ("export-report", ("parity_max_abs_diff",)),
+        ("export-report", ("metrics", "latency_ms")),
+        ("round", ("assignments", "pi-3", "scalars", "sigma0_sq")),
+    ],
+)
+def test_non_finite_floats_are_rejected(kind: str, path: tuple[str, ...], literal: str) -> None:
+    # Prepare: JSON has no NaN, but lenient encoders write these literals anyway
+    fields = fields_of(BY_KIND[kind])
+    target = fields
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = "__NON_FINITE__"
+    raw = json.dumps(fields).replace('"__NON_FINITE__"', literal)
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="expected a finite number"):
+        parse_header(raw)
+
+
+def test_non_finite_floats_are_rejected_when_built_in_code() -> None:
+    # Execute / Assert
+    with pytest.raises(ValidationError, match="expected a finite number"):
+        DeviceUpdate(
+            round_id=1,
+            device_id="pi-3",
+            algorithm="fedavg",
+            num_samples=3,
+            train_loss=float("nan"),
+            manifest=MANIFEST,
+        )
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "complaint"),
+    [
+        ("update", "round_id", -1, "round_id"),
+        ("update", "num_samples", -5, "num_samples"),
+        ("round", "model_sha256", "not-a-digest", "model_sha256"),
+        ("round", "deadline_s", 0, "deadline_s"),
+        ("status", "state", "sleeping", "state"),
+        ("command", "action", "format-disk", "action"),
+        ("update", "protocol_version", 2, "unsupported protocol version 2"),
+        ("update", "kind", "gossip", "kind"),
+    ],
+)
+def test_field_rules_are_enforced(kind: str, field: str, value: object, complaint: str) -> None:
+    # Prepare
+    fields = fields_of(BY_KIND[kind]) | {field: value}
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match=complaint):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [
+        ({"name": "", "dtype": "float32", "shape": [1]}, "name"),
+        ({"name": "w", "dtype": "complex64", "shape": [1]}, "dtype"),
+        ({"name": "w", "dtype": "float32", "shape": [-1]}, "shape"),
+    ],
+)
+def test_manifest_entries_are_validated(spec: dict[str, object], complaint: str) -> None:
+    # Prepare
+    fields = fields_of(MODEL)
+    fields["manifest"]["tensors"] = [spec]
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match=complaint):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda message: type(message).__name__)
+def test_messages_are_frozen(message: Message) -> None:
+    # Execute / Assert
+    with pytest.raises(ValidationError, match="frozen"):
+        message.sent_at = 0.0
+
+
+def test_nested_models_are_frozen() -> None:
+    # Execute / Assert
+    with pytest.raises(ValidationError, match="frozen"):
+        MANIFEST.byte_length = 0
+    with pytest.raises(ValidationError, match="frozen"):
+        MANIFEST.tensors[0].shape = (1,)
+
+
+def test_sent_at_defaults_to_the_send_time() -> None:
+    # Execute
+    first = DeviceStatus(device_id="pi-3", state="online")
+    second = DeviceStatus(device_id="pi-3", state="online")
+
+    # Assert
+    assert first.sent_at > 1.6e9
+    assert second.sent_at >= first.sent_at
+
+
+def test_round_addresses_only_assigned_devices_unless_none_are() -> None:
+    # Prepare
+    everyone = ROUND.model_copy(update={"assignments": {}})
+
+    # Execute / Assert
+    assert ROUND.addresses("pi-3")
+    assert not ROUND.addresses("pi-4")
+    assert everyone.addresses("pi-4")
