@@ -30,7 +30,7 @@ def weighted_mean(
     for name, first in deltas[0].items():
         accumulator = torch.zeros(first.shape, dtype=torch.float64)
         for delta, weight in zip(deltas, weights, strict=True):
-            accumulator.add_(delta[name].to(torch.float64), alpha=weight / total)
+            accumulator.add_(delta[name], alpha=weight / total)
         result[name] = (
             accumulator.to(first.dtype)
             if first.is_floating_point()

@@ -60,6 +60,15 @@ class FleetRegistry:
                 detail=status.detail,
             )
 
+    def on_update(self, device_id: str, round_id: int, train_loss: float) -> None:
+        """Progress learned from an update, so devices need not send a status every round."""
+        with self._lock:
+            previous = self._devices.get(device_id)
+            if previous is not None:
+                self._devices[device_id] = replace(
+                    previous, last_seen=time.time(), round_id=round_id, last_loss=train_loss
+                )
+
     def knows(self, device_id: str) -> bool:
         """Whether the device ever said hello."""
         with self._lock:

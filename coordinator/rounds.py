@@ -326,6 +326,7 @@ class Coordinator:
         received = ReceivedUpdate(
             update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
         )
+        self.registry.on_update(update.device_id, update.round_id, update.train_loss)
         if not collector.offer(update.device_id, received):
             logger.info(
                 "ignored duplicate or unrequested update from %s for round %d",

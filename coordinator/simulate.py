@@ -18,7 +18,7 @@ from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordin
 from coordinator.settings import SimulationSettings
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import Tensors
-from device_agent.agent import DeviceAgent, device_will
+from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
 from protocols.errors import RoundError
@@ -94,6 +94,7 @@ def run_simulation(
         ),
     )
     capabilities = probe_capabilities()
+    model_cache = DecodedModelCache()
     for index, data in enumerate(fleet_data):
         device_id = device_name(index)
         agent = DeviceAgent(
@@ -107,6 +108,7 @@ def run_simulation(
             workspace=workspace,
             initial_state=initial_state,
             capabilities=capabilities,
+            model_cache=model_cache,
         )
         agent.start()
         result.agents.append(agent)

@@ -8,6 +8,7 @@ one at a time on the transport's dispatch thread.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from protocols.messages import (
     MemoryPlan,
     RoundAnnouncement,
     SharedModel,
+    TensorSpec,
 )
 from protocols.transport.base import Transport, Will
 from tasks.base import DeviceData, Task
@@ -59,11 +61,40 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
 
 
+@dataclass(frozen=True)
+class _Plan:
+    config: AlgorithmConfig
+    update: LocalUpdate
+    split: ParamSplit
+    expected: tuple[TensorSpec, ...]
+    fingerprint: str
+
+
 @dataclass
 class _ReceivedModel:
     header: SharedModel
     blob: bytes
     decoded: Tensors | None = None
+
+
+class DecodedModelCache:
+    """Shared models decoded once per content: virtual devices in one process share one.
+
+    Keyed by the frame's SHA-256 and the expected layout, so equal keys mean equal tensors;
+    consumers only read them (load_state_dict copies).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, tuple[TensorSpec, ...]] | None = None
+        self._tensors: Tensors = {}
+
+    def decode(self, model: _ReceivedModel, expected: tuple[TensorSpec, ...]) -> Tensors:
+        """The model's tensors, validated against `expected` on first use."""
+        key = (model.header.manifest.sha256, expected)
+        if key != self._key:
+            self._tensors = unpack_tensors(model.header.manifest, model.blob, expected=expected)
+            self._key = key
+        return self._tensors
 
 
 class DeviceAgent:
@@ -90,6 +121,7 @@ class DeviceAgent:
         budget: StepBudget | None = None,
         memory_plan: MemoryPlan | None = None,
         capabilities: Capabilities | None = None,
+        model_cache: DecodedModelCache | None = None,
     ) -> None:
         self.device_id = device_id
         self.fleet = fleet
@@ -104,10 +136,12 @@ class DeviceAgent:
         self.budget = budget or StepBudget()
         self.memory_plan = memory_plan
         self.capabilities = capabilities
+        self.model_cache = model_cache or DecodedModelCache()
         self.last_loss: float | None = None
         self._model: _ReceivedModel | None = None
         self._pending: RoundAnnouncement | None = None
         self._answered: set[tuple[int, str]] = set()
+        self._plans: dict[tuple[str, str], _Plan] = {}
 
     def start(self) -> None:
         """Subscribe to the fleet's topics, then say hello."""
@@ -206,21 +240,30 @@ class DeviceAgent:
 
     # -- work -------------------------------------------------------------------------------
 
+    def _plan(self, announcement: RoundAnnouncement) -> _Plan:
+        """The parsed config, split and expected shared layout; the same every round, so cached."""
+        key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                config = parse_algorithm_config(announcement.algorithm, announcement.config)
+                update = build_local_update(announcement.algorithm)
+            except ValueError as error:
+                raise ProtocolError(str(error), round_id=announcement.round_id) from None
+            split = resolve_split(self.workspace, self.task.personal_patterns, config)
+            expected = describe_tensors({n: self.initial_state[n] for n in split.shared})
+            plan = _Plan(config, update, split, expected, self._fingerprint(split))
+            self._plans = {key: plan}
+        return plan
+
     def _context(
         self, announcement: RoundAnnouncement, model: _ReceivedModel
     ) -> tuple[LocalUpdate, LocalContext]:
-        try:
-            config: AlgorithmConfig = parse_algorithm_config(
-                announcement.algorithm, announcement.config
-            )
-            update = build_local_update(announcement.algorithm)
-        except ValueError as error:
-            raise ProtocolError(str(error), round_id=announcement.round_id) from None
-        split = resolve_split(self.workspace, self.task.personal_patterns, config)
+        plan = self._plan(announcement)
+        config, update, split = plan.config, plan.update, plan.split
         if model.decoded is None:
-            expected = describe_tensors({n: self.initial_state[n] for n in split.shared})
-            model.decoded = unpack_tensors(model.header.manifest, model.blob, expected=expected)
-        personal = self._load_personal(split)
+            model.decoded = self.model_cache.decode(model, plan.expected)
+        personal = self._load_personal(plan)
         self.workspace.load_state_dict({**model.decoded, **personal})
         generator = torch.Generator().manual_seed(
             derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
@@ -246,17 +289,17 @@ class DeviceAgent:
         )
         return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
 
-    def _load_personal(self, split: ParamSplit) -> Tensors:
-        stored = self.store.load(self._fingerprint(split)) if self.stateful else None
+    def _load_personal(self, plan: _Plan) -> Tensors:
+        stored = self.store.load(plan.fingerprint) if self.stateful else None
         if stored is not None:
             return stored
-        return {name: self.initial_state[name] for name in split.personal}
+        return {name: self.initial_state[name] for name in plan.split.personal}
 
     def _train(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
         update, ctx = self._context(announcement, model)
         result = update.run(ctx)
         if self.stateful and ctx.split.personal:
-            self.store.save(self._fingerprint(ctx.split), result.personal)
+            self.store.save(self._plan(announcement).fingerprint, result.personal)
         manifest, blob = pack_tensors(result.shared_delta)
         message = DeviceUpdate(
             round_id=announcement.round_id,
@@ -269,7 +312,6 @@ class DeviceAgent:
         )
         self._publish("update", encode_frame(message, blob))
         self.last_loss = result.train_loss
-        self.publish_status("online", round_id=announcement.round_id)
 
     def _evaluate(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
         update, ctx = self._context(announcement, model)

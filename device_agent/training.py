@@ -6,6 +6,7 @@ epochs live here once; an algorithm says which parameters train and adds a loss 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -85,15 +86,17 @@ def train(
     if not trainable or len(split) == 0:
         return TrainStats(0, 0, 0.0)
     wanted = set(spec.trainable)
-    for name, parameter in parameters.items():
-        parameter.requires_grad_(name in wanted)
+    frozen = [p for name, p in parameters.items() if name not in wanted]
+    for parameter in frozen:  # no gradient is computed or kept for them
+        parameter.requires_grad_(False)
     optimizer = torch.optim.SGD(
         trainable, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
     )
     micro = budget.micro_batch_size if budget is not None else None
     model.train()
-    steps = samples = 0
-    loss_sum = 0.0
+    steps = 0
+    losses: list[torch.Tensor] = []
+    sizes: list[int] = []
     try:
         for inputs, targets in minibatches(split, spec.batch_size, spec.epochs, generator):
             if spec.max_steps is not None and steps >= spec.max_steps:
@@ -101,16 +104,28 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             batch_loss = _accumulate(model, task, inputs, targets, micro, extra_loss)
             if spec.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
-            _check_gradients(trainable)
+                norm = torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
+                if not math.isfinite(float(norm)):
+                    msg = "a gradient became non-finite"
+                    raise TrainingError(msg)
             optimizer.step()
             steps += 1
-            samples += int(inputs.shape[0])
-            loss_sum += batch_loss * int(inputs.shape[0])
+            losses.append(batch_loss.detach())
+            sizes.append(int(inputs.shape[0]))
     finally:
-        for parameter in parameters.values():
+        for parameter in frozen:
             parameter.requires_grad_(True)
-    return TrainStats(steps, samples, loss_sum / samples if samples else 0.0)
+    samples = sum(sizes)
+    mean_loss = (  # one synchronization per phase
+        float(torch.stack(losses).double() @ torch.tensor(sizes, dtype=torch.float64)) / samples
+        if samples
+        else 0.0
+    )
+    if not math.isfinite(mean_loss):
+        msg = f"training loss became {mean_loss}"
+        raise TrainingError(msg)
+    _check_finite(trainable)
+    return TrainStats(steps, samples, mean_loss)
 
 
 def _accumulate(
@@ -120,34 +135,35 @@ def _accumulate(
     targets: torch.Tensor,
     micro_batch_size: int | None,
     extra_loss: ExtraLoss | None,
-) -> float:
-    """Backpropagate one batch as micro-batches whose gradients sum to the whole batch's."""
+) -> torch.Tensor:
+    """Backpropagate one batch as micro-batches whose gradients sum to the whole batch's.
+
+    Returns the batch's task loss without synchronizing; non-finite values surface at the end
+    of the phase (loss and parameters are checked there).
+    """
     batch = int(inputs.shape[0])
     size = batch if micro_batch_size is None else max(1, min(micro_batch_size, batch))
-    total = 0.0
-    for start in range(0, batch, size):
-        part_inputs, part_targets = inputs[start : start + size], targets[start : start + size]
-        weight = part_inputs.shape[0] / batch
-        loss = task.loss(model(part_inputs), part_targets) * weight
-        if not torch.isfinite(loss):
-            msg = f"training loss became {loss.item()}"
-            raise TrainingError(msg)
-        loss.backward()
-        total += float(loss.detach())
+    if size >= batch:
+        total = task.loss(model(inputs), targets)
+        total.backward()
+    else:
+        total = torch.zeros(())
+        for start in range(0, batch, size):
+            loss = task.loss(model(inputs[start : start + size]), targets[start : start + size])
+            loss = loss * (min(size, batch - start) / batch)
+            loss.backward()
+            total = total + loss.detach()
     if extra_loss is not None:
-        extra = extra_loss()
-        if not torch.isfinite(extra):
-            msg = f"regularization term became {extra.item()}"
-            raise TrainingError(msg)
-        extra.backward()
+        extra_loss().backward()
     return total
 
 
-def _check_gradients(parameters: Sequence[nn.Parameter]) -> None:
-    for parameter in parameters:
-        if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
-            msg = "a gradient became non-finite"
-            raise TrainingError(msg)
+def _check_finite(parameters: Sequence[nn.Parameter]) -> None:
+    """After the phase, not per step: a finite loss with a non-finite step still ends here."""
+    values = [parameter.detach() for parameter in parameters if parameter.numel()]
+    if values and not math.isfinite(float(torch.nn.utils.get_total_norm(values))):
+        msg = "a parameter became non-finite during training"
+        raise TrainingError(msg)
 
 
 @torch.no_grad()

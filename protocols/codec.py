@@ -7,7 +7,10 @@ layout, manifest and finiteness, so a receiver pays only for the tensors it actu
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import struct
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
@@ -48,6 +51,7 @@ _DTYPES: Final[dict[DType, tuple[torch.dtype, str]]] = {  # wire name: (torch, s
 }
 _FROM_TORCH: Final[dict[torch.dtype, DType]] = {dtype: name for name, (dtype, _) in _DTYPES.items()}
 _FROM_SAFETENSORS: Final[dict[str, str]] = {code: name for name, (_, code) in _DTYPES.items()}
+_WIDE_FLOATS: Final = (torch.float32, torch.float64)
 _Layout = Mapping[str, tuple[str, tuple[int, ...]]]
 
 
@@ -78,7 +82,6 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorManifest, b
     """
     prepared: Tensors = {}
     specs: list[TensorSpec] = []
-    storages: set[int] = set()
     for name in sorted(tensors):
         tensor = tensors[name].detach()
         dtype = _FROM_TORCH.get(tensor.dtype)
@@ -87,19 +90,14 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorManifest, b
             msg = f"tensor {name!r} has unsupported dtype {tensor.dtype}; use one of {supported}"
             raise ProtocolError(msg)
         tensor = tensor.cpu().contiguous()
-        if tensor.numel():
-            storage = tensor.untyped_storage().data_ptr()
-            if storage in storages:  # tied or sliced tensors: safetensors refuses shared memory
-                tensor = tensor.clone()
-            storages.add(storage)
-        _require_finite(name, tensor)
         try:
             specs.append(TensorSpec(name=name, dtype=dtype, shape=tuple(tensor.shape)))
         except ValidationError as error:
             msg = f"invalid tensor name {name!r}: {error.errors()[0]['msg']}"
             raise ProtocolError(msg) from None
         prepared[name] = tensor
-    blob = safetensors.torch.save(prepared) if prepared else b""
+    _require_all_finite(prepared)
+    blob = _serialize(prepared) if prepared else b""
     digest = hashlib.sha256(blob).hexdigest()
     return TensorManifest(tensors=tuple(specs), byte_length=len(blob), sha256=digest), blob
 
@@ -137,9 +135,8 @@ def unpack_tensors(
     _compare(described, found, "in the manifest", "blob")
     tensors: Tensors = {}
     for name, (dtype_name, shape) in described.items():
-        tensor = _tensor(parsed[name][2], _DTYPES[dtype_name][0], shape)
-        _require_finite(name, tensor)
-        tensors[name] = tensor
+        tensors[name] = _tensor(parsed[name][2], _DTYPES[dtype_name][0], shape)
+    _require_all_finite(tensors)
     return tensors
 
 
@@ -222,6 +219,20 @@ def decode_tensors_frame(
         raise _error(str(error), header) from None
 
 
+def _require_all_finite(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Reject NaN/Inf anywhere, in one fused pass over the float32/float64 tensors.
+
+    The total norm is finite iff every element is (short of an overflow to Inf, for values
+    beyond 1e19, which the per-tensor pass below then accepts); only on failure, or for other
+    float dtypes, is each tensor checked on its own to name the culprit.
+    """
+    wide = [t for t in tensors.values() if t.dtype in _WIDE_FLOATS and t.numel()]
+    fused_ok = not wide or math.isfinite(float(torch.nn.utils.get_total_norm(wide)))
+    for name, tensor in tensors.items():
+        if not (fused_ok and tensor.dtype in _WIDE_FLOATS):
+            _require_finite(name, tensor)
+
+
 def _require_finite(name: str, tensor: torch.Tensor) -> None:
     """Reject NaN/Inf; aminmax is one pass without a boolean temporary, and propagates NaN."""
     if tensor.is_floating_point() and tensor.numel():
@@ -256,6 +267,39 @@ def _compare(described: _Layout, actual: _Layout, ref: str, where: str) -> None:
             if got != want:
                 msg = f"tensor {name!r} has {field} {got} in the {where}; {ref}: {want}"
                 raise ProtocolError(msg)
+
+
+def _serialize(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """The safetensors layout, written directly, several times faster for small tensors.
+
+    An 8-byte header length, a JSON header padded to 8 bytes, then each tensor's little-endian
+    bytes: exactly what `safetensors.torch.save` writes, and read back by the same parser.
+    """
+    header: dict[str, object] = {}
+    chunks: list[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        raw = _raw_bytes(tensor)
+        code = _DTYPES[_FROM_TORCH[tensor.dtype]][1]
+        header[name] = {
+            "dtype": code,
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join([struct.pack("<Q", len(text)), text, *chunks])
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; the bits are what travel
+        tensor = tensor.view(torch.int16)
+    array = tensor.numpy()
+    if sys.byteorder != "little":
+        array = array.byteswap()
+    return array.tobytes()
 
 
 def _parse(blob: bytes) -> dict[str, tuple[str, tuple[int, ...], bytes | bytearray]]:

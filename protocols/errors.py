@@ -1,12 +1,12 @@
 """One small error hierarchy for everything pfl-edge raises on purpose.
 
-    PflError
-    ├── ProtocolError     malformed message, unsupported version, payload too large, bad checksum,
-    │                     tensor manifest mismatch, NaN/Inf in a tensor
-    ├── RoundError        stale round, unknown device, round that cannot close
-    ├── StateError        personal or coordinator state that cannot be written or read back
-    ├── TrainingError     local training diverged (non-finite loss or gradient)
-    └── MemoryBudgetError the memory budget cannot fit even a micro-batch of one
+PflError
+├── ProtocolError     malformed message, unsupported version, payload too large, bad checksum,
+│                     tensor manifest mismatch, NaN/Inf in a tensor
+├── RoundError        stale round, unknown device, round that cannot close
+├── StateError        personal or coordinator state that cannot be written or read back
+├── TrainingError     local training diverged (non-finite loss or gradient)
+└── MemoryBudgetError the memory budget cannot fit even a micro-batch of one
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks that write their tables into docs/."""

@@ -1,0 +1,142 @@
+"""Simulation overhead: `pfl-coord simulate` against a bare PyTorch loop doing the same training.
+
+The bare loop is the physical limit of the compute: per round, every device loads the global
+weights, runs the same number of SGD steps on the same data with the same model, and the weighted
+mean of the deltas becomes the new global model; at the end every device evaluates on its test
+split. The simulation does the same work through the real coordinator, agents, codec and hub.
+Both run side by side in one process, alternating, and the median of the repeats is reported.
+
+    python -m benchmarks.simulation_overhead [--repeats 3] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from coordinator.settings import SimulationSettings
+from coordinator.simulate import run_simulation
+from tasks.registry import load_task
+
+WORKLOAD = {
+    "task": "digits",
+    "algorithm": "fedavg",
+    "devices": 50,
+    "rounds": 20,
+    "local_epochs": 1,
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "seed": 0,
+}
+MARKER = "<!-- simulation-overhead -->"
+
+
+def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
+    """FedAvg with nothing but PyTorch; returns (seconds, mean test accuracy)."""
+    task = load_task(settings.task)
+    config = settings.algorithm_config()
+    fleet = task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
+    started = time.perf_counter()
+    model = task.build_model(settings.seed)
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(settings.seed)
+    for _ in range(settings.rounds):
+        total = sum(len(d.train) for d in fleet)
+        mean_delta = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        for data in fleet:
+            model.load_state_dict(global_state)
+            optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+            for _ in range(config.local_epochs):
+                order = torch.randperm(len(data.train), generator=generator)
+                for start in range(0, len(order), config.batch_size):
+                    index = order[start : start + config.batch_size]
+                    optimizer.zero_grad()
+                    loss = task.loss(model(data.train.inputs[index]), data.train.targets[index])
+                    loss.backward()
+                    optimizer.step()
+            weight = len(data.train) / total
+            for name, value in model.state_dict().items():
+                mean_delta[name].add_(value - global_state[name], alpha=weight)
+        global_state = {k: v + mean_delta[k] for k, v in global_state.items()}
+    model.load_state_dict(global_state)
+    with torch.no_grad():
+        accuracies = [
+            task.metric_sum(model(d.test.inputs), d.test.targets) / len(d.test) for d in fleet
+        ]
+    return time.perf_counter() - started, sum(accuracies) / len(accuracies)
+
+
+def simulated(settings: SimulationSettings) -> tuple[float, float, int]:
+    """The same workload through `run_simulation`; (seconds, mean accuracy, bytes moved)."""
+    started = time.perf_counter()
+    result = run_simulation(settings)
+    seconds = time.perf_counter() - started
+    metrics = result.summary["metrics"]
+    return (
+        seconds,
+        metrics["personalized_mean"],
+        result.summary["bytes_up"] + result.summary["bytes_down"],
+    )
+
+
+def main() -> None:
+    """Run both side by side and write the table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    settings = SimulationSettings.load(None, **WORKLOAD)
+    simulated(settings)  # warm-up: imports, data set load, allocator
+    bare_loop(settings)
+    bare_times, sim_times = [], []
+    for _ in range(args.repeats):
+        bare_seconds, bare_accuracy = bare_loop(settings)
+        sim_seconds, sim_accuracy, moved = simulated(settings)
+        bare_times.append(bare_seconds)
+        sim_times.append(sim_seconds)
+    bare, sim = statistics.median(bare_times), statistics.median(sim_times)
+    ratio = sim / bare
+    table = "\n".join(
+        [
+            MARKER,
+            "## Simulation overhead against a bare PyTorch loop",
+            "",
+            "Workload: "
+            + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items())
+            + f"; batch size {settings.algorithm_config().batch_size}, lr {settings.algorithm_config().lr}.",
+            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+            f"median of {args.repeats} alternating repeats.",
+            "",
+            "| run | seconds | final mean accuracy | payload bytes moved |",
+            "|---|---:|---:|---:|",
+            f"| bare PyTorch loop | {bare:.2f} | {bare_accuracy:.3f} | 0 |",
+            f"| `pfl-coord simulate` (in-process) | {sim:.2f} | {sim_accuracy:.3f} | {moved:,} |",
+            f"| **ratio simulate / bare** | **{ratio:.2f}x** | | |",
+            "",
+            "Command: `python -m benchmarks.simulation_overhead`. Target: within 1.3x.",
+            MARKER,
+        ]
+    )
+    write_section(args.out, table)
+    print(table)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace this benchmark's section of `path` (between markers), keeping the others."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if MARKER in text:
+        before, _, rest = text.partition(MARKER)
+        _, _, after = rest.partition(MARKER)
+        text = before + section + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

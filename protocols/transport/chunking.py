@@ -1,0 +1,300 @@
+"""Splitting large payloads into broker-sized chunks and putting them back together, verified.
+
+A payload larger than the chunk size travels as chunks published to `<topic>/chunk/<index>`, so
+a retained large message survives on the broker as a set of retained chunk topics and a late
+subscriber receives all of them. Every chunk starts with a fixed header:
+
+    magic "PFC" 0x01 | transfer id (16 bytes) | index (u32) | count (u32) | total length (u64)
+    | SHA-256 of the whole payload (32 bytes)                                 (big-endian, 68 bytes)
+
+The receiver keys partial sets by (base topic, transfer id), so two transfers to one topic never
+mix, and checks length and SHA-256 before handing the payload on. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+from protocols.errors import ProtocolError
+
+logger = logging.getLogger(__name__)
+
+MAGIC: Final = b"PFC\x01"
+HEADER: Final = struct.Struct(">4s16sIIQ32s")
+CHUNK_SEGMENT: Final = "chunk"
+_REMEMBERED_TRANSFERS: Final = 1024
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    """The fixed header every chunk carries."""
+
+    transfer_id: bytes
+    index: int
+    count: int
+    total_length: int
+    sha256: bytes
+
+
+def chunk_topic(topic: str, index: int) -> str:
+    """The topic chunk `index` of a payload for `topic` is published to."""
+    return f"{topic}/{CHUNK_SEGMENT}/{index}"
+
+
+def parse_chunk_topic(topic: str) -> tuple[str, int] | None:
+    """Split a chunk topic into (base topic, index); None for any other topic."""
+    base, _, index = topic.rpartition("/")
+    base, _, segment = base.rpartition("/")
+    if segment != CHUNK_SEGMENT or not base or not index.isdigit():
+        return None
+    return base, int(index)
+
+
+def chunk_count(payload_length: int, chunk_size: int) -> int:
+    """How many chunks a payload needs; 0 means it travels whole, as one message.
+
+    A chunk, header included, never exceeds `chunk_size`, so a broker configured to accept
+    `chunk_size` bytes accepts every message this module produces.
+    """
+    if payload_length <= chunk_size:
+        return 0
+    body = _body_size(chunk_size)
+    return -(-payload_length // body)
+
+
+def split(payload: bytes, chunk_size: int, transfer_id: bytes | None = None) -> list[bytes]:
+    """Cut `payload` into chunks of at most `chunk_size` bytes each, header included.
+
+    Args:
+        payload: the whole message; must be larger than `chunk_size` (smaller ones travel whole).
+        chunk_size: the largest chunk, header included.
+        transfer_id: 16 bytes naming this transfer; random when not given, which keeps two
+            transfers of the same topic apart on the receiver.
+    """
+    count = chunk_count(len(payload), chunk_size)
+    if count == 0:
+        msg = f"a payload of {len(payload)} bytes fits in one {chunk_size}-byte message"
+        raise ValueError(msg)
+    transfer_id = os.urandom(16) if transfer_id is None else transfer_id
+    if len(transfer_id) != 16:
+        msg = f"transfer id must be 16 bytes, got {len(transfer_id)}"
+        raise ValueError(msg)
+    digest = hashlib.sha256(payload).digest()
+    body = _body_size(chunk_size)
+    view = memoryview(payload)
+    return [
+        HEADER.pack(MAGIC, transfer_id, index, count, len(payload), digest)
+        + view[index * body : (index + 1) * body]
+        for index in range(count)
+    ]
+
+
+def messages_for(
+    topic: str, payload: bytes, chunk_size: int, replaces: int | None = None
+) -> list[tuple[str, bytes]]:
+    """The (topic, payload) MQTT messages that carry `payload` to `topic`, in publish order.
+
+    Args:
+        topic: the base topic.
+        payload: the whole message.
+        chunk_size: the largest MQTT payload to produce.
+        replaces: for a retained publish, how many chunks the retained message it replaces had
+            (0 for one whole message, None when unknown or not retained). The stale retained
+            topics it left are cleared with empty payloads, so a late subscriber never receives
+            an old chunk set, or an old whole message, next to the new one.
+    """
+    count = chunk_count(len(payload), chunk_size)
+    if count == 0:
+        messages = [(topic, payload)]
+    else:
+        messages = [
+            (chunk_topic(topic, index), chunk)
+            for index, chunk in enumerate(split(payload, chunk_size))
+        ]
+    if replaces is None:
+        return messages
+    if count and replaces == 0:
+        return [(topic, b""), *messages]
+    return messages + [(chunk_topic(topic, index), b"") for index in range(count, replaces)]
+
+
+def decode_chunk(chunk: bytes) -> tuple[ChunkHeader, bytes]:
+    """Read a chunk's header and body.
+
+    Raises:
+        ProtocolError: the bytes are not a well-formed chunk.
+    """
+    if len(chunk) <= HEADER.size:
+        msg = f"chunk of {len(chunk)} bytes is shorter than its {HEADER.size}-byte header + data"
+        raise ProtocolError(msg)
+    magic, transfer_id, index, count, total, digest = HEADER.unpack_from(chunk)
+    if magic != MAGIC:
+        msg = f"chunk has magic {magic!r}, expected {MAGIC!r}"
+        raise ProtocolError(msg)
+    if count < 2 or index >= count or total < count:
+        msg = f"chunk header is inconsistent: index {index}, count {count}, total length {total}"
+        raise ProtocolError(msg)
+    return ChunkHeader(transfer_id, index, count, total, digest), chunk[HEADER.size :]
+
+
+def _body_size(chunk_size: int) -> int:
+    if chunk_size <= HEADER.size:
+        msg = f"chunk size {chunk_size} leaves no room after the {HEADER.size}-byte header"
+        raise ValueError(msg)
+    return chunk_size - HEADER.size
+
+
+@dataclass
+class _PartialSet:
+    header: ChunkHeader
+    started: float
+    touched: float
+    parts: dict[int, bytes] = field(default_factory=dict)
+    held: int = 0
+
+
+class Reassembler:
+    """Collects chunks per (base topic, transfer id) and returns each payload once complete.
+
+    Built for QoS 1: duplicates are harmless, order does not matter. Memory held in partial
+    sets is capped, so a flood of chunks that never complete cannot exhaust a device; sets idle
+    for longer than `timeout_s` are dropped with a warning.
+    """
+
+    def __init__(self, max_payload_bytes: int, timeout_s: float = 120.0) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self.timeout_s = timeout_s
+        self._sets: OrderedDict[tuple[str, bytes], _PartialSet] = OrderedDict()
+        self._finished: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._refused: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of chunk data currently held in incomplete sets."""
+        return self._held
+
+    @property
+    def pending(self) -> int:
+        """How many incomplete sets are held."""
+        return len(self._sets)
+
+    def add(self, base_topic: str, chunk: bytes, now: float | None = None) -> bytes | None:
+        """Take one chunk; return the whole payload when this chunk completes it, else None.
+
+        Raises:
+            ProtocolError: the chunk is malformed, contradicts earlier chunks of its transfer,
+                or completes a payload whose length or SHA-256 does not match (the set is
+                dropped; the caller logs and moves on).
+        """
+        now = time.monotonic() if now is None else now
+        header, body = decode_chunk(chunk)
+        key = (base_topic, header.transfer_id)
+        if key in self._refused:
+            return None
+        partial = self._sets.get(key)
+        if partial is None:
+            if not self._admit(key, header):
+                return None
+            partial = self._sets[key] = _PartialSet(header, started=now, touched=now)
+        elif _differs(partial.header, header):
+            self._drop(key)
+            msg = f"chunk {header.index} contradicts earlier chunks of its transfer"
+            raise ProtocolError(msg, topic=base_topic)
+        partial.touched = now
+        if header.index in partial.parts:
+            return None
+        if partial.held + len(body) > header.total_length:
+            self._drop(key)
+            msg = f"chunks carry more than the declared {header.total_length} bytes"
+            raise ProtocolError(msg, topic=base_topic)
+        self._make_room(len(body), keep=key)
+        partial.parts[header.index] = body
+        partial.held += len(body)
+        self._held += len(body)
+        if len(partial.parts) < header.count:
+            return None
+        return self._complete(key, partial)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop sets that received nothing for `timeout_s`; return their base topics."""
+        now = time.monotonic() if now is None else now
+        stale = [key for key, part in self._sets.items() if now - part.touched > self.timeout_s]
+        for key in stale:
+            partial = self._sets[key]
+            # A chunk redelivered after its transfer completed (QoS 1) opens a set that can never
+            # finish; that is expected, so it is not worth a warning.
+            log = logger.debug if key in self._finished else logger.warning
+            log(
+                "dropping incomplete chunked message on %s: %d of %d chunks after %.0f s",
+                key[0],
+                len(partial.parts),
+                partial.header.count,
+                now - partial.started,
+            )
+            self._drop(key)
+        return [key[0] for key in stale]
+
+    def _admit(self, key: tuple[str, bytes], header: ChunkHeader) -> bool:
+        if header.total_length <= self.max_payload_bytes:
+            return True
+        _remember(self._refused, key)
+        logger.warning(
+            "dropping chunked message on %s: %d bytes exceed the %d-byte limit",
+            key[0],
+            header.total_length,
+            self.max_payload_bytes,
+        )
+        return False
+
+    def _make_room(self, size: int, keep: tuple[str, bytes]) -> None:
+        while self._held + size > self.max_payload_bytes:
+            oldest = next((key for key in self._sets if key != keep), None)
+            if oldest is None:
+                return  # only `keep` is left, and _admit bounded it by its declared length
+            logger.warning(
+                "dropping incomplete chunked message on %s: partial messages would hold more "
+                "than %d bytes",
+                oldest[0],
+                self.max_payload_bytes,
+            )
+            self._drop(oldest)
+
+    def _complete(self, key: tuple[str, bytes], partial: _PartialSet) -> bytes:
+        self._drop(key)
+        payload = b"".join(partial.parts[index] for index in range(partial.header.count))
+        if len(payload) != partial.header.total_length:
+            msg = f"reassembled {len(payload)} bytes, header declared {partial.header.total_length}"
+            raise ProtocolError(msg, topic=key[0])
+        if hashlib.sha256(payload).digest() != partial.header.sha256:
+            msg = f"SHA-256 of the reassembled {len(payload)} bytes does not match the header"
+            raise ProtocolError(msg, topic=key[0])
+        _remember(self._finished, key)
+        return payload
+
+    def _drop(self, key: tuple[str, bytes]) -> None:
+        partial = self._sets.pop(key, None)
+        if partial is not None:
+            self._held -= partial.held
+
+
+def _differs(first: ChunkHeader, other: ChunkHeader) -> bool:
+    return (first.count, first.total_length, first.sha256) != (
+        other.count,
+        other.total_length,
+        other.sha256,
+    )
+
+
+def _remember(keys: OrderedDict[tuple[str, bytes], None], key: tuple[str, bytes]) -> None:
+    keys[key] = None
+    keys.move_to_end(key)
+    while len(keys) > _REMEMBERED_TRANSFERS:
+        keys.popitem(last=False)

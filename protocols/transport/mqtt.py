@@ -1,0 +1,522 @@
+"""The Transport over a real MQTT broker (paho-mqtt 2.x): sessions, chunking, one dispatch thread.
+
+paho's network thread only enqueues what arrives; one dispatch thread of this transport
+reassembles chunks and calls handlers, so a slow handler never stalls keep-alives or acks, and
+an exception in a handler is logged and dropped instead of escaping into paho's loop. Sessions
+are persistent, so QoS 1 messages published while a device is briefly away reach it on return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from protocols.errors import PflError, ProtocolError
+from protocols.topics import topic_matches
+from protocols.transport import chunking
+from protocols.transport.base import MessageHandler, TransportStats, Will
+from protocols.transport.settings import BrokerSettings
+
+logger = logging.getLogger(__name__)
+_paho_logger = logging.getLogger(f"{__name__}.paho")
+
+_QOS = 1
+_PUBLISH_OVERHEAD = 16  # fixed header, topic length and packet id of a PUBLISH, upper bound
+_UNCLAIMED_MESSAGES = 256
+
+
+class BrokerConnectionError(PflError, ConnectionError):
+    """The broker cannot be reached, refused the connection, or the transport is closed."""
+
+
+@dataclass
+class MqttTransportStats(TransportStats):
+    """Payload counters plus what actually crossed the wire (chunk headers, retained clears)."""
+
+    wire_bytes_sent: int = 0
+    wire_bytes_received: int = 0
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """Hand messages that arrived before any handler matched them to a new subscription."""
+
+    pattern: str
+    handler: MessageHandler
+
+
+class _Dispatcher:
+    """The receiving half: one thread that reassembles chunks and calls matching handlers.
+
+    Messages that match no handler yet (a persistent session delivers its queue right after
+    CONNACK, before a restarted program has subscribed again) are kept, bounded, and handed to
+    the first subscription that matches them.
+    """
+
+    def __init__(self, client_id: str, settings: BrokerSettings, stats: MqttTransportStats) -> None:
+        self.client_id = client_id
+        self.stats = stats
+        self.handlers: list[tuple[str, MessageHandler]] = []
+        self.lock = threading.Lock()
+        self._max_bytes = settings.max_payload_bytes
+        self._reassembler = chunking.Reassembler(
+            settings.max_payload_bytes, settings.reassembly_timeout_s
+        )
+        self._inbox: queue.SimpleQueue[tuple[str, bytes] | _Replay | None] = queue.SimpleQueue()
+        self._unclaimed: deque[tuple[str, bytes]] = deque()
+        self._delivered = threading.Condition()
+        self.thread = threading.Thread(
+            target=self._run, name=f"mqtt-dispatch-{client_id}", daemon=True
+        )
+
+    def put(self, item: tuple[str, bytes] | _Replay | None) -> None:
+        """Queue a message, a replay request, or None to stop the thread."""
+        self._inbox.put(item)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Re-check `predicate` after each message and every 0.1 s until it holds or time is up."""
+        if threading.current_thread() is self.thread:
+            return predicate()  # a handler cannot wait for messages its own thread delivers
+        deadline = time.monotonic() + timeout_s
+        with self._delivered:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return predicate()
+                self._delivered.wait(min(0.1, remaining))
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        """Deliver what is queued, then end the thread."""
+        self.put(None)
+        if threading.current_thread() is not self.thread and self.thread.is_alive():
+            self.thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get(timeout=0.5)
+            except queue.Empty:
+                self._reassembler.expire()
+                continue
+            if item is None:
+                return
+            try:
+                if isinstance(item, _Replay):
+                    self._replay(item)
+                else:
+                    self._deliver(*item)
+            except Exception:  # one bad message must never stop the transport
+                logger.exception("%s dropped a message: %.200r", self.client_id, item)
+            with self._delivered:
+                self._delivered.notify_all()
+
+    def _deliver(self, topic: str, payload: bytes) -> None:
+        self.stats.wire_bytes_received += len(payload)
+        chunk = chunking.parse_chunk_topic(topic)
+        if chunk is not None:
+            if not payload:
+                return  # a publisher clearing a stale retained chunk
+            try:
+                whole = self._reassembler.add(chunk[0], payload)
+            except ProtocolError as error:
+                logger.warning("%s dropped a bad chunk on %s: %s", self.client_id, topic, error)
+                return
+            self._reassembler.expire()
+            if whole is None:
+                return
+            topic, payload = chunk[0], whole
+        self.stats.bytes_received += len(payload)
+        self.stats.messages_received += 1
+        with self.lock:
+            matching = [(p, h) for p, h in self.handlers if topic_matches(p, topic)]
+        if not matching:
+            self._unclaimed.append((topic, payload))
+            held = sum(len(p) for _, p in self._unclaimed)
+            while len(self._unclaimed) > _UNCLAIMED_MESSAGES or held > self._max_bytes:
+                held -= len(self._unclaimed.popleft()[1])
+        for pattern, handler in matching:
+            self._call(pattern, handler, topic, payload)
+
+    def _replay(self, replay: _Replay) -> None:
+        claimed = [(t, p) for t, p in self._unclaimed if topic_matches(replay.pattern, t)]
+        self._unclaimed = deque(m for m in self._unclaimed if m not in claimed)
+        for topic, payload in claimed:
+            self._call(replay.pattern, replay.handler, topic, payload)
+
+    def _call(self, pattern: str, handler: MessageHandler, topic: str, payload: bytes) -> None:
+        try:
+            handler(topic, payload)
+        except Exception:
+            logger.exception("%s: handler for %s failed on %s", self.client_id, pattern, topic)
+
+
+class MqttTransport:
+    """A connected MQTT client speaking the Transport interface; connects in the constructor.
+
+    Raises:
+        BrokerConnectionError: the broker is unreachable or refuses within connect_timeout_s.
+        ProtocolError: the will is larger than one chunk (wills cannot be chunked).
+    """
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        client_id: str,
+        *,
+        will: Will | None = None,
+        clean_start: bool = False,
+    ) -> None:
+        if will is not None and len(will.payload) > settings.chunk_size_bytes:
+            msg = f"a will of {len(will.payload)} bytes exceeds chunk_size_bytes"
+            raise ProtocolError(msg, topic=will.topic)
+        self.client_id = client_id
+        self.settings = settings
+        self.stats = MqttTransportStats()
+        self._dispatcher = _Dispatcher(client_id, settings, self.stats)
+        self._filters: list[str] = []
+        self._retained_chunks: dict[str, int] = {}
+        self._publishing = threading.Lock()
+        self._acks = threading.Condition()  # PUBACKs and SUBACKs, from the network thread
+        self._unacked: dict[int, tuple[str, int]] = {}
+        self._early_acks: dict[int, ReasonCode] = {}
+        self._subacks: dict[int, list[ReasonCode]] = {}
+        self._connack = threading.Event()
+        self._refusal: ReasonCode | str | None = None
+        self._max_packet: int | None = None
+        self._closed = False
+        self._v5 = settings.protocol == "5"
+        if clean_start and not self._v5:
+            self._discard_session()
+        self._client = self._new_client(clean_session=False, will=will)
+        self._connect(clean_start)
+        self._dispatcher.thread.start()
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Send `payload` at QoS 1, in chunks when larger than chunk_size_bytes.
+
+        Returns once paho has queued every message; while disconnected they wait in the client
+        and go out after the reconnect. A retained publish also clears what an earlier retained
+        message on `topic` left behind (surplus chunks, or a whole message where chunks now go),
+        so a late subscriber never receives a stale mix.
+
+        Raises:
+            ProtocolError: the payload exceeds max_payload_bytes or the packet size the broker
+                advertised, or the topic is invalid.
+            BrokerConnectionError: the transport is closed.
+        """
+        if self._closed:
+            msg = f"transport {self.client_id} is closed"
+            raise BrokerConnectionError(msg, topic=topic)
+        size, limit = len(payload), self.settings.max_payload_bytes
+        if size > limit:
+            msg = f"payload of {size} bytes exceeds max_payload_bytes ({limit} bytes)"
+            raise ProtocolError(msg, topic=topic)
+        with self._publishing:  # keeps each topic's retained bookkeeping in publish order
+            replaces = self._retained_chunks.get(topic) if retain else None
+            chunk_size = self.settings.chunk_size_bytes
+            messages = chunking.messages_for(topic, payload, chunk_size, replaces)
+            largest = max(len(t) + len(p) for t, p in messages) + _PUBLISH_OVERHEAD
+            if self._max_packet is not None and largest > self._max_packet:
+                msg = (
+                    f"a {largest}-byte message exceeds the broker's maximum packet size of "
+                    f"{self._max_packet} bytes; lower chunk_size_bytes"
+                )
+                raise ProtocolError(msg, topic=topic)
+            for message_topic, data in messages:
+                self._send(message_topic, data, retain)
+            if retain:
+                self._retained_chunks[topic] = chunking.chunk_count(size, chunk_size)
+            self.stats.bytes_sent += size
+            self.stats.messages_sent += 1
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Call `handler` for matching messages; returns once the broker acknowledged.
+
+        Also subscribes to `pattern/chunk/+` (unless `pattern` ends in '#'), where the chunks
+        of large payloads arrive.
+
+        Raises:
+            ProtocolError: the pattern is invalid or the broker refused the subscription.
+        """
+        filters = [pattern] if pattern.endswith("#") else [pattern, f"{pattern}/chunk/+"]
+        with self._dispatcher.lock:
+            self._dispatcher.handlers.append((pattern, handler))
+            new = [f for f in filters if f not in self._filters]
+            self._filters.extend(new)
+        try:
+            if new:
+                self._subscribe_filters(pattern, new)
+        except ProtocolError:
+            with self._dispatcher.lock:
+                self._dispatcher.handlers.remove((pattern, handler))
+                self._filters = [f for f in self._filters if f not in new]
+            raise
+        self._dispatcher.put(_Replay(pattern, handler))
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Let messages flow until `predicate()` holds or `timeout_s` passes; return predicate().
+
+        Called from a handler it returns predicate() at once, as the in-process transport does.
+        """
+        return self._dispatcher.wait_until(predicate, timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up right now (paho reconnects by itself when it is not)."""
+        return self._client.is_connected()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the broker acknowledged every publish so far; False on timeout."""
+        with self._acks:
+            return self._acks.wait_for(lambda: not self._unacked, timeout_s)
+
+    def close(self) -> None:
+        """Deliver what is queued, then disconnect cleanly: the broker does not publish the will."""
+        if self._closed:
+            return
+        if self.connected and not self.flush(self.settings.close_timeout_s):
+            logger.warning("%s closing with messages unacknowledged", self.client_id)
+        self._closed = True
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._dispatcher.stop(self.settings.close_timeout_s)
+
+    def abort(self) -> None:
+        """Drop the connection without DISCONNECT, as a crash would: the broker sends the will."""
+        if self._closed:
+            return
+        self._closed = True
+        sock = self._client.socket()
+        self._client.loop_stop()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._dispatcher.stop(self.settings.close_timeout_s)
+
+    def __enter__(self) -> MqttTransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _send(self, topic: str, data: bytes, retain: bool) -> None:
+        try:
+            info = self._client.publish(topic, data, qos=_QOS, retain=retain)
+        except ValueError as error:
+            msg = f"cannot publish: {error}"
+            raise ProtocolError(msg, topic=topic) from error
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):  # NO_CONN: queued
+            msg = f"paho refused to queue a {len(data)}-byte message: {paho.error_string(info.rc)}"
+            raise ProtocolError(msg, topic=topic)
+        self.stats.wire_bytes_sent += len(data)
+        with self._acks:  # the PUBACK may already be in: paho acks on its own thread
+            code = self._early_acks.pop(info.mid, None)
+            if code is None:
+                self._unacked[info.mid] = (topic, len(data))
+        if code is not None:
+            _report_puback(code, topic, len(data))
+
+    def _subscribe_filters(self, pattern: str, filters: list[str]) -> None:
+        try:
+            result, mid = self._client.subscribe([(f, self._options()) for f in filters])
+        except ValueError as error:
+            msg = f"invalid subscription pattern: {error}"
+            raise ProtocolError(msg, topic=pattern) from error
+        if result != paho.MQTT_ERR_SUCCESS or mid is None:
+            return  # not connected: on_connect subscribes every filter after the reconnect
+        with self._acks:
+            if not self._acks.wait_for(
+                lambda: mid in self._subacks, self.settings.connect_timeout_s
+            ):
+                logger.warning("no SUBACK for %s yet; it is re-sent on reconnect", pattern)
+                return
+            codes = self._subacks.pop(mid)
+        if any(code.is_failure for code in codes):
+            msg = f"broker refused the subscription: {', '.join(map(str, codes))}"
+            raise ProtocolError(msg, topic=pattern)
+
+    def _options(self) -> int | SubscribeOptions:
+        # MQTT 5 can skip re-sending retained messages for a subscription the session kept.
+        return SubscribeOptions(qos=_QOS, retainHandling=1) if self._v5 else _QOS
+
+    def _new_client(self, *, clean_session: bool, will: Will | None) -> paho.Client:
+        settings = self.settings
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=paho.MQTTv5 if self._v5 else paho.MQTTv311,
+            clean_session=None if self._v5 else clean_session,
+        )
+        client.connect_timeout = settings.connect_timeout_s
+        client.reconnect_delay_set(settings.reconnect_min_delay_s, settings.reconnect_max_delay_s)
+        client.on_log = self._on_log
+        if settings.username is not None:
+            client.username_pw_set(settings.username, settings.password)
+        if settings.tls:
+            client.tls_set(
+                settings.ca_file, settings.cert_file, settings.key_file, cert_reqs=ssl.CERT_REQUIRED
+            )
+            client.tls_insecure_set(settings.tls_insecure)
+        if will is not None:
+            client.will_set(will.topic, will.payload, qos=_QOS, retain=will.retain)
+        return client
+
+    def _connect(self, clean_start: bool) -> None:
+        client, settings = self._client, self.settings
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        options: dict[str, object] = {}
+        if self._v5:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = settings.session_expiry_s
+            start = paho.MQTT_CLEAN_START_FIRST_ONLY if clean_start else False
+            options = {"clean_start": start, "properties": properties}
+        self._open(client, **options)
+        answered = self._connack.wait(settings.connect_timeout_s)
+        if answered and self._refusal is None:
+            return
+        reason = self._refusal or f"no CONNACK within {settings.connect_timeout_s} s"
+        if not answered and self._v5:
+            reason = f"{reason} (a broker that speaks only MQTT 3.1.1, like amqtt, stays silent)"
+        self._closed = True
+        client.disconnect()
+        client.loop_stop()
+        msg = f"cannot connect to the MQTT broker at {settings.url}: {reason}"
+        raise BrokerConnectionError(msg)
+
+    def _discard_session(self) -> None:
+        """MQTT 3.1.1 has no clean-start-once: connect with a clean session once to drop it."""
+        client = self._new_client(clean_session=True, will=None)
+        client.on_connect = lambda *_: self._connack.set()
+        self._open(client)
+        self._connack.wait(self.settings.connect_timeout_s)
+        client.disconnect()
+        client.loop_stop()
+        self._connack.clear()
+
+    def _open(self, client: paho.Client, **options: object) -> None:
+        settings = self.settings
+        try:
+            client.connect(settings.host, settings.port, settings.keepalive_s, **options)
+        except (OSError, ValueError) as error:
+            msg = f"cannot reach the MQTT broker at {settings.url}: {error}"
+            raise BrokerConnectionError(msg) from error
+        client.loop_start()
+
+    # paho callbacks run on its network thread and must not raise: paho lets it escape.
+
+    def _on_connect(
+        self,
+        client: paho.Client,
+        _: object,
+        flags: paho.ConnectFlags,
+        reason: ReasonCode,
+        props: object,
+    ) -> None:
+        try:
+            if reason.is_failure:
+                logger.warning("%s refused %s: %s", self.settings.url, self.client_id, reason)
+                self._refusal = reason
+                return
+            self._max_packet = getattr(props, "MaximumPacketSize", None)
+            logger.info(
+                "%s connected to %s (session present: %s)",
+                self.client_id,
+                self.settings.url,
+                flags.session_present,
+            )
+            with self._dispatcher.lock:
+                filters = list(self._filters)
+            if filters:  # a broker that lost the session (restart) has lost them too
+                client.subscribe([(f, self._options()) for f in filters])
+        except Exception:
+            logger.exception("%s: on_connect failed", self.client_id)
+        finally:
+            self._connack.set()
+
+    def _on_disconnect(
+        self, _c: paho.Client, _u: object, _f: object, reason: ReasonCode, _p: object
+    ) -> None:
+        if self._closed:
+            return
+        if not self._connack.is_set():
+            self._refusal = f"the broker closed the connection before CONNACK ({reason})"
+            self._connack.set()
+            return
+        with self._acks:
+            largest = max((size for _, size in self._unacked.values()), default=0)
+        # A broker capping packets below a chunk (mosquitto's max_packet_size under MQTT 3.1.1,
+        # message_size_limit under 5) drops the connection rather than refusing the message,
+        # and paho re-sends it after each reconnect: the size in this line is the clue.
+        logger.warning(
+            "%s lost its connection to %s (%s), reconnecting; largest unacknowledged message: "
+            "%d bytes (chunk_size_bytes %d)",
+            self.client_id,
+            self.settings.url,
+            reason,
+            largest,
+            self.settings.chunk_size_bytes,
+        )
+
+    def _on_log(self, _c: paho.Client, _u: object, level: int, text: str) -> None:
+        severity = paho.LOGGING_LEVEL.get(level, logging.DEBUG)
+        if self._closed:  # paho's loop thread may trip over the socket close() just closed
+            severity = min(severity, logging.DEBUG)
+        _paho_logger.log(severity, "%s: %s", self.client_id, text)
+
+    def _on_message(self, _c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
+        try:
+            self._dispatcher.put((message.topic, message.payload))
+        except Exception:
+            logger.exception("%s dropped an undecodable message", self.client_id)
+
+    def _on_publish(
+        self, _c: paho.Client, _u: object, mid: int, reason: ReasonCode, _p: object
+    ) -> None:
+        try:
+            with self._acks:
+                sent = self._unacked.pop(mid, None)
+                if sent is None:
+                    self._early_acks[mid] = reason
+                self._acks.notify_all()
+            if sent is not None:
+                _report_puback(reason, *sent)
+        except Exception:
+            logger.exception("%s: on_publish failed", self.client_id)
+
+    def _on_subscribe(
+        self, _c: paho.Client, _u: object, mid: int, codes: list[ReasonCode], _p: object
+    ) -> None:
+        try:
+            with self._acks:
+                self._subacks[mid] = codes
+                while len(self._subacks) > 256:  # acks of re-subscriptions nobody waits for
+                    del self._subacks[next(iter(self._subacks))]
+                self._acks.notify_all()
+        except Exception:
+            logger.exception("%s: on_subscribe failed", self.client_id)
+
+
+def _report_puback(reason: ReasonCode, topic: str, size: int) -> None:
+    if reason.is_failure:  # only MQTT 5 brokers say so; 3.1.1 brokers drop silently
+        logger.error("broker refused a %d-byte message on %s: %s", size, topic, reason)
