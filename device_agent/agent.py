@@ -19,7 +19,7 @@ from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import StateStore
-from device_agent.training import StepBudget, Tensors, evaluate
+from device_agent.training import StepBudget, Tensors, evaluate, require_finite
 from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import (
@@ -140,7 +140,8 @@ class DeviceAgent:
         self.last_loss: float | None = None
         self._model: _ReceivedModel | None = None
         self._pending: RoundAnnouncement | None = None
-        self._answered: set[tuple[int, str]] = set()
+        self._answered: set[tuple[int, str, float]] = set()
+        self._reply: tuple[tuple[int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self._plans: dict[tuple[str, str], _Plan] = {}
 
     def start(self) -> None:
@@ -149,6 +150,11 @@ class DeviceAgent:
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
         self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
+        self.publish_status("online")
+        self.say_hello()
+
+    def rejoin(self) -> None:
+        """After a reconnect: re-publish liveness (a restarted broker lost it) and say hello."""
         self.publish_status("online")
         self.say_hello()
 
@@ -199,7 +205,7 @@ class DeviceAgent:
             raise ProtocolError(msg, topic=topic)
         if (
             message.addresses(self.device_id)
-            and (message.round_id, message.phase) not in self._answered
+            and (message.round_id, message.phase, message.sent_at) not in self._answered
         ):
             self._pending = message
             self._serve_pending()
@@ -222,7 +228,13 @@ class DeviceAgent:
         if model.header.manifest.sha256 != announcement.model_sha256:
             return  # the announced model has not arrived yet
         self._pending = None
-        self._answered.add((announcement.round_id, announcement.phase))
+        self._answered.add((announcement.round_id, announcement.phase, announcement.sent_at))
+        key = (announcement.round_id, announcement.phase, announcement.model_sha256)
+        if self._reply is not None and self._reply[0] == key:
+            # The same work announced again (a retried round or a restarted coordinator):
+            # re-send the answer instead of training twice on the same personal state.
+            self._publish(self._reply[1], self._reply[2])
+            return
         try:
             if announcement.phase == "train":
                 self._train(announcement, model)
@@ -299,6 +311,7 @@ class DeviceAgent:
         update, ctx = self._context(announcement, model)
         result = update.run(ctx)
         if self.stateful and ctx.split.personal:
+            require_finite(result.personal, "personal state")
             self.store.save(self._plan(announcement).fingerprint, result.personal)
         manifest, blob = pack_tensors(result.shared_delta)
         message = DeviceUpdate(
@@ -310,7 +323,7 @@ class DeviceAgent:
             scalars=result.scalars,
             manifest=manifest,
         )
-        self._publish("update", encode_frame(message, blob))
+        self._reply_with(announcement, "update", encode_frame(message, blob))
         self.last_loss = result.train_loss
 
     def _evaluate(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
@@ -330,7 +343,14 @@ class DeviceAgent:
             num_test_samples=len(self.data.test),
             num_train_samples=len(self.data.train),
         )
-        self._publish("evaluation", encode_frame(report))
+        self._reply_with(announcement, "evaluation", encode_frame(report))
+
+    def _reply_with(
+        self, announcement: RoundAnnouncement, kind: topics.DeviceTopicKind, payload: bytes
+    ) -> None:
+        key = (announcement.round_id, announcement.phase, announcement.model_sha256)
+        self._reply = (key, kind, payload)
+        self._publish(kind, payload)
 
     def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
         self.transport.publish(topics.device(self.fleet, self.device_id, kind), payload)

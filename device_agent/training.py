@@ -124,7 +124,6 @@ def train(
     if not math.isfinite(mean_loss):
         msg = f"training loss became {mean_loss}"
         raise TrainingError(msg)
-    _check_finite(trainable)
     return TrainStats(steps, samples, mean_loss)
 
 
@@ -158,11 +157,19 @@ def _accumulate(
     return total
 
 
-def _check_finite(parameters: Sequence[nn.Parameter]) -> None:
-    """After the phase, not per step: a finite loss with a non-finite step still ends here."""
-    values = [parameter.detach() for parameter in parameters if parameter.numel()]
+def require_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Refuse to keep or send non-finite tensors, in one fused pass (a total norm).
+
+    Training checks its loss every phase; this guards what outlives it (personal state on
+    disk), since a last step can leave NaN weights behind a finite loss. Shared deltas get the
+    same check in the codec before they are sent.
+
+    Raises:
+        TrainingError: some tensor holds NaN or Inf.
+    """
+    values = [t.detach() for t in tensors.values() if t.is_floating_point() and t.numel()]
     if values and not math.isfinite(float(torch.nn.utils.get_total_norm(values))):
-        msg = "a parameter became non-finite during training"
+        msg = f"{what} became non-finite during training"
         raise TrainingError(msg)
 
 

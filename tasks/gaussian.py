@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tasks.base import DeviceData, MetricName, PartitionSpec, Split
-from tasks.digits import check_int, check_real
+from tasks.models import check_int, check_real
 
 
 class ScalarMeanModel(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tasks.base import DeviceData, MetricName, PartitionSpec, Split
-from tasks.digits import build_seeded, check_int, check_real
+from tasks.models import build_seeded, check_int, check_real
 
 INIT_STD: Final = 0.1
 

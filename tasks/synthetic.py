@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tasks.base import DeviceData, MetricName, PartitionSpec, Split
-from tasks.digits import (
+from tasks.models import (
     build_seeded,
     check_int,
     check_real,

@@ -1,0 +1,1 @@
+"""Personalized model to ONNX, with an onnxruntime parity check and provenance metadata."""

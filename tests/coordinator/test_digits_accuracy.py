@@ -1,0 +1,52 @@
+"""Qualitative results on digits with the foundation issue's settings (docs/results.md)."""
+
+import statistics
+
+import pytest
+
+from coordinator.settings import SimulationSettings
+from coordinator.simulate import run_simulation
+
+pytestmark = pytest.mark.slow
+
+
+def _mean_accuracy(algorithm: str, devices: int, seeds: tuple[int, ...]) -> list[float]:
+    scores = []
+    for seed in seeds:
+        settings = SimulationSettings.load(
+            None,
+            task="digits",
+            algorithm=algorithm,
+            devices=devices,
+            rounds=30,
+            local_epochs=2,
+            lr=0.1,
+            alpha=0.3,
+            seed=seed,
+            algorithm_options={"finetune_epochs": 3, "finetune_lr": 0.02}
+            if algorithm == "fedavg-ft"
+            else {},
+        )
+        scores.append(run_simulation(settings).summary["metrics"]["personalized_mean"])
+    return scores
+
+
+def test_fedavg_ft_beats_fedavg_beats_local_with_many_samples_per_device() -> None:
+    # Execute: 20 devices (~60 training samples each), Dirichlet(0.3), 3 seeds
+    local = _mean_accuracy("local", 20, (0, 1, 2))
+    fedavg = _mean_accuracy("fedavg", 20, (0, 1, 2))
+    finetuned = _mean_accuracy("fedavg-ft", 20, (0, 1, 2))
+    # Assert: the ordering on the mean over seeds, and sane absolute levels
+    assert statistics.mean(finetuned) > statistics.mean(fedavg) > statistics.mean(local)
+    assert min(finetuned) > 0.9
+    assert min(local) > 0.8
+
+
+def test_federation_wins_by_a_wide_margin_with_a_dozen_samples_per_device() -> None:
+    # Execute: 100 devices (~12 training samples each), one seed
+    local = _mean_accuracy("local", 100, (0,))[0]
+    fedavg = _mean_accuracy("fedavg", 100, (0,))[0]
+    finetuned = _mean_accuracy("fedavg-ft", 100, (0,))[0]
+    # Assert
+    assert fedavg > local + 0.08
+    assert finetuned > local + 0.1
