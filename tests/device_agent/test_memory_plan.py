@@ -1,0 +1,116 @@
+import pytest
+import torch
+
+from device_agent.memory_plan import (
+    SAFETY_MARGIN,
+    activation_bytes_per_sample,
+    memory_model,
+    parse_memory_budget,
+    plan_training,
+)
+from device_agent.training import StepBudget, TrainSpec, train
+from protocols.errors import MemoryBudgetError
+from tasks.base import PartitionSpec
+from tasks.digits import DigitsTask
+from tasks.split import ParamSplit
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("512MB", 512 * 10**6),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("70%", 700),
+        ("0.25", 250),
+        ("2048", 2048),
+    ],
+)
+def test_budgets_parse_as_sizes_percentages_or_fractions(text: str, expected: int) -> None:
+    assert parse_memory_budget(text, available_bytes=1000) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "12 parsecs", "-5MB", "150%", ""])
+def test_bad_budgets_are_refused_with_a_clear_message(text: str) -> None:
+    with pytest.raises(ValueError, match="memory budget"):
+        parse_memory_budget(text, available_bytes=1000)
+
+
+def _setup(hidden: int = 64):
+    task = DigitsTask(hidden=hidden)
+    model = task.build_model(0)
+    data = task.make_fleet(4, PartitionSpec(scheme="iid"), 0)[0]
+    return task, model, data
+
+
+def test_probe_counts_the_tensors_backprop_keeps() -> None:
+    # An MLP 64 -> h -> 10 keeps per sample its float32 input, the ReLU output, the logits and
+    # the loss's own buffers: only the ReLU output depends on h, by 4 bytes per unit.
+    measured = {}
+    for hidden in (32, 256):
+        task, model, data = _setup(hidden)
+        measured[hidden] = activation_bytes_per_sample(model, task, data.train)
+        assert measured[hidden] >= 4 * (64 + hidden + 10)
+    assert measured[256] - measured[32] == 4 * (256 - 32)
+
+
+def test_plan_takes_the_largest_micro_batch_that_fits() -> None:
+    task, model, data = _setup()
+    split = ParamSplit.for_model(model, ())
+    terms = memory_model(model, task, data.train, split, runtime_bytes=0)
+    roomy = int(terms.peak(64) / (1 - SAFETY_MARGIN)) + 1
+    tight = int(terms.peak(5) / (1 - SAFETY_MARGIN)) + 1
+    assert plan_training(terms, roomy, batch_size=32).micro_batch_size == 32
+    plan = plan_training(terms, tight, batch_size=32)
+    assert plan.micro_batch_size == 5
+    assert plan.accumulation_steps == 7
+    assert plan.estimated_peak_bytes <= tight
+
+
+def test_a_budget_below_one_sample_is_refused_before_training() -> None:
+    task, model, data = _setup()
+    terms = memory_model(
+        model, task, data.train, ParamSplit.for_model(model, ()), runtime_bytes=10**6
+    )
+    with pytest.raises(MemoryBudgetError, match="micro-batch of 1"):
+        plan_training(terms, budget_bytes=10**6, batch_size=10)
+
+
+def test_partial_personalization_plans_less_memory_than_full() -> None:
+    task, model, data = _setup()
+    names = list(model.state_dict())
+    partial = memory_model(
+        model, task, data.train, ParamSplit.from_patterns(names, ("output.*",)), runtime_bytes=0
+    )
+    full = memory_model(
+        model, task, data.train, ParamSplit.from_patterns(names, ("*",)), runtime_bytes=0
+    )
+    none = memory_model(
+        model, task, data.train, ParamSplit.from_patterns(names, ()), runtime_bytes=0
+    )
+    # 3|u| + 2|v|: full personalization holds 2 copies of everything, plain FL 3
+    assert full.parameter_bytes < partial.parameter_bytes <= none.parameter_bytes
+
+
+def test_planned_micro_batches_give_the_gradients_of_the_whole_batch() -> None:
+    # Prepare: a budget that forces micro-batching of a batch of 30
+    task, model, data = _setup()
+    terms = memory_model(model, task, data.train, ParamSplit.for_model(model, ()), runtime_bytes=0)
+    plan = plan_training(terms, int(terms.peak(7) / (1 - SAFETY_MARGIN)) + 1, batch_size=30)
+    assert plan.micro_batch_size == 7
+    whole, micro = task.build_model(0), task.build_model(0)
+    spec = TrainSpec(
+        trainable=tuple(n for n, _ in whole.named_parameters()), epochs=1, batch_size=30, lr=0.1
+    )
+    # Execute
+    train(whole, task, data.train, spec, torch.Generator().manual_seed(1))
+    train(
+        micro,
+        task,
+        data.train,
+        spec,
+        torch.Generator().manual_seed(1),
+        budget=StepBudget(plan.micro_batch_size),
+    )
+    # Assert
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(micro.state_dict()[name], value, rtol=1e-5, atol=1e-6)
