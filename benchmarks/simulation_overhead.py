@@ -100,6 +100,7 @@ def main() -> None:
         bare_times.append(bare_seconds)
         sim_times.append(sim_seconds)
     bare, sim = statistics.median(bare_times), statistics.median(sim_times)
+    config = settings.algorithm_config()
     ratio = sim / bare
     table = "\n".join(
         [
@@ -108,9 +109,9 @@ def main() -> None:
             "",
             "Workload: "
             + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items())
-            + f"; batch size {settings.algorithm_config().batch_size}, lr {settings.algorithm_config().lr}.",
-            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-            f"median of {args.repeats} alternating repeats.",
+            + f"; batch size {config.batch_size}, lr {config.lr}.",
+            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+            f"torch {torch.__version__}; median of {args.repeats} alternating repeats.",
             "",
             "| run | seconds | final mean accuracy | payload bytes moved |",
             "|---|---:|---:|---:|",
@@ -126,12 +127,12 @@ def main() -> None:
     print(table)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of `path` (between markers), keeping the others."""
+def write_section(path: Path, section: str, marker: str = MARKER) -> None:
+    """Replace one benchmark's section of `path` (between its markers), keeping the others."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if MARKER in text:
-        before, _, rest = text.partition(MARKER)
-        _, _, after = rest.partition(MARKER)
+    if marker in text:
+        before, _, rest = text.partition(marker)
+        _, _, after = rest.partition(marker)
         text = before + section + after
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"

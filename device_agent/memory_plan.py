@@ -6,8 +6,14 @@ The peak of one local update is modelled as (spec partial-personalization.md §4
 
 R is the process's resident memory when planning (Python, torch, data), B(3|u| + 2|v|) the
 broadcast copy, working copy and gradients of the shared part u and the working copy and gradients
-of the personal part v, B_opt the optimizer state (momentum), and A_1 the bytes autograd saves for
-backward per sample, measured exactly by a probe forward pass that counts saved tensors.
+of the personal part v, plus 2|u| for forming and encoding the delta at the end of the round (our
+addition: the spec's formula stops at training), B_opt the optimizer state (momentum), and A_1 the
+memory one more sample adds to a training step.
+
+A_1 comes from a probe where Linux lets us measure it: two real forward/backward passes at two
+micro-batch sizes, each with the kernel's peak counter reset, and the slope between them (this
+catches backward temporaries and matmul workspaces that no formula lists). Elsewhere it is
+estimated as 3x the bytes autograd saves for backward, counted exactly with saved-tensor hooks.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Final, Literal
 
 import psutil
 import torch
@@ -32,7 +39,7 @@ _UNITS: Final = {
 }  # fmt: skip
 _BUDGET_PATTERN: Final = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*|%)\s*$")
 SAFETY_MARGIN: Final = 0.1
-"""Fraction of the budget kept free for allocator slack and temporaries the model omits."""
+"""Fraction of the budget above the runtime kept free for allocator slack and stray temporaries."""
 
 
 def parse_memory_budget(text: str, available_bytes: int) -> int:
@@ -71,6 +78,7 @@ class MemoryModel:
     parameter_bytes: int
     optimizer_bytes: int
     activation_bytes_per_sample: int
+    method: Literal["estimate", "probe"] = "estimate"
 
     def peak(self, micro_batch: int) -> int:
         """M(b) for a micro-batch of `micro_batch` samples."""
@@ -111,6 +119,46 @@ def activation_bytes_per_sample(
     return math.ceil(saved / count)
 
 
+_CLEAR_REFS: Final = Path("/proc/self/clear_refs")
+_STATUS: Final = Path("/proc/self/status")
+ESTIMATE_FACTOR: Final = 3
+"""Saved activations plus their gradients plus the pre-activation temporaries, per sample."""
+
+
+def _peak_rss_bytes() -> int | None:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def probe_bytes_per_sample(
+    model: nn.Module, task: Task, data: Split, sizes: tuple[int, int] = (8, 128)
+) -> int | None:
+    """Measured memory per sample of a training step, or None where it cannot be measured.
+
+    Gradients are left as they were (zeroed afterwards), parameters are not stepped.
+    """
+    small, large = min(sizes[0], len(data)), min(sizes[1], len(data))
+    if large <= small or not _CLEAR_REFS.exists():
+        return None
+    peaks = []
+    for count in (small, large, small, large):  # the first pair warms allocator and workspaces
+        try:
+            _CLEAR_REFS.write_text("5")
+        except OSError:
+            return None
+        base = current_rss_bytes()
+        task.loss(model(data.inputs[:count]), data.targets[:count]).backward()
+        peak = _peak_rss_bytes()
+        if peak is None:
+            return None
+        peaks.append(peak - base)
+    model.zero_grad(set_to_none=True)
+    slope = (peaks[3] - peaks[2]) / (large - small)
+    return max(1, math.ceil(slope)) if slope > 0 else None
+
+
 def memory_model(
     model: nn.Module,
     task: Task,
@@ -119,16 +167,24 @@ def memory_model(
     *,
     momentum: bool = False,
     runtime_bytes: int | None = None,
+    probe: bool = True,
 ) -> MemoryModel:
     """The terms of M(b) for training `model` with `split` on `data`."""
     state = model.state_dict()
     shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
     personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
+    probed = probe_bytes_per_sample(model, task, data) if probe else None
+    per_sample = (
+        probed
+        if probed is not None
+        else ESTIMATE_FACTOR * activation_bytes_per_sample(model, task, data)
+    )
     return MemoryModel(
         runtime_bytes=current_rss_bytes() if runtime_bytes is None else runtime_bytes,
-        parameter_bytes=3 * shared + 2 * personal,
+        parameter_bytes=5 * shared + 2 * personal,
         optimizer_bytes=(shared + personal) if momentum else 0,
-        activation_bytes_per_sample=activation_bytes_per_sample(model, task, data),
+        activation_bytes_per_sample=per_sample,
+        method="probe" if probed is not None else "estimate",
     )
 
 
@@ -138,7 +194,7 @@ def plan_training(terms: MemoryModel, budget_bytes: int, batch_size: int) -> Mem
     Raises:
         MemoryBudgetError: even a micro-batch of one does not fit.
     """
-    usable = int(budget_bytes * (1 - SAFETY_MARGIN))
+    usable = budget_bytes - int(max(0, budget_bytes - terms.runtime_bytes) * SAFETY_MARGIN)
     fixed = terms.peak(0)
     per_sample = max(1, terms.activation_bytes_per_sample)
     largest = (usable - fixed) // per_sample
@@ -147,7 +203,7 @@ def plan_training(terms: MemoryModel, budget_bytes: int, batch_size: int) -> Mem
             f"memory budget {budget_bytes / 2**20:.1f} MiB cannot fit local training: it needs "
             f"{terms.peak(1) / 2**20:.1f} MiB at a micro-batch of 1 (runtime "
             f"{terms.runtime_bytes / 2**20:.1f} MiB, parameters and gradients "
-            f"{(terms.parameter_bytes + terms.optimizer_bytes) / 2**20:.1f} MiB) plus a "
+            f"{(terms.parameter_bytes + terms.optimizer_bytes) / 2**20:.1f} MiB) and a "
             f"{SAFETY_MARGIN:.0%} margin; raise --memory-budget or personalize fewer parameters"
         )
         raise MemoryBudgetError(msg)
@@ -157,6 +213,5 @@ def plan_training(terms: MemoryModel, budget_bytes: int, batch_size: int) -> Mem
         estimated_peak_bytes=terms.peak(micro),
         micro_batch_size=micro,
         accumulation_steps=math.ceil(batch_size / micro),
-        method="probe",
+        method=terms.method,
     )
-

@@ -58,7 +58,7 @@ def test_plan_takes_the_largest_micro_batch_that_fits() -> None:
     split = ParamSplit.for_model(model, ())
     terms = memory_model(model, task, data.train, split, runtime_bytes=0)
     roomy = int(terms.peak(64) / (1 - SAFETY_MARGIN)) + 1
-    tight = int(terms.peak(5) / (1 - SAFETY_MARGIN)) + 1
+    tight = int(terms.peak(5) / (1 - SAFETY_MARGIN)) + 1  # runtime 0: the margin is 10% of all
     assert plan_training(terms, roomy, batch_size=32).micro_batch_size == 32
     plan = plan_training(terms, tight, batch_size=32)
     assert plan.micro_batch_size == 5
