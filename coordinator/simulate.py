@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +24,17 @@ from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
+from protocols.transport.base import Transport, Will
+from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
 from tasks.registry import load_task
 from tasks.split import resolve_split
 
 logger = logging.getLogger(__name__)
 RoundCallback = Callable[[RoundRecord], None]
+Connect = Callable[[str, Will], Transport]
 
 
 @dataclass
@@ -67,9 +73,36 @@ def run_simulation(
         ValueError: an unknown task, algorithm or option.
         RoundError: a round could not close (e.g. every device failed).
     """
-    if settings.transport != "inprocess":
-        msg = "simulate --transport mqtt is not available yet; use --transport inprocess"
-        raise ValueError(msg)
+    with ExitStack() as cleanup:
+        connect = _transports(settings, broker, cleanup)
+        return _run(settings, connect, on_round)
+
+
+def _transports(
+    settings: SimulationSettings, broker: InProcessBroker | None, cleanup: ExitStack
+) -> Connect:
+    """How virtual devices reach the coordinator: the in-process hub or real MQTT clients."""
+    if settings.transport == "inprocess":
+        hub = broker or InProcessBroker()
+        return lambda client_id, will: hub.connect(client_id, will)
+    url = settings.broker
+    if url is None:
+        embedded = cleanup.enter_context(EmbeddedBroker())
+        url = embedded.url
+        logger.warning("no --broker given: serving an embedded MQTT broker on %s", url)
+    broker_settings = BrokerSettings(url=url)
+
+    def connect(client_id: str, will: Will) -> Transport:
+        transport = MqttTransport(broker_settings, client_id, will=will, clean_start=True)
+        cleanup.callback(transport.close)
+        return transport
+
+    return connect
+
+
+def _run(
+    settings: SimulationSettings, connect: Connect, on_round: RoundCallback | None
+) -> SimulationResult:
     started = time.perf_counter()
     task = load_task(settings.task, settings.task_options)
     config = settings.algorithm_config()
@@ -79,10 +112,11 @@ def run_simulation(
     split = resolve_split(workspace, task.personal_patterns, config)
     shared = {name: initial_state[name] for name in split.shared}
 
-    broker = broker or InProcessBroker()
+    # Over MQTT every device handles messages on its own thread: each needs its own workspace.
+    threaded = settings.transport != "inprocess"
     result = SimulationResult(summary={})
     coordinator = Coordinator(
-        broker.connect("coordinator", coordinator_will(settings.fleet)),
+        connect("coordinator", coordinator_will(settings.fleet)),
         build_strategy(config, settings.participation),
         shared,
         EngineSettings(
@@ -100,15 +134,15 @@ def run_simulation(
         agent = DeviceAgent(
             device_id=device_id,
             fleet=settings.fleet,
-            transport=broker.connect(device_id, device_will(settings.fleet, device_id)),
+            transport=connect(device_id, device_will(settings.fleet, device_id)),
             task=task,
             data=data,
             seed=settings.seed,
             store=MemoryStateStore(),
-            workspace=workspace,
+            workspace=task.build_model(settings.seed) if threaded else workspace,
             initial_state=initial_state,
             capabilities=capabilities,
-            model_cache=model_cache,
+            model_cache=DecodedModelCache() if threaded else model_cache,
         )
         agent.start()
         result.agents.append(agent)
