@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -13,9 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from coordinator.rounds import RoundRecord
-from coordinator.settings import SimulationSettings
+from coordinator.serve import ServeResult, run_serve
+from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
+from coordinator.status import collect_fleet_view
 from protocols.errors import PflError
+from protocols.program_settings import BrokerAccess
 
 app = typer.Typer(
     help="pfl-edge coordinator: run federated rounds for a fleet of devices.", no_args_is_help=True
@@ -113,14 +119,19 @@ def simulate(
             eval_every=eval_every,
             transport=transport,
         )
-        result = _run_with_progress(settings)
+        result = _run_with_progress(
+            settings, lambda advance: run_simulation(settings, on_round=advance)
+        )
     except (PflError, ValueError, FileNotFoundError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from None
     _print_summary(result)
 
 
-def _run_with_progress(settings: SimulationSettings) -> SimulationResult:
+def _run_with_progress(
+    settings: SimulationSettings | ServeSettings,
+    run: Callable[[Callable[[RoundRecord], None]], SimulationResult | ServeResult],
+) -> SimulationResult | ServeResult:
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -134,12 +145,12 @@ def _run_with_progress(settings: SimulationSettings) -> SimulationResult:
         )
 
         def advance(record: RoundRecord) -> None:
-            progress.update(bar, advance=1, loss=f"{record.train_loss:.4f}")
+            progress.update(bar, completed=record.round_id, loss=f"{record.train_loss:.4f}")
 
-        return run_simulation(settings, on_round=advance)
+        return run(advance)
 
 
-def _print_summary(result: SimulationResult) -> None:
+def _print_summary(result: SimulationResult | ServeResult) -> None:
     summary = result.summary
     metric = summary["metric_name"]
     table = Table(
@@ -162,6 +173,164 @@ def _print_summary(result: SimulationResult) -> None:
         )
 
 
+UserOption = Annotated[str | None, typer.Option(help="broker user name")]
+PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
+CaOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
+CertOption = Annotated[str | None, typer.Option(help="client certificate (with --key-file)")]
+KeyOption = Annotated[str | None, typer.Option(help="client certificate's private key")]
+InsecureOption = Annotated[
+    bool | None, typer.Option("--tls-insecure", help="skip the broker host name check")
+]
+
+
+@app.command()
+def serve(
+    task: Annotated[
+        str | None, typer.Option(help="task name or module:attribute (default: digits)")
+    ] = None,
+    algorithm: Annotated[str | None, typer.Option(help="algorithm (default: fedavg)")] = None,
+    rounds: Annotated[int | None, typer.Option(help="training rounds (default: 10)")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed (default: 0)")] = None,
+    participation: Annotated[
+        float | None, typer.Option(help="fraction of devices per round (default: 1.0)")
+    ] = None,
+    local_epochs: Annotated[
+        int | None, typer.Option(help="local epochs per round (algorithm default)")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="local minibatch size (algorithm default)")
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(help="local learning rate (algorithm default)")
+    ] = None,
+    personal: Annotated[
+        list[str] | None, typer.Option(help="personal parameter pattern, repeatable")
+    ] = None,
+    eval_every: Annotated[
+        int | None, typer.Option(help="evaluate every N rounds (default: 0)")
+    ] = None,
+    fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="run directory for metrics.jsonl and summary.json")
+    ] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="mqtt(s):// URL; without it an embedded broker starts")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="embedded broker port (default: 1883)")] = None,
+    min_devices: Annotated[
+        int | None, typer.Option(help="devices online before a round (default: 1)")
+    ] = None,
+    round_timeout: Annotated[
+        float | None, typer.Option(help="seconds a round waits (default: 600)")
+    ] = None,
+    quorum: Annotated[
+        float | None, typer.Option(help="fraction of selected devices needed (default: 0.5)")
+    ] = None,
+    join_timeout: Annotated[
+        float | None, typer.Option(help="seconds to wait for --min-devices (default: 3600)")
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="checkpoint directory (default: ./pfl-coord-state)")
+    ] = None,
+    resume: Annotated[
+        bool | None, typer.Option("--resume", help="continue from the last checkpoint")
+    ] = None,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+    config: ConfigOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+) -> None:
+    """Coordinate federated rounds with real devices over MQTT, checkpointing every round.
+
+    Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
+    """
+    configure_logging(verbose)
+    try:
+        settings = ServeSettings.load(
+            config,
+            **{k: v for k, v in locals().items() if k not in ("config", "verbose")},
+        )
+        result = _run_with_progress(
+            settings,
+            lambda advance: run_serve(
+                settings, on_round=advance, notify=lambda text: console.print(text)
+            ),
+        )
+    except (PflError, ValueError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    _print_summary(result)
+
+
+@app.command()
+def status(
+    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    listen: Annotated[float, typer.Option(help="seconds to collect retained messages")] = 1.5,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+) -> None:
+    """Show the coordinator's and every device's retained status."""
+    configure_logging(False)
+    try:
+        access = BrokerAccess(
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            tls_insecure=bool(tls_insecure),
+        )
+        view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
+    except (PflError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
+        return
+    coordinator = view.coordinator
+    title = (
+        "no coordinator status"
+        if coordinator is None
+        else (
+            f"fleet {fleet}: coordinator {coordinator.state}, round {coordinator.round_id}"
+            f"/{coordinator.rounds} ({coordinator.algorithm} on {coordinator.task})"
+        )
+    )
+    table = Table(title=title)
+    for column in ("device", "online", "last seen", "round", "last loss", "detail"):
+        table.add_column(column)
+    for row in view.rows():
+        seen = (
+            datetime.fromtimestamp(row["last_seen"]).strftime("%H:%M:%S")
+            if row["last_seen"]
+            else "-"
+        )
+        loss = "-" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
+        table.add_row(
+            row["device"],
+            "yes" if row["online"] else "[red]no[/red]",
+            seen,
+            "-" if row["round"] is None else str(row["round"]),
+            loss,
+            row["detail"],
+        )
+    Console().print(table)
+
+
 @app.callback()
 def main() -> None:
     """pfl-edge coordinator."""
+
+
+if __name__ == "__main__":
+    app()

@@ -80,6 +80,19 @@ class FleetRegistry:
         with self._lock:
             return sum(1 for record in self._devices.values() if record.online)
 
+    def online_ids(self) -> set[str]:
+        """Ids of the devices that can take part now."""
+        with self._lock:
+            return {key for key, record in self._devices.items() if record.online}
+
+    def restore(self, device_id: str, num_train_samples: int) -> None:
+        """A device known from a checkpoint: offline and not selectable until it says hello."""
+        with self._lock:
+            if device_id not in self._devices:
+                self._devices[device_id] = DeviceRecord(
+                    device_id, False, time.time(), num_train_samples=num_train_samples
+                )
+
     def records(self) -> list[DeviceRecord]:
         """Every known device, sorted by id."""
         with self._lock:

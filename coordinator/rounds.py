@@ -36,6 +36,8 @@ from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
+    FleetDevice,
+    FleetStatus,
     RoundAnnouncement,
     SharedModel,
 )
@@ -78,6 +80,14 @@ class _Collector(Generic[Answer]):
     def complete(self) -> bool:
         with self._lock:
             return len(self.answers) >= len(self.expected)
+
+    def settled(self, online: set[str], needed: int) -> bool:
+        """All asked devices answered, or every one still online did and the quorum is met."""
+        with self._lock:
+            if len(self.answers) >= len(self.expected):
+                return True
+            waiting = (self.expected & online) - set(self.answers)
+            return not waiting and len(self.answers) >= needed
 
     def sorted_answers(self) -> list[Answer]:
         with self._lock:
@@ -132,6 +142,8 @@ class Coordinator:
         self.bytes_down = 0
         self.rejected = 0
         self._model_sha = ""
+        self._state = "online"
+        self._announcement: bytes | None = None
         self._specs = describe_tensors(shared)
         self._train: _Collector[ReceivedUpdate] | None = None
         self._evaluation: _Collector[EvaluationReport] | None = None
@@ -159,8 +171,19 @@ class Coordinator:
         """Let hellos arrive until `count` devices are online or `timeout_s` passes."""
         return self.transport.wait_until(lambda: self.registry.online_count() >= count, timeout_s)
 
+    def republish(self) -> None:
+        """After a reconnect: a restarted broker lost the retained status, model and round."""
+        self.publish_status(self._state)
+        self.publish_model()
+        if self._announcement is not None:
+            self._broadcast(
+                topics.round_announcement(self.settings.fleet), self._announcement, retain=True
+            )
+        self._broadcast(topics.command(self.settings.fleet), encode_frame(Command(action="hello")))
+
     def publish_status(self, state: str) -> None:
         """Retained coordinator liveness and progress."""
+        self._state = state
         status = CoordinatorStatus(
             state=state,  # type: ignore[arg-type]
             fleet=self.settings.fleet,
@@ -179,6 +202,26 @@ class Coordinator:
         self._model_sha = manifest.sha256
         frame = encode_frame(SharedModel(round_id=self.round_id, manifest=manifest), blob)
         self._broadcast(topics.shared_model(self.settings.fleet), frame, retain=True)
+
+    def publish_fleet_status(self) -> None:
+        """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
+        devices = tuple(
+            FleetDevice(
+                device_id=r.device_id,
+                online=r.online,
+                last_seen=r.last_seen,
+                round_id=r.round_id,
+                last_loss=r.last_loss,
+                num_train_samples=r.num_train_samples,
+                memory_plan=r.hello.memory_plan if r.hello is not None else None,
+                detail=r.detail,
+            )
+            for r in self.registry.records()
+        )
+        status = FleetStatus(fleet=self.settings.fleet, round_id=self.round_id, devices=devices)
+        self.transport.publish(
+            topics.fleet_status(self.settings.fleet), encode_frame(status), retain=True
+        )
 
     # -- rounds -----------------------------------------------------------------------------
 
@@ -200,11 +243,14 @@ class Coordinator:
         assignments = {
             d: DeviceAssignment(scalars=dict(plan.scalars.get(d, {}))) for d in plan.devices
         }
+        needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
         self._announce(round_id, "train", assignments)
-        self.transport.wait_until(collector.complete, self.settings.round_timeout_s)
+        self.transport.wait_until(
+            lambda: collector.settled(self.registry.online_ids(), needed),
+            self.settings.round_timeout_s,
+        )
         self._train = None
         updates = collector.sorted_answers()
-        needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
         if len(updates) < needed:
             msg = (
                 f"only {len(updates)} of {len(plan.devices)} updates by the deadline "
@@ -218,6 +264,7 @@ class Coordinator:
         self.shared = aggregate.shared
         self.round_id = round_id
         self.publish_model()
+        self.publish_fleet_status()
         samples = sum(u.num_samples for u in updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
         return RoundRecord(
@@ -239,7 +286,9 @@ class Coordinator:
         collector: _Collector[EvaluationReport] = _Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
         self._announce(self.round_id, "evaluate", {}, final=final)
-        self.transport.wait_until(collector.complete, self.settings.round_timeout_s)
+        self.transport.wait_until(
+            lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
+        )
         self._evaluation = None
         reports = collector.sorted_answers()
         if len(reports) < len(devices):
@@ -268,8 +317,9 @@ class Coordinator:
             assignments=assignments,
             final=final,
         )
+        self._announcement = encode_frame(announcement)
         self._broadcast(
-            topics.round_announcement(self.settings.fleet), encode_frame(announcement), retain=True
+            topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:

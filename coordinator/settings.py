@@ -7,63 +7,17 @@ with `--config`, then the defaults below. The TOML file may also hold the tables
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import Field
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
 
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.program_settings import BrokerAccess, TomlSettings
 from tasks.base import PartitionSpec
 
-SettingsT = TypeVar("SettingsT", bound="_TomlSettings")
-_CONFIG_FILE: ContextVar[Path | None] = ContextVar("pfl_config_file", default=None)
 
-
-class _TomlSettings(BaseSettings):
-    """Shared loading rules: flags > PFL_* environment > TOML file > defaults."""
-
-    model_config = SettingsConfigDict(env_prefix="PFL_", extra="forbid")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        del dotenv_settings, file_secret_settings
-        path = _CONFIG_FILE.get()
-        if path is None:
-            return (init_settings, env_settings)
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
-
-    @classmethod
-    def load(cls: type[SettingsT], config_file: Path | None = None, **overrides: Any) -> SettingsT:
-        """Settings from flags (`overrides`, None meaning "not given"), environment and file.
-
-        Raises:
-            FileNotFoundError: `config_file` does not exist.
-        """
-        if config_file is not None and not Path(config_file).is_file():
-            msg = f"config file not found: {config_file}"
-            raise FileNotFoundError(msg)
-        token = _CONFIG_FILE.set(config_file)
-        try:
-            return cls(**{key: value for key, value in overrides.items() if value is not None})
-        finally:
-            _CONFIG_FILE.reset(token)
-
-
-class RunSettings(_TomlSettings):
+class RunSettings(TomlSettings):
     """What a federated run trains: task, algorithm, data split and local-training settings."""
 
     task: str = Field("digits", description="built-in task name or module:attribute")
@@ -113,3 +67,18 @@ class SimulationSettings(RunSettings):
         return PartitionSpec(
             scheme=self.partition, alpha=self.alpha, labels_per_device=self.labels_per_device
         )
+
+
+class ServeSettings(RunSettings, BrokerAccess):
+    """`pfl-coord serve`: rounds with real devices over an MQTT broker."""
+
+    broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
+    host: str = Field("127.0.0.1", description="address the embedded broker binds")
+    port: int = Field(1883, ge=0, le=65535, description="port of the embedded broker")
+    min_devices: int = Field(1, ge=1, description="devices that must be online before a round")
+    round_timeout: float = Field(600.0, gt=0, description="seconds a round waits for updates")
+    quorum: float = Field(0.5, gt=0, le=1, description="fraction of selected devices required")
+    join_timeout: float = Field(3600.0, gt=0, description="seconds to wait for min_devices")
+    round_retries: int = Field(3, ge=0, description="retries of a round that missed its quorum")
+    checkpoint_dir: Path = Field(Path("pfl-coord-state"), description="checkpoint directory")
+    resume: bool = Field(False, description="continue from the last checkpoint")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -19,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from protocols.atomic import write_atomically
 from protocols.errors import StateError
 
 logger = logging.getLogger(__name__)
@@ -118,30 +117,6 @@ class DiskStateStore:
         """Remove the stored files."""
         for name in (RECORD_FILE, TENSORS_FILE):
             (self.directory / name).unlink(missing_ok=True)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so readers see the old or the new content, never a mix.
-
-    Raises:
-        StateError: the write failed (disk full, permissions); `path` is untouched.
-    """
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
-        msg = f"cannot write {path}: {error}"
-        raise StateError(msg) from error
 
 
 def _check_fingerprint(stored: object, expected: str, where: str) -> None:

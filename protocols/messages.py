@@ -137,6 +137,31 @@ class CoordinatorStatus(Message):
     rounds: NonNegativeInt | None = None
 
 
+class FleetDevice(WireModel):
+    """One device as the coordinator's registry sees it."""
+
+    device_id: DeviceId
+    online: bool
+    last_seen: float
+    round_id: NonNegativeInt | None = None
+    last_loss: FiniteFloat | None = None
+    num_train_samples: NonNegativeInt = 0
+    memory_plan: MemoryPlan | None = None
+    detail: str = Field(default="", max_length=1024)
+
+
+class FleetStatus(Message):
+    """The coordinator's view of the fleet after each round; retained, for `pfl-coord status`.
+
+    Devices need not publish a status every round: their round and loss come from here.
+    """
+
+    kind: Literal["fleet-status"] = "fleet-status"
+    fleet: DeviceId
+    round_id: NonNegativeInt
+    devices: tuple[FleetDevice, ...] = ()
+
+
 class SharedModel(Message):
     """The shared parameters the coordinator holds; retained, so late devices catch up."""
 
@@ -227,6 +252,7 @@ AnyMessage = Annotated[
     DeviceHello
     | DeviceStatus
     | CoordinatorStatus
+    | FleetStatus
     | SharedModel
     | RoundAnnouncement
     | DeviceUpdate
@@ -240,6 +266,7 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeviceHello,
     DeviceStatus,
     CoordinatorStatus,
+    FleetStatus,
     SharedModel,
     RoundAnnouncement,
     DeviceUpdate,

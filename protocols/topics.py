@@ -1,6 +1,7 @@
 """The topic layout, written down once: builders for every topic and one parser for inbound ones.
 
     pfl/<fleet>/coordinator/status          retained, last-will "offline"     coordinator -> all
+    pfl/<fleet>/coordinator/fleet           retained FleetStatus, every round  coordinator -> all
     pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
     pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> all
     pfl/<fleet>/command/<device>            Command (or "all" for every one)   coordinator -> device
@@ -24,7 +25,7 @@ from protocols.errors import ProtocolError
 ROOT: Final = "pfl"
 BROADCAST: Final = "all"
 DeviceTopicKind = Literal["hello", "status", "update", "evaluation", "export-report"]
-FleetTopicKind = Literal["coordinator-status", "round", "model", "command"]
+FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command"]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
 _SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -39,6 +40,11 @@ def _segment(value: str, what: str) -> str:
 def coordinator_status(fleet: str) -> str:
     """Retained coordinator liveness."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/status"
+
+
+def fleet_status(fleet: str) -> str:
+    """Retained summary of every device, refreshed after each round."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/fleet"
 
 
 def round_announcement(fleet: str) -> str:
@@ -97,6 +103,8 @@ def parse_topic(topic: str) -> TopicRef:
     rest = parts[2:]
     if rest == ["coordinator", "status"]:
         return TopicRef(fleet, "coordinator-status")
+    if rest == ["coordinator", "fleet"]:
+        return TopicRef(fleet, "fleet-status")
     if rest in (["round"], ["model"]):
         return TopicRef(fleet, rest[0])
     if len(rest) == 2 and rest[0] == "command":

@@ -53,11 +53,21 @@ class MqttTransportStats(TransportStats):
 
 
 @dataclass(frozen=True)
+class _Reconnected:
+    """Run the transport's reconnect hook on the dispatch thread, in order with messages."""
+
+    hook: Callable[[], None]
+
+
+@dataclass(frozen=True)
 class _Replay:
     """Hand messages that arrived before any handler matched them to a new subscription."""
 
     pattern: str
     handler: MessageHandler
+
+
+_Item = tuple[str, bytes] | _Replay | _Reconnected | None
 
 
 class _Dispatcher:
@@ -77,14 +87,14 @@ class _Dispatcher:
         self._reassembler = chunking.Reassembler(
             settings.max_payload_bytes, settings.reassembly_timeout_s
         )
-        self._inbox: queue.SimpleQueue[tuple[str, bytes] | _Replay | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._unclaimed: deque[tuple[str, bytes]] = deque()
         self._delivered = threading.Condition()
         self.thread = threading.Thread(
             target=self._run, name=f"mqtt-dispatch-{client_id}", daemon=True
         )
 
-    def put(self, item: tuple[str, bytes] | _Replay | None) -> None:
+    def put(self, item: _Item) -> None:
         """Queue a message, a replay request, or None to stop the thread."""
         self._inbox.put(item)
 
@@ -119,6 +129,8 @@ class _Dispatcher:
             try:
                 if isinstance(item, _Replay):
                     self._replay(item)
+                elif isinstance(item, _Reconnected):
+                    item.hook()
                 else:
                     self._deliver(*item)
             except Exception:  # one bad message must never stop the transport
@@ -169,6 +181,9 @@ class _Dispatcher:
 class MqttTransport:
     """A connected MQTT client speaking the Transport interface; connects in the constructor.
 
+    Set `on_reconnect` to be called (on the dispatch thread, like handlers) after paho restored
+    a lost connection, e.g. so a device says hello again to a restarted broker.
+
     Raises:
         BrokerConnectionError: the broker is unreachable or refuses within connect_timeout_s.
         ProtocolError: the will is larger than one chunk (wills cannot be chunked).
@@ -188,6 +203,7 @@ class MqttTransport:
         self.client_id = client_id
         self.settings = settings
         self.stats = MqttTransportStats()
+        self.on_reconnect: Callable[[], None] | None = None
         self._dispatcher = _Dispatcher(client_id, settings, self.stats)
         self._filters: list[str] = []
         self._retained_chunks: dict[str, int] = {}
@@ -449,6 +465,9 @@ class MqttTransport:
                 filters = list(self._filters)
             if filters:  # a broker that lost the session (restart) has lost them too
                 client.subscribe([(f, self._options()) for f in filters])
+            hook = self.on_reconnect
+            if hook is not None and self._connack.is_set():
+                self._dispatcher.put(_Reconnected(hook))
         except Exception:
             logger.exception("%s: on_connect failed", self.client_id)
         finally:

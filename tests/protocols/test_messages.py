@@ -20,6 +20,8 @@ from protocols.messages import (
     DeviceUpdate,
     EvaluationReport,
     ExportReport,
+    FleetDevice,
+    FleetStatus,
     MemoryPlan,
     Message,
     RoundAnnouncement,
@@ -66,6 +68,16 @@ STATUS = DeviceStatus(
 COORDINATOR = CoordinatorStatus(
     state="running", fleet="lab", task="sine", algorithm="selffl", round_id=5, rounds=40
 )
+FLEET = FleetStatus(
+    fleet="lab",
+    round_id=5,
+    devices=(
+        FleetDevice(
+            device_id="pi-3", online=True, last_seen=1.0, round_id=5, last_loss=0.5,
+            num_train_samples=97,
+        ),
+    ),
+)
 MODEL = SharedModel(round_id=5, manifest=MANIFEST)
 ROUND = RoundAnnouncement(
     round_id=5,
@@ -109,6 +121,7 @@ EXAMPLES: tuple[Message, ...] = (
     HELLO,
     STATUS,
     COORDINATOR,
+    FLEET,
     MODEL,
     ROUND,
     UPDATE,

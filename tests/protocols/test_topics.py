@@ -18,6 +18,7 @@ DEVICE_TOPIC_KINDS: tuple[DeviceTopicKind, ...] = get_args(DeviceTopicKind)
 def built_topics() -> list[tuple[str, TopicRef]]:
     fleet_topics = [
         (topics.coordinator_status(FLEET), TopicRef(FLEET, "coordinator-status")),
+        (topics.fleet_status(FLEET), TopicRef(FLEET, "fleet-status")),
         (topics.round_announcement(FLEET), TopicRef(FLEET, "round")),
         (topics.shared_model(FLEET), TopicRef(FLEET, "model")),
         (topics.command(FLEET, DEVICE), TopicRef(FLEET, "command", DEVICE)),
@@ -53,6 +54,7 @@ def test_every_kind_has_a_distinct_topic() -> None:
     assert len(set(built)) == len(built)
     assert {ref.kind for _, ref in built_topics()} == {
         "coordinator-status",
+        "fleet-status",
         "round",
         "model",
         "command",

@@ -1,4 +1,4 @@
-"""Real brokers on free loopback ports: mosquitto (a subprocess) and the embedded amqtt broker."""
+"""Shared fixtures: real brokers on free loopback ports (mosquitto subprocess, embedded amqtt)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,235 @@
+"""`pfl-coord serve`: rounds with real devices over MQTT, checkpointed after every round."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from coordinator.metrics import RunRecorder
+from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.settings import ServeSettings
+from coordinator.strategies import build_strategy
+from coordinator.strategies.base import Tensors
+from protocols.errors import RoundError
+from protocols.messages import EvaluationReport
+from protocols.transport.broker import EmbeddedBroker
+from protocols.transport.mqtt import MqttTransport
+from tasks.registry import load_task
+from tasks.split import resolve_split
+
+logger = logging.getLogger(__name__)
+RoundCallback = Callable[[RoundRecord], None]
+Notify = Callable[[str], None]
+
+_SAME_RUN_KEYS: Final = (
+    "task",
+    "task_options",
+    "algorithm",
+    "algorithm_options",
+    "seed",
+    "fleet",
+    "participation",
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "personal",
+)
+
+
+@dataclass
+class ServeResult:
+    """The run's summary (as in summary.json), this process's round records and final reports."""
+
+    summary: dict[str, Any]
+    records: list[RoundRecord] = field(default_factory=list)
+    reports: list[EvaluationReport] = field(default_factory=list)
+    final_shared: Tensors = field(default_factory=dict)
+
+
+def run_serve(
+    settings: ServeSettings, on_round: RoundCallback | None = None, notify: Notify | None = None
+) -> ServeResult:
+    """Coordinate a whole federated run with real devices, resuming from a checkpoint if asked.
+
+    `notify` receives one-line milestones (broker URL, waiting, retries) for a CLI to show.
+
+    Raises:
+        ValueError: an unknown task, algorithm or option, or a checkpoint of another run.
+        RoundError: too few devices joined, or a round missed its quorum on every retry.
+        StateError: a checkpoint could not be read or written.
+    """
+    say = notify or (lambda text: None)
+    task = load_task(settings.task, settings.task_options)
+    config = settings.algorithm_config()
+    workspace = task.build_model(settings.seed)
+    state = workspace.state_dict()
+    split = resolve_split(workspace, task.personal_patterns, config)
+    shared = {name: state[name].detach().clone() for name in split.shared}
+    embedded: EmbeddedBroker | None = None
+    url = settings.broker
+    if url is None:
+        embedded = EmbeddedBroker(settings.host, settings.port)
+        embedded.start()
+        url = embedded.url
+        logger.info("no --broker given: started an embedded MQTT broker on %s", url)
+        say(f"embedded MQTT broker listening on {url}")
+    try:
+        transport = MqttTransport(
+            settings.broker_settings(url),
+            f"pfl-coord-{settings.fleet}",
+            will=coordinator_will(settings.fleet),
+            clean_start=True,
+        )
+        engine = EngineSettings(
+            fleet=settings.fleet,
+            task=task.name,
+            rounds=settings.rounds,
+            round_timeout_s=settings.round_timeout,
+            quorum=settings.quorum,
+            eval_every=settings.eval_every,
+            seed=settings.seed,
+        )
+        coordinator = Coordinator(
+            transport, build_strategy(config, settings.participation), shared, engine
+        )
+        transport.on_reconnect = coordinator.republish
+        try:
+            result = _serve(coordinator, settings, on_round, say)
+        finally:
+            transport.close()
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    result.summary["metric_name"] = task.metric_name
+    result.summary["config"] = config.model_dump(mode="json")
+    if settings.out is not None:
+        (settings.out / "summary.json").write_text(
+            json.dumps(result.summary, indent=2, sort_keys=True)
+        )
+    return result
+
+
+def _serve(
+    coordinator: Coordinator, settings: ServeSettings, on_round: RoundCallback | None, say: Notify
+) -> ServeResult:
+    started = time.perf_counter()
+    run_settings = settings.model_dump(mode="json", exclude={"password"})
+    kept_lines = _resume(coordinator, settings, run_settings, say)
+    recorder = RunRecorder(settings.out)
+    for line in kept_lines:
+        recorder.record_round(json.loads(line))
+    result = ServeResult(summary={})
+    coordinator.start()
+    _wait_for_fleet(coordinator, settings, say)
+    while coordinator.round_id < settings.rounds:
+        coordinator.publish_status("running")
+        record = _run_round_with_retries(coordinator, settings, say)
+        round_id = record.round_id
+        if (
+            settings.eval_every
+            and round_id % settings.eval_every == 0
+            and round_id < settings.rounds
+        ):
+            _, record.evaluation = coordinator.evaluate()
+        if round_id == settings.rounds:
+            result.reports, record.evaluation = coordinator.evaluate(final=True)
+        recorder.record_round(record.as_json())
+        save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
+        result.records.append(record)
+        if on_round is not None:
+            on_round(record)
+    if not result.records:  # resumed after the last round: only the final evaluation is left
+        result.reports, _ = coordinator.evaluate(final=True)
+    coordinator.publish_status("finished")
+    result.final_shared = coordinator.shared
+    metrics = result.records[-1].evaluation if result.records else None
+    result.summary = {
+        "algorithm": coordinator.strategy.name,
+        "task": coordinator.settings.task,
+        "devices": len(coordinator.registry.records()),
+        "rounds": settings.rounds,
+        "seed": settings.seed,
+        "participation": settings.participation,
+        "metrics": metrics,
+        "wall_seconds": time.perf_counter() - started,
+        "bytes_up": coordinator.bytes_up,
+        "bytes_down": coordinator.bytes_down,
+        "rejected_messages": coordinator.rejected,
+    }
+    return result
+
+
+def _resume(
+    coordinator: Coordinator, settings: ServeSettings, run_settings: dict[str, Any], say: Notify
+) -> list[str]:
+    """Restore the last checkpoint if asked; return the metrics lines of the rounds it covers."""
+    if not settings.resume:
+        return []
+    checkpoint = load_checkpoint(settings.checkpoint_dir)
+    if checkpoint is None:
+        say(f"no checkpoint in {settings.checkpoint_dir}: starting from round 1")
+        return []
+    saved = checkpoint.record.settings
+    differing = [key for key in _SAME_RUN_KEYS if saved.get(key) != run_settings.get(key)]
+    if differing:
+        msg = (
+            f"the checkpoint in {settings.checkpoint_dir} belongs to another run "
+            f"(different {', '.join(differing)}); use another --checkpoint-dir or the same flags"
+        )
+        raise ValueError(msg)
+    restore_checkpoint(coordinator, checkpoint)
+    say(f"resumed after round {coordinator.round_id} from {settings.checkpoint_dir}")
+    return _metrics_up_to(settings.out, coordinator.round_id)
+
+
+def _metrics_up_to(out: Path | None, round_id: int) -> list[str]:
+    """Lines of an earlier metrics.jsonl up to `round_id`.
+
+    A round recorded after the checkpoint was taken runs again, so its line must not appear twice.
+    """
+    path = None if out is None else out / "metrics.jsonl"
+    if path is None or not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if json.loads(line).get("round_id", 0) <= round_id]
+
+
+def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Notify) -> None:
+    online = coordinator.registry.online_count()
+    if online >= settings.min_devices:
+        return
+    say(f"waiting for {settings.min_devices} device(s), {online} online")
+    if not coordinator.wait_for_devices(settings.min_devices, settings.join_timeout):
+        msg = (
+            f"only {coordinator.registry.online_count()} of {settings.min_devices} devices "
+            f"online after {settings.join_timeout:g} s"
+        )
+        raise RoundError(msg, round_id=coordinator.round_id + 1)
+
+
+def _run_round_with_retries(
+    coordinator: Coordinator, settings: ServeSettings, say: Notify
+) -> RoundRecord:
+    attempt = 0
+    while True:
+        _wait_for_fleet(coordinator, settings, say)
+        try:
+            return coordinator.run_round()
+        except RoundError as error:
+            attempt += 1
+            if attempt > settings.round_retries:
+                raise
+            logger.warning(
+                "round %d failed (%s); retry %d of %d",
+                coordinator.round_id + 1,
+                error,
+                attempt,
+                settings.round_retries,
+            )
+            say(f"round {coordinator.round_id + 1} failed ({error}); retrying")

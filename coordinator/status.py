@@ -1,0 +1,97 @@
+"""A snapshot of a fleet from its retained messages, for `pfl-coord status`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.errors import PflError
+from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FleetView:
+    """What the broker retained: the coordinator's status, its fleet summary, device statuses."""
+
+    coordinator: CoordinatorStatus | None = None
+    fleet: FleetStatus | None = None
+    devices: dict[str, DeviceStatus] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per device: the coordinator's view, completed by the device's own status."""
+        summary = {d.device_id: d for d in self.fleet.devices} if self.fleet else {}
+        rows = []
+        for device_id in sorted(set(summary) | set(self.devices)):
+            known, status = summary.get(device_id), self.devices.get(device_id)
+            online = (
+                status.state != "offline" if status is not None else bool(known and known.online)
+            )
+            rows.append(
+                {
+                    "device": device_id,
+                    "online": online,
+                    "state": status.state if status is not None else None,
+                    "last_seen": max(
+                        known.last_seen if known else 0.0, status.sent_at if status else 0.0
+                    ),
+                    "round": known.round_id
+                    if known and known.round_id is not None
+                    else (status.round_id if status else None),
+                    "last_loss": known.last_loss
+                    if known and known.last_loss is not None
+                    else (status.last_loss if status else None),
+                    "num_train_samples": known.num_train_samples if known else None,
+                    "detail": (status.detail if status else "") or (known.detail if known else ""),
+                }
+            )
+        return rows
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping for `--json`."""
+        return {
+            "coordinator": self.coordinator.model_dump(mode="json") if self.coordinator else None,
+            "round_id": self.fleet.round_id if self.fleet else None,
+            "devices": self.rows(),
+        }
+
+
+def collect_fleet_view(broker: BrokerSettings, fleet: str, listen_s: float = 1.5) -> FleetView:
+    """Listen to the fleet's retained topics for `listen_s` seconds.
+
+    Raises:
+        BrokerConnectionError: the broker cannot be reached.
+    """
+    view = FleetView()
+    lock = threading.Lock()
+
+    def on_message(topic: str, payload: bytes) -> None:
+        try:
+            message, _ = decode_frame(payload)
+        except PflError as error:
+            logger.warning("ignored a malformed message on %s: %s", topic, error)
+            return
+        with lock:
+            if isinstance(message, CoordinatorStatus):
+                view.coordinator = message
+            elif isinstance(message, FleetStatus):
+                view.fleet = message
+            elif isinstance(message, DeviceStatus):
+                view.devices[message.device_id] = message
+
+    client_id = f"pfl-status-{uuid.uuid4().hex[:12]}"
+    with MqttTransport(broker, client_id, clean_start=True) as transport:
+        transport.subscribe(topics.coordinator_status(fleet), on_message)
+        transport.subscribe(topics.fleet_status(fleet), on_message)
+        transport.subscribe(topics.device_subscription(fleet, "status"), on_message)
+        time.sleep(listen_s)
+    return view

@@ -1,0 +1,91 @@
+"""Run one real device agent over MQTT until SIGTERM or SIGINT, then leave cleanly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from device_agent.agent import DeviceAgent, device_will
+from device_agent.settings import AgentSettings
+from device_agent.state_store import DiskStateStore
+from protocols.transport.mqtt import MqttTransport
+from tasks.base import DeviceData, Task
+from tasks.datadir import load_device_data
+from tasks.registry import load_task
+
+logger = logging.getLogger(__name__)
+
+
+def load_data(settings: AgentSettings, task: Task) -> DeviceData:
+    """This device's data: its own directory, or its shard of the task's data.
+
+    Raises:
+        ValueError: the directory or shard cannot be loaded.
+    """
+    if settings.data is not None:
+        return load_device_data(settings.data, settings.data_shard or 0)
+    fleet = task.make_fleet(settings.num_shards, settings.partition_spec(), settings.seed)
+    return fleet[settings.data_shard or 0]
+
+
+def build_agent(settings: AgentSettings) -> DeviceAgent:
+    """A connected agent with the model, data and state store its settings describe.
+
+    Raises:
+        ValueError: unknown task or unusable data.
+        BrokerConnectionError: the broker cannot be reached.
+    """
+    task = load_task(settings.task, settings.task_options)
+    data = load_data(settings, task)
+    workspace = task.build_model(settings.seed)
+    initial_state = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
+    transport = MqttTransport(
+        settings.broker_settings(settings.broker),
+        settings.device_id,
+        will=device_will(settings.fleet, settings.device_id),
+    )
+    agent = DeviceAgent(
+        device_id=settings.device_id,
+        fleet=settings.fleet,
+        transport=transport,
+        task=task,
+        data=data,
+        seed=settings.seed,
+        store=DiskStateStore(settings.state_dir),
+        workspace=workspace,
+        initial_state=initial_state,
+        stateful=not settings.stateless,
+    )
+    transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
+    return agent
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> None:
+    """Serve rounds until `stop` is set (by SIGTERM/SIGINT when called on the main thread).
+
+    On the way out the work in flight finishes, the status turns "offline" and the connection
+    closes cleanly; personal state is only ever replaced atomically, so no stop corrupts it.
+    """
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(number: int, frame: FrameType | None) -> None:
+            del frame
+            logger.info("signal %d: stopping", number)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    agent = build_agent(settings)
+    agent.start()
+    logger.info(
+        "device %s serving fleet %s on %s", settings.device_id, settings.fleet, settings.broker
+    )
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        agent.stop()
+        logger.info("device %s stopped", settings.device_id)

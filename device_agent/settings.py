@@ -1,0 +1,50 @@
+"""The device agent's configuration: flags > `PFL_*` environment > `--config` TOML > defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from protocols.program_settings import BrokerAccess, TomlSettings
+from tasks.base import PartitionSpec
+
+
+class AgentSettings(TomlSettings, BrokerAccess):
+    """`pfl-agent start`: one real device of a fleet.
+
+    With `data_shard`, the agent holds exactly the data a simulation device with that index
+    gets (`make_fleet(num_shards, partition, seed)[data_shard]`); with `data`, its own files.
+    """
+
+    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt(s):// URL of the broker")
+    device_id: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    task: str = Field("digits", description="built-in task name or module:attribute")
+    task_options: dict[str, Any] = Field(default_factory=dict)
+    data_shard: int | None = Field(None, ge=0, description="index of this device's data shard")
+    num_shards: int = Field(20, ge=1, description="shards the task's data is split into")
+    partition: Literal["iid", "dirichlet", "shards", "powerlaw"] = "dirichlet"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
+    labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
+    seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
+    data: Path | None = Field(None, description="directory with train/test/val.npz")
+    state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
+    stateless: bool = Field(False, description="keep no personal state between rounds")
+
+    @model_validator(mode="after")
+    def _check_data_source(self) -> AgentSettings:
+        if self.data is None and self.data_shard is None:
+            msg = "give --data-shard (a shard of the task's data) or --data DIR (your own data)"
+            raise ValueError(msg)
+        if self.data_shard is not None and self.data_shard >= self.num_shards:
+            msg = f"data_shard {self.data_shard} must be below num_shards {self.num_shards}"
+            raise ValueError(msg)
+        return self
+
+    def partition_spec(self) -> PartitionSpec:
+        """The split shared with the simulation (and every other agent of the fleet)."""
+        return PartitionSpec(
+            scheme=self.partition, alpha=self.alpha, labels_per_device=self.labels_per_device
+        )

@@ -1,0 +1,91 @@
+"""Real agent processes (`python -m device_agent.cli start`) around a coordinator under test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator.simulate import device_name
+
+E2E_DIR = Path(__file__).resolve().parent
+REPO = E2E_DIR.parent.parent
+
+
+def child_env() -> dict[str, str]:
+    """The environment of child processes: one torch thread, the test task module importable."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(E2E_DIR), str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    return env
+
+
+class Processes:
+    """Child processes of one test, killed at teardown whatever happened."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self._all: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        """Start `command` with its output in <tmp>/<name>.log."""
+        with (self.directory / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=self.directory
+            )
+        self.running[name] = process
+        self._all.append(process)
+        return process
+
+    def agent(
+        self,
+        url: str,
+        index: int,
+        *,
+        shards: int,
+        task: str = "digits",
+        extra: tuple[str, ...] = (),
+    ) -> subprocess.Popen[bytes]:
+        """Start the agent a simulation would call device_name(index), on shard `index`."""
+        device_id = device_name(index)
+        command = [
+            sys.executable, "-m", "device_agent.cli", "start",
+            "--broker", url, "--device-id", device_id, "--task", task,
+            "--data-shard", str(index), "--num-shards", str(shards),
+            "--state-dir", str(self.directory / "state" / device_id), *extra,
+        ]  # fmt: skip
+        return self.start(device_id, command)
+
+    def log(self, name: str) -> str:
+        """What a child printed so far."""
+        path = self.directory / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        """SIGTERM everyone, then SIGKILL whoever is still there."""
+        for process in self._all:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in self._all:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    children = Processes(tmp_path)
+    yield children
+    children.stop_all()

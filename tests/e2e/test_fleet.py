@@ -1,0 +1,191 @@
+"""A coordinator and real agent processes over real brokers: equality, failures, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from coordinator.rounds import RoundRecord
+from coordinator.serve import run_serve
+from coordinator.settings import ServeSettings, SimulationSettings
+from coordinator.simulate import run_simulation
+from coordinator.status import collect_fleet_view
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.messages import DeviceStatus
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
+from tests.conftest import free_port, wait_for_port
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
+RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
+
+
+def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings:
+    base: dict[str, object] = {
+        **RUN,
+        "broker": url,
+        "rounds": 3,
+        "min_devices": 3,
+        "round_timeout": 20.0,
+        "join_timeout": 60.0,
+        "out": tmp_path / "run",
+        "checkpoint_dir": tmp_path / "checkpoint",
+    }
+    base.update(values)
+    return ServeSettings.load(None, **base)
+
+
+def _simulate(rounds: int, **values: object):
+    return run_simulation(
+        SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, **values)  # type: ignore[arg-type]
+    )
+
+
+def _round_ids(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["round_id"] for line in lines if line.strip()]
+
+
+def test_three_agent_processes_reproduce_the_simulation(mosquitto, processes, tmp_path) -> None:
+    # Prepare
+    for index in range(3):
+        processes.agent(mosquitto.url, index, shards=3)
+    # Execute
+    served = run_serve(_serve_settings(mosquitto.url, tmp_path))
+    simulated = _simulate(3)
+    view = collect_fleet_view(BrokerSettings(url=mosquitto.url), "default", listen_s=1.0)
+    # Assert
+    assert [r.train_loss for r in served.records] == [r.train_loss for r in simulated.records]
+    assert served.summary["metrics"] == simulated.summary["metrics"]
+    for name, tensor in simulated.final_shared.items():
+        assert torch.equal(served.final_shared[name], tensor), name
+    assert _round_ids(tmp_path / "run") == [1, 2, 3]
+    assert view.coordinator is not None
+    assert view.coordinator.state == "finished"
+    assert [(row["device"], row["round"]) for row in view.rows()] == [
+        ("dev-0000", 3),
+        ("dev-0001", 3),
+        ("dev-0002", 3),
+    ]
+
+
+def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes, tmp_path) -> None:
+    # Prepare: a listener for device statuses, three agents
+    statuses: list[DeviceStatus] = []
+    listener = MqttTransport(BrokerSettings(url=mosquitto.url), "test-listener", clean_start=True)
+    listener.subscribe(
+        topics.device_subscription("default", "status"),
+        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+    )
+    for index in range(3):
+        processes.agent(mosquitto.url, index, shards=3)
+
+    def on_round(record: RoundRecord) -> None:
+        victim = processes.running["dev-0001"]
+        if record.round_id == 1:  # freeze it before round 2 is announced, kill it mid-round
+            os.kill(victim.pid, signal.SIGSTOP)
+            threading.Timer(1.0, victim.kill).start()
+        elif record.round_id == 2:
+            victim.wait(timeout=10)
+            processes.agent(mosquitto.url, 1, shards=3)
+
+    # Execute
+    started = time.monotonic()
+    run_serve(_serve_settings(mosquitto.url, tmp_path, round_timeout=8.0), on_round=on_round)
+    listener.close()
+    # Assert: round 2 closed on quorum without the killed agent, round 3 had it back
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["round_id"], x["selected"], x["participants"]) for x in lines] == [
+        (1, 3, 3),
+        (2, 3, 2),
+        (3, 3, 3),
+    ]
+    lost = [s for s in statuses if s.device_id == "dev-0001" and s.state == "offline"]
+    assert any(s.detail == "connection lost" for s in lost)  # the last-will
+    assert time.monotonic() - started < 60
+
+
+def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
+    mosquitto, processes, tmp_path
+) -> None:
+    # Prepare
+    for index in range(3):
+        processes.agent(mosquitto.url, index, shards=3)
+    checkpoint = tmp_path / "checkpoint" / "checkpoint.json"
+    flags = [
+        "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedavg", "--rounds", "6",
+        "--participation", "0.6", "--min-devices", "3", "--round-timeout", "20",
+        "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
+    ]  # fmt: skip
+    coordinator = processes.start(
+        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+    )
+    # Execute: kill it once round 2 is checkpointed, then resume in-process
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= 2:
+            break
+        time.sleep(0.01)
+    coordinator.kill()
+    coordinator.wait(timeout=10)
+    killed_at = json.loads(checkpoint.read_text())["round_id"]
+    resumed = run_serve(
+        _serve_settings(mosquitto.url, tmp_path, rounds=6, participation=0.6, resume=True)
+    )
+    simulated = _simulate(6, participation=0.6)
+    # Assert
+    assert 2 <= killed_at < 6, processes.log("coordinator")
+    assert _round_ids(tmp_path / "run") == [1, 2, 3, 4, 5, 6]
+    assert resumed.records[0].round_id == killed_at + 1
+    for name, tensor in simulated.final_shared.items():
+        assert torch.equal(resumed.final_shared[name], tensor), name
+    assert resumed.summary["metrics"] == simulated.summary["metrics"]
+
+
+def test_serve_without_broker_starts_an_embedded_one(processes, tmp_path) -> None:
+    # Prepare
+    port = free_port()
+    coordinator = processes.start(
+        "coordinator",
+        [
+            sys.executable,
+            "-m",
+            "coordinator.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--rounds",
+            "2",
+            "--min-devices",
+            "1",
+            "--round-timeout",
+            "30",
+            "--out",
+            str(tmp_path / "run"),
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoint"),
+        ],
+    )
+    assert wait_for_port(port, timeout_s=30), processes.log("coordinator")
+    # Execute
+    processes.agent(f"mqtt://127.0.0.1:{port}", 0, shards=20)
+    try:
+        code = coordinator.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(processes.log("coordinator"))
+    # Assert
+    output = processes.log("coordinator")
+    assert code == 0, output
+    assert f"mqtt://127.0.0.1:{port}" in output
+    assert _round_ids(tmp_path / "run") == [1, 2]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]["global"] > 0

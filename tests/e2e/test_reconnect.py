@@ -1,0 +1,74 @@
+"""An agent process outlives a broker restart and announces itself again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from coordinator.rounds import RoundRecord
+from coordinator.serve import run_serve
+from coordinator.settings import ServeSettings
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.messages import DeviceStatus
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
+
+
+def _retained_status(url: str, device_id: str) -> DeviceStatus | None:
+    found: list[DeviceStatus] = []
+
+    def keep(_topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        if isinstance(message, DeviceStatus):
+            found.append(message)
+
+    with MqttTransport(BrokerSettings(url=url), "status-probe", clean_start=True) as probe:
+        probe.subscribe(topics.device("default", device_id, "status"), keep)
+        probe.wait_until(lambda: bool(found), 0.5)
+    return found[-1] if found else None
+
+
+def test_an_agent_rejoins_a_restarted_broker(mosquitto, processes) -> None:
+    # Prepare: an agent whose retained "online" status the broker holds
+    processes.agent(mosquitto.url, 0, shards=3)
+    deadline = time.monotonic() + 30
+    while _retained_status(mosquitto.url, "dev-0000") is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _retained_status(mosquitto.url, "dev-0000") is not None, processes.log("dev-0000")
+    # Execute: the broker restarts with no persistence, forgetting every retained message
+    mosquitto.restart(down_s=0.5)
+    status = None
+    deadline = time.monotonic() + 30
+    while status is None and time.monotonic() < deadline:
+        status = _retained_status(mosquitto.url, "dev-0000")
+    # Assert: the agent reconnected and re-published its status (and its hello)
+    assert status is not None, processes.log("dev-0000")
+    assert status.state == "online"
+    assert processes.running["dev-0000"].poll() is None
+
+
+def test_a_run_survives_a_broker_restart_between_rounds(mosquitto, processes, tmp_path) -> None:
+    # Prepare
+    for index in range(2):
+        processes.agent(mosquitto.url, index, shards=2)
+    settings = ServeSettings.load(
+        None,
+        broker=mosquitto.url,
+        rounds=3,
+        min_devices=2,
+        round_timeout=30.0,
+        checkpoint_dir=tmp_path / "checkpoint",
+    )
+
+    def on_round(record: RoundRecord) -> None:
+        if record.round_id == 1:
+            mosquitto.restart(down_s=0.5)
+
+    # Execute
+    result = run_serve(settings, on_round=on_round)
+    # Assert: every round had both devices, none was lost to the restart
+    assert [(r.round_id, r.participants) for r in result.records] == [(1, 2), (2, 2), (3, 2)]
