@@ -19,7 +19,7 @@ from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import StateStore
-from device_agent.training import StepBudget, Tensors, evaluate, require_finite
+from device_agent.training import ModelSlots, StepBudget, Tensors, evaluate, require_finite
 from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import (
@@ -31,6 +31,7 @@ from protocols.codec import (
 )
 from protocols.errors import PflError, ProtocolError
 from protocols.messages import (
+    AnyMessage,
     Capabilities,
     Command,
     DeviceHello,
@@ -78,15 +79,26 @@ class _ReceivedModel:
 
 
 class DecodedModelCache:
-    """Shared models decoded once per content: virtual devices in one process share one.
+    """Broadcast frames and shared models decoded once: virtual devices in one process share one.
 
-    Keyed by the frame's SHA-256 and the expected layout, so equal keys mean equal tensors;
-    consumers only read them (load_state_dict copies).
+    A broadcast reaches every virtual device as the same bytes object, so its parsed header is
+    reused by identity; tensors are keyed by the manifest's SHA-256 and the expected layout, so
+    equal keys mean equal tensors. Consumers only read them (loading copies).
     """
 
     def __init__(self) -> None:
         self._key: tuple[str, tuple[TensorSpec, ...]] | None = None
         self._tensors: Tensors = {}
+        self._frames: list[tuple[bytes, tuple[AnyMessage, bytes]]] = []
+
+    def frame(self, payload: bytes) -> tuple[AnyMessage, bytes]:
+        """`decode_frame(payload)`, parsed once per broadcast payload object."""
+        for seen, decoded in self._frames:
+            if seen is payload:
+                return decoded
+        decoded = decode_frame(payload)
+        self._frames = [(payload, decoded), *self._frames[:3]]
+        return decoded
 
     def decode(self, model: _ReceivedModel, expected: tuple[TensorSpec, ...]) -> Tensors:
         """The model's tensors, validated against `expected` on first use."""
@@ -131,6 +143,7 @@ class DeviceAgent:
         self.seed = seed
         self.store = store
         self.workspace = workspace
+        self._slots = ModelSlots(workspace)
         self.initial_state = initial_state
         self.stateful = stateful
         self.budget = budget or StepBudget()
@@ -191,7 +204,7 @@ class DeviceAgent:
     # -- handlers ---------------------------------------------------------------------------
 
     def _on_model(self, topic: str, payload: bytes) -> None:
-        message, blob = decode_frame(payload)
+        message, blob = self.model_cache.frame(payload)
         if not isinstance(message, SharedModel):
             msg = f"expected a shared model, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
@@ -199,7 +212,7 @@ class DeviceAgent:
         self._serve_pending()
 
     def _on_round(self, topic: str, payload: bytes) -> None:
-        message, _ = decode_frame(payload)
+        message, _ = self.model_cache.frame(payload)
         if not isinstance(message, RoundAnnouncement):
             msg = f"expected a round announcement, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
@@ -276,7 +289,8 @@ class DeviceAgent:
         if model.decoded is None:
             model.decoded = self.model_cache.decode(model, plan.expected)
         personal = self._load_personal(plan)
-        self.workspace.load_state_dict({**model.decoded, **personal})
+        self._slots.load(model.decoded)
+        self._slots.load(personal)
         generator = torch.Generator().manual_seed(
             derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
         )
@@ -332,7 +346,7 @@ class DeviceAgent:
         personalized = evaluate(ctx.model, self.task, self.data.test)
         global_metric = None
         if not ctx.split.personal:
-            self.workspace.load_state_dict(ctx.global_shared)
+            self._slots.load(ctx.global_shared)
             global_metric = evaluate(self.workspace, self.task, self.data.test)
         report = EvaluationReport(
             round_id=announcement.round_id,

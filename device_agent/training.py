@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,7 +29,11 @@ class StepBudget:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """One training phase: which tensors move, for how long, and how."""
+    """One training phase: which tensors move, for how long, and how.
+
+    `lr_by_name` gives some trainable tensors their own step size (the rest use `lr`); each
+    step still takes one minibatch and one backward pass for all of them (FedSim, spec §1.4).
+    """
 
     trainable: tuple[str, ...]
     epochs: int
@@ -39,6 +43,7 @@ class TrainSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
+    lr_by_name: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class TrainStats:
     steps: int
     samples: int
     mean_loss: float
+
+
+def combine_stats(*phases: TrainStats) -> TrainStats:
+    """One round's totals over its phases: steps and samples add, losses weigh by samples."""
+    samples = sum(phase.samples for phase in phases)
+    loss = sum(phase.mean_loss * phase.samples for phase in phases) / samples if samples else 0.0
+    return TrainStats(sum(phase.steps for phase in phases), samples, loss)
 
 
 def minibatches(
@@ -74,13 +86,20 @@ def train(
 ) -> TrainStats:
     """Run plain SGD on `spec.trainable`; every other parameter is frozen (no gradient kept).
 
+    Gradients are released when the phase ends, so no phase inherits another's.
+
     Raises:
+        ValueError: `spec` names tensors that are not trainable parameters.
         TrainingError: the loss or the gradient became non-finite.
     """
     parameters = dict(model.named_parameters())
     unknown = [name for name in spec.trainable if name not in parameters]
-    if unknown:
-        msg = f"cannot train tensors that are not parameters: {', '.join(unknown)}"
+    stray = [name for name in spec.lr_by_name if name not in spec.trainable]
+    if unknown or stray:
+        msg = (
+            f"cannot train tensors that are not parameters ({', '.join(unknown) or '-'}) or "
+            f"set learning rates of tensors that do not train ({', '.join(stray) or '-'})"
+        )
         raise ValueError(msg)
     trainable = [parameters[name] for name in spec.trainable]
     if not trainable or len(split) == 0:
@@ -89,8 +108,14 @@ def train(
     frozen = [p for name, p in parameters.items() if name not in wanted]
     for parameter in frozen:  # no gradient is computed or kept for them
         parameter.requires_grad_(False)
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name in spec.trainable:
+        groups.setdefault(spec.lr_by_name.get(name, spec.lr), []).append(parameters[name])
     optimizer = torch.optim.SGD(
-        trainable, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        [{"params": group, "lr": lr} for lr, group in groups.items()],
+        lr=spec.lr,
+        momentum=spec.momentum,
+        weight_decay=spec.weight_decay,
     )
     micro = budget.micro_batch_size if budget is not None else None
     model.train()
@@ -113,6 +138,7 @@ def train(
             losses.append(batch_loss.detach())
             sizes.append(int(inputs.shape[0]))
     finally:
+        optimizer.zero_grad(set_to_none=True)
         for parameter in frozen:
             parameter.requires_grad_(True)
     samples = sum(sizes)
@@ -184,6 +210,32 @@ def evaluate(model: nn.Module, task: Task, split: Split, batch_size: int = 1024)
         outputs = model(split.inputs[start : start + batch_size])
         total += task.metric_sum(outputs, split.targets[start : start + batch_size])
     return total / len(split)
+
+
+class ModelSlots:
+    """Copies named tensors into a model in place, without a state_dict() round trip.
+
+    The hot path of simulation loads weights thousands of times; `load_state_dict` costs several
+    times a plain copy for small models.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._slots = dict(model.state_dict(keep_vars=True))
+
+    @torch.no_grad()
+    def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy `tensors` into the model's parameters and buffers of the same names.
+
+        Raises:
+            ValueError: a name the model does not have, or a shape that differs.
+        """
+        for name, value in tensors.items():
+            slot = self._slots.get(name)
+            if slot is None or slot.shape != value.shape:
+                expected = "absent" if slot is None else tuple(slot.shape)
+                msg = f"cannot load {name} of shape {tuple(value.shape)} (model: {expected})"
+                raise ValueError(msg)
+            slot.copy_(value)
 
 
 def snapshot(model: nn.Module, names: Sequence[str]) -> Tensors:
