@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Literal
 
 import numpy as np
 import torch
@@ -11,17 +11,19 @@ from torch import nn
 
 from tasks.base import DeviceData, MetricName, PartitionSpec, Split
 from tasks.models import (
+    SplitInputMLP,
+    build_mlp,
     build_seeded,
     check_int,
     classification_loss,
     count_correct,
-    make_mlp,
 )
 from tasks.partition import partition_indices, split_device
 
 NUM_PIXELS: Final = 64
 NUM_CLASSES: Final = 10
 PIXEL_MAX: Final = 16.0
+MODELS: Final = ("mlp", "split-input")
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,7 +45,11 @@ class DigitsTask:
     """8x8 digit classification: real images, no download, small enough for 100 virtual devices.
 
     Args:
-        hidden: Width of the MLP's hidden layer.
+        hidden: Width of the MLP's hidden layer (of each branch, for "split-input").
+        model: "mlp", or "split-input": a `SplitInputMLP` whose shared branch sees the top four
+            pixel rows and whose private branch (the "split-input" preset) the bottom four.
+        adapters: Bottleneck width of residual adapters after the hidden activation (0 = none;
+            "mlp" only); the "adapters" preset makes them personal.
     """
 
     name: ClassVar[str] = "digits"
@@ -52,12 +58,27 @@ class DigitsTask:
     input_names: tuple[str, ...] = ("pixels",)
     output_names: tuple[str, ...] = ("logits",)
 
-    def __init__(self, hidden: int = 64) -> None:
+    def __init__(
+        self, hidden: int = 64, model: Literal["mlp", "split-input"] = "mlp", adapters: int = 0
+    ) -> None:
+        if model not in MODELS:
+            msg = f"unknown model {model!r}; valid choices: {', '.join(MODELS)}"
+            raise ValueError(msg)
         self.hidden = check_int("hidden", hidden)
+        self.model = model
+        self.adapters = check_int("adapters", adapters, minimum=0)
+        if adapters and model != "mlp":
+            msg = f"adapters are available for the mlp model only, not {model!r}"
+            raise ValueError(msg)
 
     def build_model(self, seed: int) -> nn.Module:
-        """A fresh MLP whose initialization depends only on `seed`."""
-        return build_seeded(seed, lambda: make_mlp(NUM_PIXELS, self.hidden, NUM_CLASSES))
+        """A fresh model whose initialization (adapters included) depends only on `seed`."""
+        if self.model == "split-input":
+            half = NUM_PIXELS // 2
+            return build_seeded(
+                seed, lambda: SplitInputMLP(half, NUM_PIXELS - half, self.hidden, NUM_CLASSES)
+            )
+        return build_mlp(seed, NUM_PIXELS, self.hidden, NUM_CLASSES, self.adapters)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the batch."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from protocols.algorithms import AlgorithmConfig
+from tasks.presets import resolve_preset
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,11 @@ class ParamSplit:
 def resolve_split(
     model: nn.Module, task_personal: Iterable[str], config: AlgorithmConfig
 ) -> ParamSplit:
-    """The split an algorithm trains with: its `personal` override, else its default.
+    """The split an algorithm trains with: `personal`, else `personal_preset`, else its default.
 
     Raises:
-        ValueError: an override pattern matches no tensor of the model (the message lists them).
+        ValueError: an override pattern matches no tensor of the model (the message lists them),
+            or the preset does not apply to the model (see `tasks.presets.resolve_preset`).
     """
     names = list(model.state_dict().keys())
     if config.personal is not None:
@@ -56,5 +58,7 @@ def resolve_split(
                 )
                 raise ValueError(msg)
         return ParamSplit.from_patterns(names, config.personal)
+    if config.personal_preset is not None:
+        return ParamSplit.from_patterns(names, resolve_preset(config.personal_preset, model))
     defaults = {"none": (), "all": ("*",), "task": tuple(task_personal)}
     return ParamSplit.from_patterns(names, defaults[config.default_personal])

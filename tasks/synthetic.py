@@ -11,12 +11,12 @@ from torch import nn
 
 from tasks.base import DeviceData, MetricName, PartitionSpec, Split
 from tasks.models import (
+    build_mlp,
     build_seeded,
     check_int,
     check_real,
     classification_loss,
     count_correct,
-    make_mlp,
 )
 from tasks.partition import MIN_DEVICE_SAMPLES, split_sizes
 
@@ -51,6 +51,8 @@ class SyntheticTask:
         model: "mlp" (60 -> hidden -> 10) or "mclr" (multinomial logistic regression).
         hidden: Hidden width of the "mlp" model.
         max_samples: Cap on a device's sample count.
+        adapters: Bottleneck width of residual adapters after the hidden activation (0 = none;
+            "mlp" only).
     """
 
     name: ClassVar[str] = "synthetic"
@@ -66,9 +68,14 @@ class SyntheticTask:
         model: Literal["mlp", "mclr"] = "mlp",
         hidden: int = 32,
         max_samples: int = 1000,
+        adapters: int = 0,
     ) -> None:
         if model not in MODELS:
             msg = f"unknown model {model!r}; valid choices: {', '.join(MODELS)}"
+            raise ValueError(msg)
+        self.adapters = check_int("adapters", adapters, minimum=0)
+        if adapters and model != "mlp":
+            msg = f"adapters need a hidden layer: use model 'mlp', not {model!r}"
             raise ValueError(msg)
         self.alpha = check_real("alpha", alpha)
         self.beta = check_real("beta", beta)
@@ -82,7 +89,7 @@ class SyntheticTask:
             return build_seeded(
                 seed, lambda: nn.Sequential(OrderedDict(output=nn.Linear(DIMENSION, NUM_CLASSES)))
             )
-        return build_seeded(seed, lambda: make_mlp(DIMENSION, self.hidden, NUM_CLASSES))
+        return build_mlp(seed, DIMENSION, self.hidden, NUM_CLASSES, self.adapters)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the batch."""

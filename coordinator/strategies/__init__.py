@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from coordinator.strategies.base import Strategy
+from coordinator.strategies.fedalt import FedAltStrategy
 from coordinator.strategies.fedavg import FedAvgStrategy
 from coordinator.strategies.fedavg_ft import FedAvgFtStrategy
 from coordinator.strategies.fedprox import FedProxStrategy
+from coordinator.strategies.fedsim import FedSimStrategy
 from coordinator.strategies.local import LocalStrategy
 from protocols.algorithms import AlgorithmConfig
 
 STRATEGIES: dict[str, type[Strategy]] = {
     strategy.name: strategy
-    for strategy in (LocalStrategy, FedAvgStrategy, FedAvgFtStrategy, FedProxStrategy)
+    for strategy in (
+        LocalStrategy,
+        FedAvgStrategy,
+        FedAvgFtStrategy,
+        FedProxStrategy,
+        FedAltStrategy,
+        FedSimStrategy,
+    )
 }
 
 

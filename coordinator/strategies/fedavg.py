@@ -1,4 +1,4 @@
-"""FedAvg, coordinator half: sample-weighted mean of shared deltas, then a server step."""
+"""FedAvg, coordinator half: weighted mean of shared deltas, then a server optimizer step."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from coordinator.aggregate import apply_delta, weighted_mean
+from coordinator.aggregate import weighted_mean
 from coordinator.selection import select_devices
+from coordinator.server_optimizer import ServerOptimizer, ServerSgd, build_server_optimizer
 from coordinator.strategies.base import (
     Aggregate,
     FleetSnapshot,
@@ -20,7 +21,11 @@ from protocols.algorithms import AlgorithmConfig, FedAvgConfig
 
 
 class FedAvgStrategy:
-    """u <- u + server_lr * sum_i n_i delta_i / sum_i n_i over the round's devices."""
+    """u <- u + server_lr * sum_i n_i delta_i / sum_i n_i over the round's devices.
+
+    That is the default; `aggregation_weights="uniform"` weights devices equally and
+    `server_optimizer="fedadam"` replaces the SGD step with Adam (spec §1.2, §1.5).
+    """
 
     name: ClassVar[str] = "fedavg"
     config_type: ClassVar[type[AlgorithmConfig]] = FedAvgConfig
@@ -31,6 +36,9 @@ class FedAvgStrategy:
             raise TypeError(msg)
         self.config = config
         self.participation = participation
+        self.server_optimizer: ServerOptimizer = (
+            build_server_optimizer(config) if isinstance(config, FedAvgConfig) else ServerSgd(1.0)
+        )
 
     def plan_round(
         self, round_id: int, fleet: FleetSnapshot, rng: np.random.Generator
@@ -42,18 +50,21 @@ class FedAvgStrategy:
     def aggregate(
         self, round_id: int, shared: Tensors, updates: Sequence[ReceivedUpdate]
     ) -> Aggregate:
-        """Sample-weighted mean of the deltas, applied with `server_lr`."""
+        """Mean of the deltas, renormalized over the reporters, then the server step."""
         del round_id
         if not shared:
             return Aggregate(dict(shared))
-        mean = weighted_mean([u.shared_delta for u in updates], [u.num_samples for u in updates])
-        server_lr = self.config.server_lr if isinstance(self.config, FedAvgConfig) else 1.0
-        return Aggregate(apply_delta(shared, mean, server_lr))
+        uniform = (
+            isinstance(self.config, FedAvgConfig) and self.config.aggregation_weights == "uniform"
+        )
+        weights = [1.0 if uniform else float(u.num_samples) for u in updates]
+        mean = weighted_mean([u.shared_delta for u in updates], weights)
+        return Aggregate(self.server_optimizer.step(shared, mean))
 
     def state_dict(self) -> dict[str, object]:
-        """FedAvg keeps no state between rounds."""
-        return {}
+        """The server optimizer's state (empty for server SGD)."""
+        return self.server_optimizer.state_dict()
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Nothing to restore."""
-        del state
+        """Restore the server optimizer."""
+        self.server_optimizer.load_state_dict(state)

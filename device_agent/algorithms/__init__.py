@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from device_agent.algorithms.base import LocalUpdate
+from device_agent.algorithms.fedalt import FedAltUpdate
 from device_agent.algorithms.fedavg import FedAvgUpdate
 from device_agent.algorithms.fedavg_ft import FedAvgFtUpdate
 from device_agent.algorithms.fedprox import FedProxUpdate
+from device_agent.algorithms.fedsim import FedSimUpdate
 from device_agent.algorithms.local import LocalOnlyUpdate
 
 LOCAL_UPDATES: dict[str, type[LocalUpdate]] = {
-    update.name: update for update in (LocalOnlyUpdate, FedAvgUpdate, FedAvgFtUpdate, FedProxUpdate)
+    update.name: update
+    for update in (
+        LocalOnlyUpdate,
+        FedAvgUpdate,
+        FedAvgFtUpdate,
+        FedProxUpdate,
+        FedAltUpdate,
+        FedSimUpdate,
+    )
 }
 
 

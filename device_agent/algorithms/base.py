@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -14,11 +14,12 @@ from device_agent.training import (
     StepBudget,
     Tensors,
     TrainSpec,
+    TrainStats,
     difference,
     snapshot,
     train,
 )
-from protocols.algorithms import AlgorithmConfig
+from protocols.algorithms import AlgorithmConfig, PartialConfig
 from tasks.base import DeviceData, Task
 from tasks.split import ParamSplit
 
@@ -64,42 +65,99 @@ class LocalUpdate(Protocol):
         ...
 
 
+ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
+
+
+def require_config(ctx: LocalContext, config_type: type[ConfigT]) -> ConfigT:
+    """`ctx.config`, checked to be the algorithm's own config type.
+
+    Raises:
+        TypeError: the config belongs to another algorithm.
+    """
+    if not isinstance(ctx.config, config_type):
+        msg = f"expected {config_type.__name__}, got {type(ctx.config).__name__}"
+        raise TypeError(msg)
+    return ctx.config
+
+
 def trainable_parameters(model: nn.Module, names: tuple[str, ...]) -> tuple[str, ...]:
     """The names among `names` that are parameters (buffers are carried, not trained)."""
     parameters = dict(model.named_parameters())
     return tuple(name for name in names if name in parameters)
 
 
-def full_model_spec(ctx: LocalContext) -> TrainSpec:
-    """Local SGD on every parameter, shared and personal, as the config says."""
+def phase_spec(
+    ctx: LocalContext,
+    names: tuple[str, ...],
+    *,
+    epochs: int,
+    lr: float,
+    max_steps: int | None = None,
+    lr_by_name: Mapping[str, float] | None = None,
+) -> TrainSpec:
+    """A phase training the parameters among `names`, with the config's other settings."""
     cfg = ctx.config
     return TrainSpec(
-        trainable=trainable_parameters(ctx.model, ctx.split.shared + ctx.split.personal),
-        epochs=cfg.local_epochs,
+        trainable=trainable_parameters(ctx.model, names),
+        epochs=epochs,
         batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        max_steps=cfg.max_steps,
+        lr=lr,
+        max_steps=max_steps,
         momentum=cfg.momentum,
         weight_decay=cfg.weight_decay,
         clip_grad_norm=cfg.clip_grad_norm,
+        lr_by_name=dict(lr_by_name or {}),
+    )
+
+
+def train_phase(
+    ctx: LocalContext, spec: TrainSpec, extra_loss: ExtraLoss | None = None
+) -> TrainStats:
+    """Run one phase of the one training loop on the device's train split."""
+    return train(
+        ctx.model,
+        ctx.task,
+        ctx.data.train,
+        spec,
+        ctx.generator,
+        budget=ctx.budget,
+        extra_loss=extra_loss,
+    )
+
+
+def round_result(ctx: LocalContext, stats: TrainStats) -> LocalResult:
+    """Report the shared delta (local - global) and keep the personal tensors on the device."""
+    return LocalResult(
+        shared_delta=difference(snapshot(ctx.model, ctx.split.shared), ctx.global_shared),
+        num_samples=len(ctx.data.train),
+        train_loss=stats.mean_loss,
+        personal=snapshot(ctx.model, ctx.split.personal),
+    )
+
+
+def full_model_spec(ctx: LocalContext) -> TrainSpec:
+    """Local SGD on every parameter, shared and personal, as the config says."""
+    cfg = ctx.config
+    return phase_spec(
+        ctx,
+        ctx.split.shared + ctx.split.personal,
+        epochs=cfg.local_epochs,
+        lr=cfg.lr,
+        max_steps=cfg.max_steps,
     )
 
 
 def train_whole_model(ctx: LocalContext, extra_loss: ExtraLoss | None = None) -> LocalResult:
     """One round of local SGD on the whole model; report the shared delta and keep the rest."""
-    stats = train(
-        ctx.model,
-        ctx.task,
-        ctx.data.train,
-        full_model_spec(ctx),
-        ctx.generator,
-        budget=ctx.budget,
-        extra_loss=extra_loss,
+    return round_result(ctx, train_phase(ctx, full_model_spec(ctx), extra_loss))
+
+
+def finetune_personal(ctx: LocalContext, cfg: PartialConfig) -> None:
+    """Stage c (spec §3.1(c), §2.4): train only the personal part, shared frozen.
+
+    `finetune_epochs` passes at `finetune_lr` (None = gamma_v); 0 epochs leaves the model as is.
+    """
+    spec = phase_spec(
+        ctx, ctx.split.personal, epochs=cfg.finetune_epochs, lr=cfg.finetune_step_size()
     )
-    shared_after = snapshot(ctx.model, ctx.split.shared)
-    return LocalResult(
-        shared_delta=difference(shared_after, ctx.global_shared),
-        num_samples=len(ctx.data.train),
-        train_loss=stats.mean_loss,
-        personal=snapshot(ctx.model, ctx.split.personal),
-    )
+    train_phase(ctx, spec)

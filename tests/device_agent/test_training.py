@@ -97,3 +97,40 @@ def test_minibatches_cover_every_sample_once_per_epoch() -> None:
     assert [len(x) for x in seen] == [4, 4, 2, 4, 4, 2]
     first_epoch = torch.cat(seen[:3])
     assert sorted(first_epoch[:, 0].tolist()) == sorted(data.inputs[:, 0].tolist())
+
+
+def test_per_tensor_learning_rates_scale_one_shared_gradient_step() -> None:
+    # Prepare: one full-batch step; the output layer at 3x the step size of the hidden layer
+    base, grouped = _model(), _model()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    spec = _spec(epochs=1, batch_size=23)
+    # Execute
+    train(base, _Regression(), _data(), spec, torch.Generator())
+    train(
+        grouped,
+        _Regression(),
+        _data(),
+        _spec(
+            epochs=1,
+            batch_size=23,
+            lr_by_name={"output.weight": 0.3, "output.bias": 0.3},
+        ),
+        torch.Generator(),
+    )
+    # Assert: same gradient, so the moves differ by exactly the step-size ratio
+    for name, value in before.items():
+        ratio = 3.0 if name.startswith("output") else 1.0
+        moved = grouped.state_dict()[name] - value
+        torch.testing.assert_close(moved, ratio * (base.state_dict()[name] - value))
+    assert all(p.grad is None for p in grouped.parameters())  # released after the phase
+
+
+def test_learning_rates_for_tensors_that_do_not_train_are_refused() -> None:
+    with pytest.raises(ValueError, match="do not train"):
+        train(
+            _model(),
+            _Regression(),
+            _data(),
+            _spec(trainable=("output.weight",), lr_by_name={"hidden.weight": 0.5}),
+            torch.Generator(),
+        )

@@ -6,20 +6,11 @@ from coordinator.strategies import STRATEGIES, build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from protocols.algorithms import FedAvgConfig, FedProxConfig, LocalConfig
 
+from .random_updates import random_updates
+
 
 def _updates(rng: np.random.Generator, counts: list[int]) -> list[ReceivedUpdate]:
-    return [
-        ReceivedUpdate(
-            device_id=f"dev-{i}",
-            num_samples=count,
-            train_loss=1.0,
-            shared_delta={
-                "hidden.weight": torch.tensor(rng.normal(size=(2, 3)), dtype=torch.float32),
-                "output.bias": torch.tensor(rng.normal(size=(2,)), dtype=torch.float32),
-            },
-        )
-        for i, count in enumerate(counts)
-    ]
+    return random_updates(rng, counts, {"hidden.weight": (2, 3), "output.bias": (2,)})
 
 
 @pytest.mark.parametrize("server_lr", [1.0, 0.5])
