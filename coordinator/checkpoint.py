@@ -45,6 +45,7 @@ class CheckpointRecord(BaseModel):
 
     format_version: int
     round_id: int = Field(ge=0)
+    shared_names: tuple[str, ...]
     tensors_file: str
     strategy_state: dict[str, Any]
     fleet: tuple[CheckpointDevice, ...]
@@ -59,7 +60,7 @@ class Checkpoint:
     """A loaded checkpoint."""
 
     record: CheckpointRecord
-    shared: Tensors
+    model: Tensors
 
 
 def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[str, Any]) -> Path:
@@ -70,11 +71,12 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
     """
     directory.mkdir(parents=True, exist_ok=True)
     tensors_file = f"shared-{coordinator.round_id:06d}.safetensors"
-    blob = save_safetensors({k: v.detach().contiguous() for k, v in coordinator.shared.items()})
+    blob = save_safetensors({k: v.detach().contiguous() for k, v in coordinator.model.items()})
     write_atomically(directory / tensors_file, blob)
     record = CheckpointRecord(
         format_version=CHECKPOINT_FORMAT_VERSION,
         round_id=coordinator.round_id,
+        shared_names=coordinator.shared_names,
         tensors_file=tensors_file,
         strategy_state=dict(coordinator.strategy.state_dict()),
         fleet=tuple(
@@ -113,11 +115,11 @@ def load_checkpoint(directory: Path) -> Checkpoint | None:
             )
             raise StateError(msg)
         record = CheckpointRecord.model_validate(raw)
-        shared = dict(load_safetensors((directory / record.tensors_file).read_bytes()))
+        model = dict(load_safetensors((directory / record.tensors_file).read_bytes()))
     except (OSError, ValueError, ValidationError, SafetensorError) as error:
         msg = f"cannot read the checkpoint in {directory}: {error}"
         raise StateError(msg) from error
-    return Checkpoint(record, shared)
+    return Checkpoint(record, model)
 
 
 def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None:
@@ -127,12 +129,12 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
         StateError: the checkpoint's tensors do not match the task's shared parameters.
     """
     record = checkpoint.record
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in coordinator.shared.items()}
-    found = {k: (tuple(v.shape), v.dtype) for k, v in checkpoint.shared.items()}
-    if expected != found:
-        msg = "the checkpoint's shared tensors do not match this task and algorithm"
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in coordinator.model.items()}
+    found = {k: (tuple(v.shape), v.dtype) for k, v in checkpoint.model.items()}
+    if expected != found or record.shared_names != coordinator.shared_names:
+        msg = "the checkpoint's tensors do not match this task, algorithm and stage"
         raise StateError(msg)
-    coordinator.shared = checkpoint.shared
+    coordinator.model = dict(checkpoint.model)
     coordinator.round_id = record.round_id
     coordinator.bytes_up, coordinator.bytes_down = record.bytes_up, record.bytes_down
     coordinator.strategy.load_state_dict(record.strategy_state)

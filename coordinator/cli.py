@@ -15,11 +15,14 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.export_command import FleetExport, request_exports
 from coordinator.rounds import RoundRecord
 from coordinator.serve import ServeResult, run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from coordinator.status import collect_fleet_view
+from device_agent.exporting import ExportRequest
+from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
 from protocols.program_settings import BrokerAccess
 
@@ -31,6 +34,15 @@ console = Console(stderr=True)
 ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", help="TOML file with any setting (flags and PFL_* variables win)"),
+]
+
+PresetOption = Annotated[
+    str | None,
+    typer.Option(help="personal part by preset: output, input, split-input, adapters, all, none"),
+]
+PretrainOption = Annotated[
+    int | None,
+    typer.Option(help="FedAvg rounds first; personal parts then warm-start from them [default: 0]"),
 ]
 
 
@@ -52,7 +64,7 @@ def simulate(
         ),
     ] = None,
     algorithm: Annotated[
-        str | None, typer.Option(help="local, fedavg, fedavg-ft, fedprox [default: fedavg]")
+        str | None, typer.Option(help=f"{', '.join(algorithm_names())} [default: fedavg]")
     ] = None,
     devices: Annotated[int | None, typer.Option(help="virtual devices [default: 20]")] = None,
     rounds: Annotated[int | None, typer.Option(help="training rounds [default: 10]")] = None,
@@ -91,6 +103,19 @@ def simulate(
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt [default: inprocess]")
     ] = None,
+    personal_preset: PresetOption = None,
+    pretrain_rounds: PretrainOption = None,
+    stateless: Annotated[
+        bool | None,
+        typer.Option("--stateless", help="devices rebuild personal parts every round"),
+    ] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="with --transport mqtt: mqtt:// URL (default: embedded)")
+    ] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option(help="after the final evaluation, export every device's ONNX model here"),
+    ] = None,
     config: ConfigOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
 ) -> None:
@@ -116,8 +141,13 @@ def simulate(
             alpha=alpha,
             labels_per_device=labels_per_device,
             personal=personal,
+            personal_preset=personal_preset,
+            pretrain_rounds=pretrain_rounds,
+            stateless=stateless,
+            broker=broker,
             eval_every=eval_every,
             transport=transport,
+            export_dir=export_dir,
         )
         result = _run_with_progress(
             settings, lambda advance: run_simulation(settings, on_round=advance)
@@ -166,6 +196,12 @@ def _print_summary(result: SimulationResult | ServeResult) -> None:
     table.add_row("bytes up", f"{summary['bytes_up']:,}")
     table.add_row("bytes down", f"{summary['bytes_down']:,}")
     table.add_row("wall seconds", f"{summary['wall_seconds']:.2f}")
+    if summary.get("export"):
+        exported = summary["export"]
+        table.add_row(
+            "exported",
+            f"{exported['ok']} ok, {exported['failed']} failed, {exported['total_bytes']:,} bytes",
+        )
     Console().print(table)
     if summary.get("rejected_messages"):
         console.print(
@@ -206,6 +242,8 @@ def serve(
     personal: Annotated[
         list[str] | None, typer.Option(help="personal parameter pattern, repeatable")
     ] = None,
+    personal_preset: PresetOption = None,
+    pretrain_rounds: PretrainOption = None,
     eval_every: Annotated[
         int | None, typer.Option(help="evaluate every N rounds (default: 0)")
     ] = None,
@@ -325,6 +363,87 @@ def status(
             row["detail"],
         )
     Console().print(table)
+
+
+@app.command()
+def export(
+    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(help="directory on each device for <device>.onnx (default: its state dir)"),
+    ] = None,
+    quantize: Annotated[
+        str | None, typer.Option(help="int8: also write <device>.int8.onnx")
+    ] = None,
+    guard: Annotated[
+        bool, typer.Option("--guard", help="ship the global model where it validates better")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the devices")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+) -> None:
+    """Ask every device to export its personalized model to ONNX; exit 1 if any failed."""
+    configure_logging(verbose)
+    try:
+        access = BrokerAccess(
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            tls_insecure=bool(tls_insecure),
+        )
+        request = ExportRequest.from_arguments(
+            {
+                "out_dir": "" if out_dir is None else str(out_dir),
+                "quantize": quantize or "",
+                "guard": "true" if guard else "false",
+            }
+        )
+        result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
+    except (PflError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True))
+    else:
+        _print_exports(fleet, result)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def _print_exports(fleet: str, result: FleetExport) -> None:
+    answered = sum(1 for row in result.rows() if row["answered"])
+    table = Table(title=f"fleet {fleet}: {answered} export report(s)")
+    for column in ("device", "ok", "file", "size", "sha256", "parity", "metric", "chosen"):
+        table.add_column(column, justify="right" if column in ("size", "parity") else "left")
+    failures = []
+    for row in result.rows():
+        if not row["ok"]:
+            table.add_row(row["device"], "[red]no[/red]", *["-"] * 6)
+            failures.append(f"[red]{row['device']}:[/red] {row['error']}")
+            continue
+        metric = row["metric"]
+        table.add_row(
+            row["device"],
+            "yes",
+            row["path"],
+            f"{row['size_bytes']:,}",
+            row["sha256"][:12],
+            f"{row['parity_max_abs_diff']:.2g}",
+            "-" if metric is None else f"{metric:.4f}",
+            row["chosen"] or "-",
+        )
+    Console().print(table)
+    for line in failures:
+        console.print(line)
 
 
 @app.callback()

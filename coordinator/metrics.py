@@ -51,6 +51,25 @@ def summarize_evaluations(reports: Sequence[EvaluationReport]) -> dict[str, floa
     }
 
 
+def personalization_effect(reports: Sequence[EvaluationReport]) -> dict[str, float | int] | None:
+    """Per device, did the personalized model beat the non-personalized one on its test split?
+
+    The partial-personalization paper finds personalization hurts some devices (spec §6.6);
+    this counts them. None when the algorithm has no non-personalized model to compare with.
+    """
+    pairs = [(r.personalized, r.global_model) for r in reports if r.global_model is not None]
+    if not pairs:
+        return None
+    higher_is_better = reports[0].metric_name == "accuracy"
+    gains = [(p - g) if higher_is_better else (g - p) for p, g in pairs]
+    return {
+        "devices": len(gains),
+        "helped": sum(1 for gain in gains if gain > 0),
+        "hurt": sum(1 for gain in gains if gain < 0),
+        "mean_gain": sum(gains) / len(gains),
+    }
+
+
 class RunRecorder:
     """Writes `metrics.jsonl` (one line per round) and `summary.json` into a run directory."""
 
@@ -66,6 +85,16 @@ class RunRecorder:
             return
         with (self.out_dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def write_devices(self, reports: Sequence[EvaluationReport]) -> None:
+        """Write each device's final evaluation (`devices.jsonl`), for per-device analysis."""
+        if self.out_dir is None:
+            return
+        lines = [
+            report.model_dump_json(exclude={"protocol_version", "sent_at", "kind"})
+            for report in reports
+        ]
+        (self.out_dir / "devices.jsonl").write_text("".join(line + "\n" for line in lines))
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         """Write the run's summary."""

@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -122,18 +122,27 @@ def coordinator_will(fleet: str) -> Will:
 
 
 class Coordinator:
-    """Drives rounds over any transport."""
+    """Drives rounds over any transport.
+
+    It holds the whole model: the shared tensors it aggregates, and the initial values of the
+    personal ones (the task's initialization, or the pretrained model's part), which it broadcasts
+    with the shared ones so a new or stateless device can start its personal part from them.
+    That initialization is global, not personal: sending it leaks nothing (spec
+    partial-personalization.md §3.3).
+    """
 
     def __init__(
         self,
         transport: Transport,
         strategy: Strategy,
-        shared: Tensors,
+        model: Tensors,
         settings: EngineSettings,
+        shared_names: Sequence[str] | None = None,
     ) -> None:
         self.transport = transport
         self.strategy = strategy
-        self.shared = shared
+        self.model = dict(model)
+        self.shared_names = tuple(model) if shared_names is None else tuple(shared_names)
         self.settings = settings
         self.registry = FleetRegistry()
         self.rng = np.random.default_rng(settings.seed)
@@ -144,9 +153,28 @@ class Coordinator:
         self._model_sha = ""
         self._state = "online"
         self._announcement: bytes | None = None
-        self._specs = describe_tensors(shared)
+        self._specs = describe_tensors(self.shared)
         self._train: _Collector[ReceivedUpdate] | None = None
         self._evaluation: _Collector[EvaluationReport] | None = None
+
+    @property
+    def shared(self) -> Tensors:
+        """The tensors devices train together and the coordinator aggregates."""
+        return {name: self.model[name] for name in self.shared_names}
+
+    @shared.setter
+    def shared(self, tensors: Tensors) -> None:
+        self.model.update(tensors)
+
+    def switch_strategy(self, strategy: Strategy, shared_names: Sequence[str]) -> None:
+        """Move to the next stage of a pipeline (e.g. FedAvg pretraining, then FedAlt).
+
+        The tensors that become personal keep their current values as every device's personal
+        starting point: the warm start of spec partial-personalization.md §3.1(b).
+        """
+        self.strategy = strategy
+        self.shared_names = tuple(shared_names)
+        self._specs = describe_tensors(self.shared)
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -197,8 +225,8 @@ class Coordinator:
         )
 
     def publish_model(self) -> None:
-        """Retain the current shared model so devices (and late joiners) hold it."""
-        manifest, blob = pack_tensors(self.shared)
+        """Retain the current model so devices (and late joiners) hold it."""
+        manifest, blob = pack_tensors(self.model)
         self._model_sha = manifest.sha256
         frame = encode_frame(SharedModel(round_id=self.round_id, manifest=manifest), blob)
         self._broadcast(topics.shared_model(self.settings.fleet), frame, retain=True)

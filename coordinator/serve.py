@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
-from coordinator.metrics import RunRecorder
+from coordinator.metrics import RunRecorder, personalization_effect
+from coordinator.pipeline import Stages, build_coordinator, drive_rounds, plan_stages
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
-from coordinator.strategies import build_strategy
 from coordinator.strategies.base import Tensors
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
 from tasks.registry import load_task
-from tasks.split import resolve_split
 
 logger = logging.getLogger(__name__)
 RoundCallback = Callable[[RoundRecord], None]
@@ -39,6 +38,8 @@ _SAME_RUN_KEYS: Final = (
     "batch_size",
     "lr",
     "personal",
+    "personal_preset",
+    "pretrain_rounds",
 )
 
 
@@ -66,11 +67,9 @@ def run_serve(
     """
     say = notify or (lambda text: None)
     task = load_task(settings.task, settings.task_options)
-    config = settings.algorithm_config()
     workspace = task.build_model(settings.seed)
-    state = workspace.state_dict()
-    split = resolve_split(workspace, task.personal_patterns, config)
-    shared = {name: state[name].detach().clone() for name in split.shared}
+    stages = plan_stages(settings, task, workspace)
+    config = stages.final.config
     embedded: EmbeddedBroker | None = None
     url = settings.broker
     if url is None:
@@ -89,18 +88,16 @@ def run_serve(
         engine = EngineSettings(
             fleet=settings.fleet,
             task=task.name,
-            rounds=settings.rounds,
+            rounds=stages.total_rounds,
             round_timeout_s=settings.round_timeout,
             quorum=settings.quorum,
             eval_every=settings.eval_every,
             seed=settings.seed,
         )
-        coordinator = Coordinator(
-            transport, build_strategy(config, settings.participation), shared, engine
-        )
+        coordinator = build_coordinator(lambda: transport, stages, workspace, engine)
         transport.on_reconnect = coordinator.republish
         try:
-            result = _serve(coordinator, settings, on_round, say)
+            result = _serve(coordinator, stages, settings, on_round, say)
         finally:
             transport.close()
     finally:
@@ -116,36 +113,39 @@ def run_serve(
 
 
 def _serve(
-    coordinator: Coordinator, settings: ServeSettings, on_round: RoundCallback | None, say: Notify
+    coordinator: Coordinator,
+    stages: Stages,
+    settings: ServeSettings,
+    on_round: RoundCallback | None,
+    say: Notify,
 ) -> ServeResult:
     started = time.perf_counter()
     run_settings = settings.model_dump(mode="json", exclude={"password"})
-    kept_lines = _resume(coordinator, settings, run_settings, say)
+    kept_lines = _resume(coordinator, stages, settings, run_settings, say)
     recorder = RunRecorder(settings.out)
     for line in kept_lines:
         recorder.record_round(json.loads(line))
     result = ServeResult(summary={})
     coordinator.start()
     _wait_for_fleet(coordinator, settings, say)
-    while coordinator.round_id < settings.rounds:
+
+    def run_round() -> RoundRecord:
         coordinator.publish_status("running")
-        record = _run_round_with_retries(coordinator, settings, say)
-        round_id = record.round_id
-        if (
-            settings.eval_every
-            and round_id % settings.eval_every == 0
-            and round_id < settings.rounds
-        ):
-            _, record.evaluation = coordinator.evaluate()
-        if round_id == settings.rounds:
-            result.reports, record.evaluation = coordinator.evaluate(final=True)
+        return _run_round_with_retries(coordinator, settings, say)
+
+    def after_round(record: RoundRecord) -> None:
         recorder.record_round(record.as_json())
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
-        result.records.append(record)
         if on_round is not None:
             on_round(record)
-    if not result.records:  # resumed after the last round: only the final evaluation is left
-        result.reports, _ = coordinator.evaluate(final=True)
+
+    result.records, result.reports = drive_rounds(
+        coordinator,
+        stages,
+        eval_every=settings.eval_every,
+        run_round=run_round,
+        after_round=after_round,
+    )
     coordinator.publish_status("finished")
     result.final_shared = coordinator.shared
     metrics = result.records[-1].evaluation if result.records else None
@@ -153,20 +153,27 @@ def _serve(
         "algorithm": coordinator.strategy.name,
         "task": coordinator.settings.task,
         "devices": len(coordinator.registry.records()),
-        "rounds": settings.rounds,
+        "rounds": stages.total_rounds,
+        "pretrain_rounds": settings.pretrain_rounds,
         "seed": settings.seed,
         "participation": settings.participation,
         "metrics": metrics,
+        "personalization": personalization_effect(result.reports),
         "wall_seconds": time.perf_counter() - started,
         "bytes_up": coordinator.bytes_up,
         "bytes_down": coordinator.bytes_down,
         "rejected_messages": coordinator.rejected,
     }
+    recorder.write_devices(result.reports)
     return result
 
 
 def _resume(
-    coordinator: Coordinator, settings: ServeSettings, run_settings: dict[str, Any], say: Notify
+    coordinator: Coordinator,
+    stages: Stages,
+    settings: ServeSettings,
+    run_settings: dict[str, Any],
+    say: Notify,
 ) -> list[str]:
     """Restore the last checkpoint if asked; return the metrics lines of the rounds it covers."""
     if not settings.resume:
@@ -183,6 +190,7 @@ def _resume(
             f"(different {', '.join(differing)}); use another --checkpoint-dir or the same flags"
         )
         raise ValueError(msg)
+    stages.enter(coordinator, max(1, checkpoint.record.round_id))
     restore_checkpoint(coordinator, checkpoint)
     say(f"resumed after round {coordinator.round_id} from {settings.checkpoint_dir}")
     return _metrics_up_to(settings.out, coordinator.round_id)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.program_settings import BrokerAccess, TomlSettings
 from tasks.base import PartitionSpec
 
@@ -29,6 +29,12 @@ class RunSettings(TomlSettings):
     batch_size: int | None = Field(None, ge=1, description="minibatch size (algorithm default)")
     lr: float | None = Field(None, gt=0, description="local learning rate (algorithm default)")
     personal: list[str] | None = Field(None, description="personal parameter patterns")
+    personal_preset: PersonalPreset | None = Field(
+        None, description="personal part by the paper's presets (output, input, adapters, ...)"
+    )
+    pretrain_rounds: int = Field(
+        0, ge=0, description="FedAvg rounds before the algorithm; personal parts warm-start"
+    )
     eval_every: int = Field(0, ge=0, description="evaluate every N rounds (0: at the end only)")
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
@@ -46,6 +52,7 @@ class RunSettings(TomlSettings):
             "batch_size": self.batch_size,
             "lr": self.lr,
             "personal": tuple(self.personal) if self.personal is not None else None,
+            "personal_preset": self.personal_preset,
         }
         values: dict[str, Any] = {key: value for key, value in common.items() if value is not None}
         values.update(self.algorithm_options)
@@ -59,8 +66,12 @@ class SimulationSettings(RunSettings):
     partition: Literal["iid", "dirichlet", "shards", "powerlaw"] = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
     labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
+    stateless: bool = Field(False, description="devices keep no personal state between rounds")
     transport: Literal["inprocess", "mqtt"] = "inprocess"
     broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
+    export_dir: Path | None = Field(
+        None, description="after the final evaluation, export every device's model here"
+    )
 
     def partition_spec(self) -> PartitionSpec:
         """How the task's data is split across the virtual devices."""

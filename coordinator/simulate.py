@@ -14,13 +14,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.metrics import RunRecorder
-from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.metrics import RunRecorder, personalization_effect
+from coordinator.pipeline import build_coordinator, drive_rounds, plan_stages
+from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from coordinator.strategies import build_strategy
 from coordinator.strategies.base import Tensors
 from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
+from device_agent.exporting import export_fleet
 from device_agent.state_store import MemoryStateStore
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
@@ -30,7 +31,6 @@ from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tasks.registry import load_task
-from tasks.split import resolve_split
 
 logger = logging.getLogger(__name__)
 RoundCallback = Callable[[RoundRecord], None]
@@ -105,28 +105,23 @@ def _run(
 ) -> SimulationResult:
     started = time.perf_counter()
     task = load_task(settings.task, settings.task_options)
-    config = settings.algorithm_config()
     fleet_data = task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
     workspace = task.build_model(settings.seed)
     initial_state = {name: value.detach().clone() for name, value in workspace.state_dict().items()}
-    split = resolve_split(workspace, task.personal_patterns, config)
-    shared = {name: initial_state[name] for name in split.shared}
-
+    stages = plan_stages(settings, task, workspace)
+    engine = EngineSettings(
+        fleet=settings.fleet,
+        task=task.name,
+        rounds=stages.total_rounds,
+        eval_every=settings.eval_every,
+        seed=settings.seed,
+    )
+    coordinator = build_coordinator(
+        lambda: connect("coordinator", coordinator_will(settings.fleet)), stages, workspace, engine
+    )
     # Over MQTT every device handles messages on its own thread: each needs its own workspace.
     threaded = settings.transport != "inprocess"
     result = SimulationResult(summary={})
-    coordinator = Coordinator(
-        connect("coordinator", coordinator_will(settings.fleet)),
-        build_strategy(config, settings.participation),
-        shared,
-        EngineSettings(
-            fleet=settings.fleet,
-            task=task.name,
-            rounds=settings.rounds,
-            eval_every=settings.eval_every,
-            seed=settings.seed,
-        ),
-    )
     capabilities = probe_capabilities()
     model_cache = DecodedModelCache()
     for index, data in enumerate(fleet_data):
@@ -141,6 +136,7 @@ def _run(
             store=MemoryStateStore(),
             workspace=task.build_model(settings.seed) if threaded else workspace,
             initial_state=initial_state,
+            stateful=not settings.stateless,
             capabilities=capabilities,
             model_cache=DecodedModelCache() if threaded else model_cache,
         )
@@ -152,45 +148,49 @@ def _run(
         raise RoundError(msg)
 
     recorder = RunRecorder(settings.out)
-    for round_index in range(1, settings.rounds + 1):
-        sent_before, received_before = result.device_bytes()
-        record = coordinator.run_round()
-        if (
-            settings.eval_every
-            and round_index % settings.eval_every == 0
-            and round_index < settings.rounds
-        ):
-            _, record.evaluation = coordinator.evaluate()
-        if round_index == settings.rounds:
-            result.reports, record.evaluation = coordinator.evaluate(final=True)
-        sent_after, received_after = result.device_bytes()
-        record.bytes_up, record.bytes_down = (
-            sent_after - sent_before,
-            received_after - received_before,
-        )
+    moved = [result.device_bytes()]
+
+    def after_round(record: RoundRecord) -> None:
+        (sent_before, received_before), (sent, received) = moved[-1], result.device_bytes()
+        record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
+        moved.append((sent, received))
         recorder.record_round(record.as_json())
-        result.records.append(record)
         if on_round is not None:
             on_round(record)
+
+    result.records, result.reports = drive_rounds(
+        coordinator,
+        stages,
+        eval_every=settings.eval_every,
+        run_round=coordinator.run_round,
+        after_round=after_round,
+    )
     coordinator.publish_status("finished")
     result.final_shared = coordinator.shared
     bytes_up, bytes_down = result.device_bytes()
+    config = stages.final.config
     result.summary = {
         "algorithm": config.name,
         "task": task.name,
         "devices": settings.devices,
-        "rounds": settings.rounds,
+        "rounds": stages.total_rounds,
+        "pretrain_rounds": settings.pretrain_rounds,
+        "stateless": settings.stateless,
         "seed": settings.seed,
         "participation": settings.participation,
         "partition": settings.partition,
         "alpha": settings.alpha,
         "metric_name": task.metric_name,
         "metrics": result.records[-1].evaluation,
+        "personalization": personalization_effect(result.reports),
         "wall_seconds": time.perf_counter() - started,
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
         "rejected_messages": coordinator.rejected,
         "config": config.model_dump(mode="json"),
     }
+    if settings.export_dir is not None:  # every device's personalized model, verified
+        result.summary["export"] = export_fleet(result.agents, settings.export_dir)
+    recorder.write_devices(result.reports)
     recorder.write_summary(result.summary)
     return result

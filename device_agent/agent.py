@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,6 +19,8 @@ from torch import nn
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
+from device_agent.exporting import answer_export_command, export_device_model
+from device_agent.received import ReceivedFrames
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, Tensors, evaluate, require_finite
 from protocols import topics
@@ -29,7 +32,7 @@ from protocols.codec import (
     pack_tensors,
     unpack_tensors,
 )
-from protocols.errors import PflError, ProtocolError
+from protocols.errors import PflError, ProtocolError, StateError
 from protocols.messages import (
     AnyMessage,
     Capabilities,
@@ -38,6 +41,7 @@ from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
+    ExportReport,
     MemoryPlan,
     RoundAnnouncement,
     SharedModel,
@@ -156,6 +160,8 @@ class DeviceAgent:
         self._answered: set[tuple[int, str, float]] = set()
         self._reply: tuple[tuple[int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self._plans: dict[tuple[str, str], _Plan] = {}
+        self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
+        self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
 
     def start(self) -> None:
         """Subscribe to the fleet's topics, then say hello."""
@@ -209,6 +215,7 @@ class DeviceAgent:
             msg = f"expected a shared model, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
         self._model = _ReceivedModel(message, blob)
+        self.received.remember_model(message, payload)
         self._serve_pending()
 
     def _on_round(self, topic: str, payload: bytes) -> None:
@@ -216,6 +223,8 @@ class DeviceAgent:
         if not isinstance(message, RoundAnnouncement):
             msg = f"expected a round announcement, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
+        self.last_announcement = message
+        self.received.remember_round(message, payload)
         if (
             message.addresses(self.device_id)
             and (message.round_id, message.phase, message.sent_at) not in self._answered
@@ -233,6 +242,8 @@ class DeviceAgent:
         elif message.action == "reset-state":
             self.store.clear()
             logger.info("device %s: personal state cleared on request", self.device_id)
+        elif message.action == "export":
+            self._publish("export-report", encode_frame(answer_export_command(self, message)))
 
     def _serve_pending(self) -> None:
         announcement, model = self._pending, self._model
@@ -263,6 +274,45 @@ class DeviceAgent:
             )
             self.publish_status("online", round_id=announcement.round_id, detail=str(error))
 
+    # -- export (device_agent/exporting.py) --------------------------------------------------
+
+    def export(
+        self, out_path: Path, *, quantize: str | None = None, guard: bool = False
+    ) -> ExportReport:
+        """Write this device's personalized model to `out_path` as a verified ONNX file.
+
+        Failures (no round seen yet, personal state for another architecture, a failed parity
+        check) come back as ok=False with the error, so a command is always answered.
+        """
+        return export_device_model(self, Path(out_path), quantize=quantize, guard=guard)
+
+    def export_context(self) -> tuple[int, LocalUpdate, LocalContext]:
+        """The latest shared model's round, and the context of the latest round with it loaded.
+
+        Raises:
+            StateError: no round announcement or shared model received yet.
+            PflError: the personal state does not fit (StateError) or the model is malformed.
+        """
+        announcement, model = self.last_announcement, self._model
+        if announcement is None or model is None:
+            msg = "no round seen yet: a device exports after it has received a round and a model"
+            raise StateError(msg, device_id=self.device_id)
+        update, ctx = self._context(announcement, model)
+        return model.header.round_id, update, ctx
+
+    def latest_round_id(self) -> int:
+        """The round of the latest shared model received (0 before any)."""
+        return 0 if self._model is None else self._model.header.round_id
+
+    def load_received(self, model_frame: bytes, announcement: RoundAnnouncement) -> None:
+        """Take a kept shared-model frame and round as received, without training (offline)."""
+        message, blob = decode_frame(model_frame)
+        if not isinstance(message, SharedModel):
+            msg = f"expected a shared model, got {message.kind}"
+            raise ProtocolError(msg)
+        self._model = _ReceivedModel(message, blob)
+        self.last_announcement = announcement
+
     # -- work -------------------------------------------------------------------------------
 
     def _plan(self, announcement: RoundAnnouncement) -> _Plan:
@@ -276,7 +326,8 @@ class DeviceAgent:
             except ValueError as error:
                 raise ProtocolError(str(error), round_id=announcement.round_id) from None
             split = resolve_split(self.workspace, self.task.personal_patterns, config)
-            expected = describe_tensors({n: self.initial_state[n] for n in split.shared})
+            # the coordinator sends the whole model: shared tensors and personal starting points
+            expected = describe_tensors(self.initial_state)
             plan = _Plan(config, update, split, expected, self._fingerprint(split))
             self._plans = {key: plan}
         return plan
@@ -288,8 +339,10 @@ class DeviceAgent:
         config, update, split = plan.config, plan.update, plan.split
         if model.decoded is None:
             model.decoded = self.model_cache.decode(model, plan.expected)
-        personal = self._load_personal(plan)
-        self._slots.load(model.decoded)
+        received = model.decoded
+        global_shared = {name: received[name] for name in split.shared}
+        personal = self._load_personal(plan, received)
+        self._slots.load(global_shared)
         self._slots.load(personal)
         generator = torch.Generator().manual_seed(
             derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
@@ -301,7 +354,7 @@ class DeviceAgent:
             data=self.data,
             split=split,
             config=config,
-            global_shared=model.decoded,
+            global_shared=global_shared,
             personal=personal,
             generator=generator,
             budget=self.budget,
@@ -315,11 +368,12 @@ class DeviceAgent:
         )
         return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
 
-    def _load_personal(self, plan: _Plan) -> Tensors:
+    def _load_personal(self, plan: _Plan, received: Tensors) -> Tensors:
+        """Stored personal state, else the coordinator's starting point (always, if stateless)."""
         stored = self.store.load(plan.fingerprint) if self.stateful else None
         if stored is not None:
             return stored
-        return {name: self.initial_state[name] for name in plan.split.personal}
+        return {name: received[name] for name in plan.split.personal}
 
     def _train(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
         update, ctx = self._context(announcement, model)
@@ -345,8 +399,9 @@ class DeviceAgent:
         update.personalize(ctx)
         personalized = evaluate(ctx.model, self.task, self.data.test)
         global_metric = None
-        if not ctx.split.personal:
-            self._slots.load(ctx.global_shared)
+        if ctx.split.shared:  # the non-personalized model: shared + personal starting points
+            if model.decoded is not None:
+                self._slots.load(model.decoded)
             global_metric = evaluate(self.workspace, self.task, self.data.test)
         report = EvaluationReport(
             round_id=announcement.round_id,

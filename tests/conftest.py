@@ -11,9 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.broker import free_port as _free_port
+
+# The suite's models are tiny and agent processes run beside it: one intra-op thread avoids
+# OpenMP threads spinning against each other on a 2-core machine (tens of times slower).
+torch.set_num_threads(1)
 
 HOST = "127.0.0.1"
 MOSQUITTO_CANDIDATES = ("/usr/sbin/mosquitto",)

@@ -1,0 +1,133 @@
+"""A run's stages and its round loop, shared by `simulate` and `serve`.
+
+A run may start with non-personalized FedAvg pretraining (`--pretrain-rounds`), after which the
+chosen algorithm takes over with its personal parameters warm-started from the pretrained model,
+as the partial-personalization spec's pipeline does (§3.1 a-b; stage c, the final personal
+fine-tuning, happens on the devices when they evaluate or export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from coordinator.rounds import Coordinator, RoundRecord
+from coordinator.settings import RunSettings
+from coordinator.strategies import build_strategy
+from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.messages import EvaluationReport
+from tasks.base import Task
+from tasks.split import resolve_split
+
+_COMMON_FIELDS = ("local_epochs", "batch_size", "lr", "max_steps", "momentum", "weight_decay")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Rounds up to `last_round` train with `config`, sharing `shared_names`."""
+
+    config: AlgorithmConfig
+    shared_names: tuple[str, ...]
+    last_round: int
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The run's stages in order, and the participation every stage samples with."""
+
+    stages: tuple[Stage, ...]
+    participation: float
+
+    @property
+    def total_rounds(self) -> int:
+        """Rounds over all stages."""
+        return self.stages[-1].last_round
+
+    @property
+    def final(self) -> Stage:
+        """The stage whose model the devices finally personalize and deploy."""
+        return self.stages[-1]
+
+    def at(self, round_id: int) -> Stage:
+        """The stage round `round_id` (1-based) belongs to."""
+        for stage in self.stages:
+            if round_id <= stage.last_round:
+                return stage
+        return self.final
+
+    def enter(self, coordinator: Coordinator, round_id: int) -> None:
+        """Make sure the coordinator runs round `round_id` with its stage's strategy."""
+        stage = self.at(round_id)
+        if coordinator.strategy.config != stage.config:
+            strategy = build_strategy(stage.config, self.participation)
+            coordinator.switch_strategy(strategy, stage.shared_names)
+
+
+def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
+    """Pretraining (if asked) then the chosen algorithm.
+
+    Raises:
+        ValueError: an unknown algorithm or invalid hyperparameters.
+    """
+    config = settings.algorithm_config()
+    split = resolve_split(model, task.personal_patterns, config)
+    stages = []
+    if settings.pretrain_rounds:
+        common = {key: getattr(config, key) for key in _COMMON_FIELDS}
+        pretrain = parse_algorithm_config("fedavg", common)
+        stages.append(Stage(pretrain, tuple(model.state_dict()), settings.pretrain_rounds))
+    stages.append(Stage(config, split.shared, settings.pretrain_rounds + settings.rounds))
+    return Stages(tuple(stages), settings.participation)
+
+
+def build_coordinator(
+    connect_coordinator: Callable[[], Any],
+    stages: Stages,
+    model: nn.Module,
+    engine_settings: Any,
+) -> Coordinator:
+    """A coordinator holding `model`'s initial tensors, set up for the first stage."""
+    first = stages.stages[0]
+    tensors = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    return Coordinator(
+        connect_coordinator(),
+        build_strategy(first.config, stages.participation),
+        tensors,
+        engine_settings,
+        shared_names=first.shared_names,
+    )
+
+
+def drive_rounds(
+    coordinator: Coordinator,
+    stages: Stages,
+    *,
+    eval_every: int,
+    run_round: Callable[[], RoundRecord],
+    after_round: Callable[[RoundRecord], None],
+) -> tuple[list[RoundRecord], list[EvaluationReport]]:
+    """Run the remaining rounds of every stage with periodic and final evaluation.
+
+    `run_round` runs one training round (a caller may add retries); `after_round` sees each
+    finished record (metrics, checkpoints, progress).
+    """
+    records: list[RoundRecord] = []
+    reports: list[EvaluationReport] = []
+    total = stages.total_rounds
+    while coordinator.round_id < total:
+        stages.enter(coordinator, coordinator.round_id + 1)
+        record = run_round()
+        round_id = record.round_id
+        if eval_every and round_id % eval_every == 0 and round_id < total:
+            _, record.evaluation = coordinator.evaluate()
+        if round_id == total:
+            reports, record.evaluation = coordinator.evaluate(final=True)
+        after_round(record)
+        records.append(record)
+    if not records:  # resumed after the last round: only the final evaluation is left
+        stages.enter(coordinator, total)
+        reports, _ = coordinator.evaluate(final=True)
+    return records, reports
