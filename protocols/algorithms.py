@@ -116,12 +116,13 @@ class PartialConfig(FedAvgConfig):
 class FedAltConfig(PartialConfig):
     """FedAlt (spec §1.3): tau_v personal steps with shared frozen, then tau_u shared steps.
 
-    tau_v is `personal_epochs` passes (0 skips the personal phase), capped at
-    `personal_max_steps`; tau_u is `local_epochs`, capped at `max_steps`.
+    tau_v is `personal_epochs` passes (None = `local_epochs`, as the paper's one epoch each; 0
+    skips the personal phase), capped at `personal_max_steps`; tau_u is `local_epochs`, capped
+    at `max_steps`.
     """
 
     name: ClassVar[str] = "fedalt"
-    personal_epochs: Annotated[int, Field(ge=0)] = 1
+    personal_epochs: Annotated[int, Field(ge=0)] | None = None
     personal_max_steps: Annotated[int, Field(ge=1)] | None = None
 
 

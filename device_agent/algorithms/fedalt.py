@@ -35,7 +35,7 @@ class FedAltUpdate:
         personal_phase = phase_spec(
             ctx,
             ctx.split.personal,
-            epochs=cfg.personal_epochs,
+            epochs=cfg.local_epochs if cfg.personal_epochs is None else cfg.personal_epochs,
             lr=cfg.personal_step_size(),
             max_steps=cfg.personal_max_steps,
         )
