@@ -20,6 +20,7 @@ from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import answer_export_command, export_device_model
+from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
 from device_agent.received import ReceivedFrames
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, Tensors, evaluate, require_finite
@@ -32,7 +33,7 @@ from protocols.codec import (
     pack_tensors,
     unpack_tensors,
 )
-from protocols.errors import PflError, ProtocolError, StateError
+from protocols.errors import MemoryBudgetError, PflError, ProtocolError, StateError
 from protocols.messages import (
     AnyMessage,
     Capabilities,
@@ -138,6 +139,7 @@ class DeviceAgent:
         memory_plan: MemoryPlan | None = None,
         capabilities: Capabilities | None = None,
         model_cache: DecodedModelCache | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.device_id = device_id
         self.fleet = fleet
@@ -154,6 +156,10 @@ class DeviceAgent:
         self.memory_plan = memory_plan
         self.capabilities = capabilities
         self.model_cache = model_cache or DecodedModelCache()
+        self.memory_budget_bytes = memory_budget_bytes
+        self._memory: MemoryModel | None = None
+        if memory_budget_bytes is not None:
+            self._plan_memory_at_start(memory_budget_bytes)
         self.last_loss: float | None = None
         self._model: _ReceivedModel | None = None
         self._pending: RoundAnnouncement | None = None
@@ -162,6 +168,34 @@ class DeviceAgent:
         self._plans: dict[tuple[str, str], _Plan] = {}
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
+
+    def _plan_memory_at_start(self, budget_bytes: int) -> None:
+        """Measure once, then plan plain training at the default batch for the hello.
+
+        A budget too small for a micro-batch of one is logged now and refused at each round.
+        """
+        everything_shared = ParamSplit.for_model(self.workspace, ())
+        self._memory = memory_model(self.workspace, self.task, self.data.train, everything_shared)
+        try:
+            self.memory_plan = plan_training(
+                self._memory, budget_bytes, AlgorithmConfig.model_fields["batch_size"].default
+            )
+        except MemoryBudgetError as error:
+            logger.error("device %s: %s", self.device_id, error)
+
+    def _step_budget(self, plan: _Plan) -> StepBudget:
+        """The micro-batch this round's split and batch size allow under the memory budget.
+
+        Raises:
+            MemoryBudgetError: not even a micro-batch of one fits; the round is refused.
+        """
+        if self._memory is None or self.memory_budget_bytes is None:
+            return self.budget
+        terms = for_split(
+            self._memory, self.workspace, plan.split, momentum=plan.config.momentum > 0
+        )
+        memory_plan = plan_training(terms, self.memory_budget_bytes, plan.config.batch_size)
+        return StepBudget(memory_plan.micro_batch_size)
 
     def start(self) -> None:
         """Subscribe to the fleet's topics, then say hello."""
@@ -357,7 +391,7 @@ class DeviceAgent:
             global_shared=global_shared,
             personal=personal,
             generator=generator,
-            budget=self.budget,
+            budget=self._step_budget(plan),
             assignment=dict(scalars.scalars) if scalars is not None else {},
         )
         return update, context

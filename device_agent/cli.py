@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+from device_agent.offline_export import export_offline, recorded_device_id
 from device_agent.runner import run_agent
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
@@ -52,6 +53,10 @@ def start(
     stateless: Annotated[
         bool | None, typer.Option("--stateless", help="keep no personal state")
     ] = None,
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(help="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"),
+    ] = None,
     username: Annotated[str | None, typer.Option(help="broker user name")] = None,
     password: Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")] = None,
     ca_file: Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")] = None,
@@ -90,6 +95,81 @@ def reset_state(
     """Delete this device's personal state (it starts from the task's initialization next round)."""
     DiskStateStore(state_dir).clear()
     console.print(f"personal state in {state_dir} cleared")
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option(help="where to write the ONNX file, e.g. model.onnx")],
+    state_dir: Annotated[
+        Path | None, typer.Option(help="the agent's state directory (default: ./pfl-agent-state)")
+    ] = None,
+    quantize: Annotated[
+        str | None, typer.Option(help="int8: also write <out>.int8.onnx beside it")
+    ] = None,
+    guard: Annotated[
+        bool, typer.Option("--guard", help="ship the global model where it validates better")
+    ] = False,
+    device_id: Annotated[
+        str | None, typer.Option(help="this device's id (default: the one the agent recorded)")
+    ] = None,
+    broker: Annotated[str | None, typer.Option(help="accepted as for start; unused")] = None,
+    fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
+    task: Annotated[str | None, typer.Option(help="task name or module:attribute")] = None,
+    data_shard: Annotated[int | None, typer.Option(help="this device's shard index")] = None,
+    num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
+    partition: Annotated[
+        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
+    ] = None,
+    alpha: Annotated[float | None, typer.Option(help="Dirichlet concentration")] = None,
+    labels_per_device: Annotated[int | None, typer.Option(help="labels per device")] = None,
+    seed: Annotated[int | None, typer.Option(help="the run's seed (default: 0)")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")
+    ] = None,
+    stateless: Annotated[
+        bool | None, typer.Option("--stateless", help="the agent kept no personal state")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="the TOML file `start` used (flags and PFL_* win)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+) -> None:
+    """Export the personalized model offline, from a stopped agent's state directory.
+
+    Give the same task and data flags (or --config) as `pfl-agent start`: the model is rebuilt
+    from them, the last shared model and round the agent kept, and its personal state.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    values = {k: v for k, v in locals().items() if k not in ("config", "verbose", "as_json")}
+    for name in ("out", "quantize", "guard"):
+        del values[name]
+    try:
+        if device_id is None:  # the id the agent ran as, from its state dir (flag, env or file)
+            probe = AgentSettings.load(config, **{**values, "device_id": "unknown"})
+            values["device_id"] = recorded_device_id(probe.state_dir)
+        settings = AgentSettings.load(config, **values)
+        report = export_offline(settings, out, quantize=quantize, guard=guard)
+    except (PflError, ValueError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    elif report.ok:
+        metric = report.metrics.get("exported")
+        console.print(
+            f"wrote {report.path} ({report.size_bytes:,} bytes, sha256 {report.sha256[:12]}, "
+            f"max abs diff {report.parity_max_abs_diff:.2g}, held-out "
+            f"{'-' if metric is None else f'{metric:.4f}'}) from round {report.round_id}"
+        )
+    else:
+        console.print(f"[red]export failed:[/red] {report.error}")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @app.callback()

@@ -18,6 +18,7 @@ estimated as 3x the bytes autograd saves for backward, counted exactly with save
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -170,21 +171,37 @@ def memory_model(
     probe: bool = True,
 ) -> MemoryModel:
     """The terms of M(b) for training `model` with `split` on `data`."""
-    state = model.state_dict()
-    shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
-    personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
     probed = probe_bytes_per_sample(model, task, data) if probe else None
     per_sample = (
         probed
         if probed is not None
         else ESTIMATE_FACTOR * activation_bytes_per_sample(model, task, data)
     )
-    return MemoryModel(
+    measured = MemoryModel(
         runtime_bytes=current_rss_bytes() if runtime_bytes is None else runtime_bytes,
-        parameter_bytes=5 * shared + 2 * personal,
-        optimizer_bytes=(shared + personal) if momentum else 0,
+        parameter_bytes=0,
+        optimizer_bytes=0,
         activation_bytes_per_sample=per_sample,
         method="probe" if probed is not None else "estimate",
+    )
+    return for_split(measured, model, split, momentum=momentum)
+
+
+def for_split(
+    measured: MemoryModel, model: nn.Module, split: ParamSplit, *, momentum: bool = False
+) -> MemoryModel:
+    """`measured`'s runtime and activations with the parameter terms of `split`.
+
+    The probe depends only on the architecture, so an agent measures once and re-plans each
+    algorithm's split (and batch size) by arithmetic.
+    """
+    state = model.state_dict()
+    shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
+    personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
+    return dataclasses.replace(
+        measured,
+        parameter_bytes=5 * shared + 2 * personal,
+        optimizer_bytes=(shared + personal) if momentum else 0,
     )
 
 

@@ -8,6 +8,8 @@ import threading
 from types import FrameType
 
 from device_agent.agent import DeviceAgent, device_will
+from device_agent.capabilities import available_memory_bytes
+from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
 from protocols.transport.mqtt import MqttTransport
@@ -57,6 +59,9 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         workspace=workspace,
         initial_state=initial_state,
         stateful=not settings.stateless,
+        memory_budget_bytes=None
+        if settings.memory_budget is None
+        else parse_memory_budget(settings.memory_budget, available_memory_bytes()),
     )
     transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent

@@ -32,6 +32,9 @@ class AgentSettings(TomlSettings, BrokerAccess):
     data: Path | None = Field(None, description="directory with train/test/val.npz")
     state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
     stateless: bool = Field(False, description="keep no personal state between rounds")
+    memory_budget: str | None = Field(
+        None, description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"
+    )
 
     @model_validator(mode="after")
     def _check_data_source(self) -> AgentSettings:

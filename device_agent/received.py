@@ -1,0 +1,126 @@
+"""The last shared model and round announcement a device received, kept in its state directory.
+
+`pfl-agent export` runs offline, after the agent stopped: the personalized model needs the shared
+model of the last round and the algorithm and config that announced it, and only the broker held
+those. The agent therefore keeps the raw frames, each written atomically, the model only when it
+changes (a retained re-delivery after a reconnect writes nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from device_agent.state_store import DiskStateStore, StateStore
+from protocols.atomic import write_atomically
+from protocols.codec import decode_frame
+from protocols.errors import PflError, StateError
+from protocols.messages import RoundAnnouncement, SharedModel
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE: Final = "shared-model.frame"
+ROUND_FILE: Final = "round.frame"
+RECORD_FILE: Final = "received.json"
+
+
+@dataclass(frozen=True)
+class ReceivedState:
+    """What an offline export starts from: the frames as received, and who received them."""
+
+    model_frame: bytes
+    announcement: RoundAnnouncement
+    device_id: str
+
+
+class ReceivedFrames:
+    """Keeps the latest shared-model and round frames in `directory` (nothing when it is None).
+
+    Virtual devices have no directory: a thousand of them must not write a model each per round.
+    Write failures are logged, never raised: losing the offline-export copy must not stop a round.
+    """
+
+    def __init__(self, directory: Path | None, device_id: str) -> None:
+        self.directory = directory
+        self.device_id = device_id
+        self._record: dict[str, object] = _read_record(directory) if directory else {}
+
+    @classmethod
+    def for_store(cls, store: StateStore, device_id: str) -> ReceivedFrames:
+        """Frames beside a disk store's personal state; a memory store keeps none."""
+        directory = store.directory if isinstance(store, DiskStateStore) else None
+        return cls(directory, device_id)
+
+    def remember_model(self, message: SharedModel, frame: bytes) -> None:
+        """Write the shared-model frame unless the same model is already on disk."""
+        if self.directory is None or self._record.get("model_sha256") == message.manifest.sha256:
+            return
+        self._write(
+            self.directory,
+            MODEL_FILE,
+            frame,
+            model_sha256=message.manifest.sha256,
+            model_round_id=message.round_id,
+        )
+
+    def remember_round(self, message: RoundAnnouncement, frame: bytes) -> None:
+        """Write the announcement frame when its round, phase, algorithm or config changed."""
+        if self.directory is None:
+            return
+        key = json.dumps(
+            [message.round_id, message.phase, message.algorithm, message.config], sort_keys=True
+        )
+        if self._record.get("round_key") == key:
+            return
+        self._write(self.directory, ROUND_FILE, frame, round_key=key)
+
+    def _write(self, directory: Path, name: str, frame: bytes, **record: object) -> None:
+        updated = {**self._record, **record, "device_id": self.device_id}
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_atomically(directory / name, frame)
+            write_atomically(directory / RECORD_FILE, json.dumps(updated).encode())
+        except (OSError, StateError) as error:
+            logger.warning("device %s: cannot keep %s for export: %s", self.device_id, name, error)
+            return
+        self._record = updated
+
+
+def load_received(directory: Path) -> ReceivedState:
+    """The frames an agent kept in `directory`, validated.
+
+    Raises:
+        StateError: nothing was kept (the agent never saw a round) or a file is unreadable.
+    """
+    record = _read_record(directory)
+    model_path, round_path = directory / MODEL_FILE, directory / ROUND_FILE
+    if not model_path.exists() or not round_path.exists():
+        msg = (
+            f"no shared model and round announcement in {directory}: run `pfl-agent start` with "
+            f"this --state-dir until it has received at least one round"
+        )
+        raise StateError(msg)
+    try:
+        model_frame = model_path.read_bytes()
+        model, _ = decode_frame(model_frame)
+        announcement, _ = decode_frame(round_path.read_bytes())
+    except (OSError, PflError) as error:
+        msg = f"cannot read the received frames in {directory}: {error}"
+        raise StateError(msg) from error
+    if not isinstance(model, SharedModel) or not isinstance(announcement, RoundAnnouncement):
+        msg = f"the received frames in {directory} are not a shared model and a round"
+        raise StateError(msg)
+    return ReceivedState(model_frame, announcement, str(record.get("device_id", "")))
+
+
+def _read_record(directory: Path) -> dict[str, object]:
+    path = directory / RECORD_FILE
+    try:
+        record = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as error:
+        logger.warning("ignoring unreadable %s: %s", path, error)
+        return {}
+    return record if isinstance(record, dict) else {}
