@@ -1,0 +1,135 @@
+import json
+import os
+
+import pytest
+import torch
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import EngineSettings
+from coordinator.settings import SimulationSettings
+from coordinator.simulate import run_simulation
+from device_agent.agent import DeviceAgent
+from device_agent.state_store import DiskStateStore
+from protocols.errors import StateError
+from protocols.transport.inprocess import InProcessBroker
+from tasks.base import PartitionSpec
+from tasks.registry import load_task
+
+
+def _fleet(tmp_path, algorithm_options: dict[str, object]):
+    settings = SimulationSettings.load(
+        None,
+        task="digits",
+        algorithm="fedalt",
+        devices=1,
+        rounds=5,
+        algorithm_options=algorithm_options,
+    )
+    task = load_task("digits")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    stages = plan_stages(settings, task, model)
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        stages,
+        model,
+        EngineSettings(task="digits", rounds=5),
+    )
+    data = task.make_fleet(4, PartitionSpec(), 0)[0]
+
+    def agent() -> DeviceAgent:
+        workspace = task.build_model(0)
+        device = DeviceAgent(
+            device_id="dev-0000",
+            fleet="default",
+            transport=broker.connect("dev-0000"),
+            task=task,
+            data=data,
+            seed=0,
+            store=DiskStateStore(tmp_path / "state"),
+            workspace=workspace,
+            initial_state={k: v.clone() for k, v in workspace.state_dict().items()},
+        )
+        device.start()
+        return device
+
+    return coordinator, agent
+
+
+def _stored(tmp_path) -> dict[str, torch.Tensor]:
+    store = DiskStateStore(tmp_path / "state")
+    record = (tmp_path / "state" / "personal.json").read_text()
+    fingerprint = json.loads(record)["fingerprint"]
+    return store.load(fingerprint)
+
+
+def test_personal_state_survives_an_agent_restart(tmp_path) -> None:
+    # Prepare: two FedAlt rounds with one agent process-equivalent
+    coordinator, agent = _fleet(tmp_path, {"finetune_epochs": 0})
+    first = agent()
+    coordinator.start()
+    coordinator.wait_for_devices(1, 1.0)
+    coordinator.run_round()
+    coordinator.run_round()
+    before = _stored(tmp_path)
+    initial = load_task("digits").build_model(0).state_dict()
+    assert not torch.equal(before["output.weight"], initial["output.weight"])
+    first.transport.close()
+    # Execute: a new agent on the same state directory takes part in a round whose personal
+    # phase is empty (FedAlt with personal_epochs=0 keeps v as loaded)
+    coordinator.strategy.config = coordinator.strategy.config.model_copy(
+        update={"personal_epochs": 0}
+    )
+    agent()
+    coordinator.wait_for_devices(1, 1.0)
+    coordinator.run_round()
+    # Assert: it resumed from the stored personal state, not from the initialization
+    after = _stored(tmp_path)
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name
+
+
+def test_a_corrupt_state_file_is_refused_clearly(tmp_path) -> None:
+    coordinator, agent = _fleet(tmp_path, {})
+    agent()
+    coordinator.start()
+    coordinator.wait_for_devices(1, 1.0)
+    coordinator.run_round()
+    (tmp_path / "state" / "personal.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(StateError, match="corrupt"):
+        _stored(tmp_path)
+
+
+def test_state_of_another_architecture_is_refused_with_the_reset_hint(tmp_path) -> None:
+    store = DiskStateStore(tmp_path)
+    store.save("fingerprint-a", {"output.weight": torch.ones(2, 2)})
+    with pytest.raises(StateError, match="reset-state"):
+        store.load("fingerprint-b")
+
+
+def test_a_failed_write_keeps_the_previous_good_state(tmp_path, monkeypatch) -> None:
+    # Prepare
+    store = DiskStateStore(tmp_path)
+    store.save("fp", {"output.weight": torch.ones(2, 2)})
+
+    def disk_full(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    # Execute
+    with pytest.raises(StateError, match="No space left"):
+        store.save("fp", {"output.weight": torch.zeros(2, 2)})
+    monkeypatch.undo()
+    # Assert
+    assert torch.equal(store.load("fp")["output.weight"], torch.ones(2, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["personal.json", "personal.safetensors"]
+
+
+def test_stateless_devices_keep_nothing_and_stateful_ones_keep_their_part() -> None:
+    common = {"task": "digits", "algorithm": "fedalt", "devices": 3, "rounds": 2, "seed": 0}
+    stateless = run_simulation(SimulationSettings.load(None, stateless=True, **common))
+    stateful = run_simulation(SimulationSettings.load(None, **common))
+    assert all(agent.store._tensors is None for agent in stateless.agents)
+    for agent in stateful.agents:
+        assert set(agent.store._tensors) == {"output.weight", "output.bias"}
+    assert stateless.summary["metrics"] != stateful.summary["metrics"]
