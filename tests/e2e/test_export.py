@@ -25,6 +25,7 @@ from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
 from export import read_metadata
 from protocols import topics
+from protocols.algorithms import ALGORITHM_CONFIGS
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import Command, DeviceAssignment, ExportReport, RoundAnnouncement
 from protocols.messages import SharedModel as SharedModelMessage
@@ -155,7 +156,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg-ft", "local"])
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_CONFIGS))
 @pytest.mark.usefixtures("one_thread")
 def test_simulate_exports_one_verified_file_per_device(algorithm, tmp_path) -> None:
     # Execute
