@@ -171,7 +171,9 @@ def _run_with_progress(
     )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(
-            f"{settings.algorithm} on {settings.task}", total=settings.rounds, loss="-"
+            f"{settings.algorithm} on {settings.task}",
+            total=settings.pretrain_rounds + settings.rounds,
+            loss="-",
         )
 
         def advance(record: RoundRecord) -> None:
