@@ -53,6 +53,8 @@ from tasks.base import DeviceData, Task
 from tasks.split import ParamSplit, resolve_split
 
 logger = logging.getLogger(__name__)
+STATE_PREFIX = "state:"
+"""Stored names of algorithm state, apart from the model's own tensor names."""
 
 
 def device_will(fleet: str, device_id: str) -> Will:
@@ -375,7 +377,7 @@ class DeviceAgent:
             model.decoded = self.model_cache.decode(model, plan.expected)
         received = model.decoded
         global_shared = {name: received[name] for name in split.shared}
-        personal = self._load_personal(plan, received)
+        personal, state = self._load_personal(plan, received)
         self._slots.load(global_shared)
         self._slots.load(personal)
         generator = torch.Generator().manual_seed(
@@ -393,6 +395,7 @@ class DeviceAgent:
             generator=generator,
             budget=self._step_budget(plan),
             assignment=dict(scalars.scalars) if scalars is not None else {},
+            state=state,
         )
         return update, context
 
@@ -402,19 +405,26 @@ class DeviceAgent:
         )
         return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
 
-    def _load_personal(self, plan: _Plan, received: Tensors) -> Tensors:
-        """Stored personal state, else the coordinator's starting point (always, if stateless)."""
+    def _load_personal(self, plan: _Plan, received: Tensors) -> tuple[Tensors, Tensors]:
+        """Stored personal part and algorithm state, else the coordinator's starting point."""
         stored = self.store.load(plan.fingerprint) if self.stateful else None
         if stored is not None:
-            return stored
-        return {name: received[name] for name in plan.split.personal}
+            personal = {k: v for k, v in stored.items() if not k.startswith(STATE_PREFIX)}
+            state = {
+                k.removeprefix(STATE_PREFIX): v
+                for k, v in stored.items()
+                if k.startswith(STATE_PREFIX)
+            }
+            return personal, state
+        return {name: received[name] for name in plan.split.personal}, {}
 
     def _train(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
         update, ctx = self._context(announcement, model)
         result = update.run(ctx)
-        if self.stateful and ctx.split.personal:
-            require_finite(result.personal, "personal state")
-            self.store.save(self._plan(announcement).fingerprint, result.personal)
+        if self.stateful and (ctx.split.personal or result.state):
+            kept = {**result.personal, **{STATE_PREFIX + k: v for k, v in result.state.items()}}
+            require_finite(kept, "personal state")
+            self.store.save(self._plan(announcement).fingerprint, kept)
         manifest, blob = pack_tensors(result.shared_delta)
         message = DeviceUpdate(
             round_id=announcement.round_id,

@@ -38,17 +38,24 @@ class LocalContext:
     generator: torch.Generator
     budget: StepBudget = field(default_factory=StepBudget)
     assignment: Mapping[str, float] = field(default_factory=dict)
+    state: Tensors = field(default_factory=dict)
+    """Algorithm-owned tensors kept between rounds beside the model's personal part (e.g.
+    Self-FL's personal model copy and running variance); empty at first and when stateless."""
 
 
 @dataclass(frozen=True)
 class LocalResult:
-    """What a round produced: the shared delta (local - global) goes up, `personal` stays."""
+    """What a round produced: the shared delta goes up; `personal` and `state` stay.
+
+    The delta is local - global, one sign everywhere; what stays is persisted when stateful.
+    """
 
     shared_delta: Tensors
     num_samples: int
     train_loss: float
     personal: Tensors
     scalars: dict[str, float] = field(default_factory=dict)
+    state: Tensors = field(default_factory=dict)
 
 
 class LocalUpdate(Protocol):
