@@ -15,6 +15,24 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.cli_options import (
+    AlgorithmOption,
+    BatchSizeOption,
+    ConfigOption,
+    EvalEveryOption,
+    FleetOption,
+    LocalEpochsOption,
+    LrOption,
+    OutOption,
+    ParticipationOption,
+    PersonalOption,
+    PresetOption,
+    PretrainOption,
+    RoundsOption,
+    SeedOption,
+    TaskOption,
+    VerboseOption,
+)
 from coordinator.export_command import FleetExport, request_exports
 from coordinator.rounds import RoundRecord
 from coordinator.serve import ServeResult, run_serve
@@ -22,7 +40,6 @@ from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from coordinator.status import collect_fleet_view
 from device_agent.exporting import ExportRequest
-from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
 from protocols.program_settings import BrokerAccess
 
@@ -30,20 +47,6 @@ app = typer.Typer(
     help="pfl-edge coordinator: run federated rounds for a fleet of devices.", no_args_is_help=True
 )
 console = Console(stderr=True)
-
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", help="TOML file with any setting (flags and PFL_* variables win)"),
-]
-
-PresetOption = Annotated[
-    str | None,
-    typer.Option(help="personal part by preset: output, input, split-input, adapters, all, none"),
-]
-PretrainOption = Annotated[
-    int | None,
-    typer.Option(help="FedAvg rounds first; personal parts then warm-start from them [default: 0]"),
-]
 
 
 def configure_logging(verbose: bool) -> None:
@@ -57,51 +60,29 @@ def configure_logging(verbose: bool) -> None:
 
 @app.command()
 def simulate(
-    task: Annotated[
-        str | None,
-        typer.Option(
-            help="task: digits, synthetic, gaussian, sine or module:attribute [default: digits]"
-        ),
-    ] = None,
-    algorithm: Annotated[
-        str | None, typer.Option(help=f"{', '.join(algorithm_names())} [default: fedavg]")
-    ] = None,
-    devices: Annotated[int | None, typer.Option(help="virtual devices [default: 20]")] = None,
-    rounds: Annotated[int | None, typer.Option(help="training rounds [default: 10]")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="seed of data, init, sampling, training [default: 0]")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="run directory for metrics.jsonl and summary.json")
-    ] = None,
-    participation: Annotated[
-        float | None, typer.Option(help="fraction of devices per round [default: 1.0]")
-    ] = None,
-    local_epochs: Annotated[
-        int | None, typer.Option(help="local epochs per round [default: 1]")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="local minibatch size [default: 10]")
-    ] = None,
-    lr: Annotated[float | None, typer.Option(help="local learning rate [default: 0.1]")] = None,
+    task: TaskOption = None,
+    algorithm: AlgorithmOption = None,
+    devices: Annotated[int | None, typer.Option(help="virtual devices (default: 20)")] = None,
+    rounds: RoundsOption = None,
+    seed: SeedOption = None,
+    out: OutOption = None,
+    participation: ParticipationOption = None,
+    local_epochs: LocalEpochsOption = None,
+    batch_size: BatchSizeOption = None,
+    lr: LrOption = None,
     partition: Annotated[
-        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw [default: dirichlet]")
+        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
     ] = None,
     alpha: Annotated[
-        float | None, typer.Option(help="Dirichlet concentration [default: 0.5]")
+        float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
     ] = None,
     labels_per_device: Annotated[
-        int | None, typer.Option(help="labels per device for shards/powerlaw [default: 2]")
+        int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
     ] = None,
-    personal: Annotated[
-        list[str] | None,
-        typer.Option(help="personal parameter pattern, repeatable [default: the algorithm's]"),
-    ] = None,
-    eval_every: Annotated[
-        int | None, typer.Option(help="evaluate every N rounds, 0 = at the end [default: 0]")
-    ] = None,
+    personal: PersonalOption = None,
+    eval_every: EvalEveryOption = None,
     transport: Annotated[
-        str | None, typer.Option(help="inprocess or mqtt [default: inprocess]")
+        str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
     personal_preset: PresetOption = None,
     pretrain_rounds: PretrainOption = None,
@@ -117,7 +98,7 @@ def simulate(
         typer.Option(help="after the final evaluation, export every device's ONNX model here"),
     ] = None,
     config: ConfigOption = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run a whole federated training with virtual devices on this machine.
 
@@ -223,36 +204,20 @@ InsecureOption = Annotated[
 
 @app.command()
 def serve(
-    task: Annotated[
-        str | None, typer.Option(help="task name or module:attribute (default: digits)")
-    ] = None,
-    algorithm: Annotated[str | None, typer.Option(help="algorithm (default: fedavg)")] = None,
-    rounds: Annotated[int | None, typer.Option(help="training rounds (default: 10)")] = None,
-    seed: Annotated[int | None, typer.Option(help="seed (default: 0)")] = None,
-    participation: Annotated[
-        float | None, typer.Option(help="fraction of devices per round (default: 1.0)")
-    ] = None,
-    local_epochs: Annotated[
-        int | None, typer.Option(help="local epochs per round (algorithm default)")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="local minibatch size (algorithm default)")
-    ] = None,
-    lr: Annotated[
-        float | None, typer.Option(help="local learning rate (algorithm default)")
-    ] = None,
-    personal: Annotated[
-        list[str] | None, typer.Option(help="personal parameter pattern, repeatable")
-    ] = None,
+    task: TaskOption = None,
+    algorithm: AlgorithmOption = None,
+    rounds: RoundsOption = None,
+    seed: SeedOption = None,
+    participation: ParticipationOption = None,
+    local_epochs: LocalEpochsOption = None,
+    batch_size: BatchSizeOption = None,
+    lr: LrOption = None,
+    personal: PersonalOption = None,
     personal_preset: PresetOption = None,
     pretrain_rounds: PretrainOption = None,
-    eval_every: Annotated[
-        int | None, typer.Option(help="evaluate every N rounds (default: 0)")
-    ] = None,
-    fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="run directory for metrics.jsonl and summary.json")
-    ] = None,
+    eval_every: EvalEveryOption = None,
+    fleet: FleetOption = None,
+    out: OutOption = None,
     broker: Annotated[
         str | None, typer.Option(help="mqtt(s):// URL; without it an embedded broker starts")
     ] = None,
@@ -282,7 +247,7 @@ def serve(
     key_file: KeyOption = None,
     tls_insecure: InsecureOption = None,
     config: ConfigOption = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Coordinate federated rounds with real devices over MQTT, checkpointing every round.
 

@@ -1,0 +1,58 @@
+"""Command-line options `simulate` and `serve` share, declared once with their help and defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from protocols.algorithms import algorithm_names
+
+TaskOption = Annotated[
+    str | None,
+    typer.Option(help="digits, synthetic, gaussian, sine or module:attribute (default: digits)"),
+]
+AlgorithmOption = Annotated[
+    str | None, typer.Option(help=f"{', '.join(algorithm_names())} (default: fedavg)")
+]
+RoundsOption = Annotated[int | None, typer.Option(help="training rounds (default: 10)")]
+SeedOption = Annotated[
+    int | None, typer.Option(help="seed of data, init, sampling, training (default: 0)")
+]
+OutOption = Annotated[
+    Path | None, typer.Option(help="run directory for metrics.jsonl and summary.json")
+]
+ParticipationOption = Annotated[
+    float | None, typer.Option(help="fraction of devices per round (default: 1.0)")
+]
+LocalEpochsOption = Annotated[
+    int | None, typer.Option(help="local epochs per round (default: the algorithm's, 1)")
+]
+BatchSizeOption = Annotated[
+    int | None, typer.Option(help="local minibatch size (default: the algorithm's, 10)")
+]
+LrOption = Annotated[
+    float | None, typer.Option(help="local learning rate (default: the algorithm's, 0.1)")
+]
+PersonalOption = Annotated[
+    list[str] | None,
+    typer.Option(help="personal parameter pattern, repeatable (default: the algorithm's)"),
+]
+PresetOption = Annotated[
+    str | None,
+    typer.Option(help="personal part by preset: output, input, split-input, adapters, all, none"),
+]
+PretrainOption = Annotated[
+    int | None,
+    typer.Option(help="FedAvg rounds first; personal parts then warm-start from them (default: 0)"),
+]
+EvalEveryOption = Annotated[
+    int | None, typer.Option(help="evaluate every N rounds, 0 = at the end (default: 0)")
+]
+FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="TOML file with any setting (flags and PFL_* variables win)"),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
