@@ -9,14 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from tasks.base import DeviceData, PartitionSpec, Split
 from tasks.models import (
+    Classification,
     SplitInputMLP,
     build_mlp,
     build_seeded,
     check_int,
-    classification_loss,
-    count_correct,
 )
 from tasks.partition import partition_indices, split_device
 
@@ -41,7 +40,7 @@ def load_digits_pool() -> tuple[torch.Tensor, torch.Tensor]:
     return pixels, labels
 
 
-class DigitsTask:
+class DigitsTask(Classification):
     """8x8 digit classification: real images, no download, small enough for 100 virtual devices.
 
     Args:
@@ -53,7 +52,6 @@ class DigitsTask:
     """
 
     name: ClassVar[str] = "digits"
-    metric_name: ClassVar[MetricName] = "accuracy"
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("pixels",)
     output_names: tuple[str, ...] = ("logits",)
@@ -79,14 +77,6 @@ class DigitsTask:
                 seed, lambda: SplitInputMLP(half, NUM_PIXELS - half, self.hidden, NUM_CLASSES)
             )
         return build_mlp(seed, NUM_PIXELS, self.hidden, NUM_CLASSES, self.adapters)
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the batch."""
-        return classification_loss(outputs, targets)
-
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Number of correct predictions in the batch."""
-        return count_correct(outputs, targets)
 
     def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
         """Partition the pooled digits across devices, then split each device.

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import ClassVar, Final, Literal
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional
+
+from tasks.base import MetricName
 
 RealBound = Literal["any", "non-negative", "positive"]
 ADAPTER_INIT_STD: Final = 0.01
@@ -168,3 +170,17 @@ def classification_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.T
 def count_correct(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Number of correct top-1 predictions, so accuracy sums exactly across batches."""
     return float((outputs.argmax(dim=-1) == targets).sum().item())
+
+
+class Classification:
+    """Cross-entropy training and top-1 accuracy, shared by every classification task."""
+
+    metric_name: ClassVar[MetricName] = "accuracy"
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the batch."""
+        return classification_loss(outputs, targets)
+
+    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Number of correct predictions in the batch."""
+        return count_correct(outputs, targets)

@@ -9,14 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from tasks.base import DeviceData, PartitionSpec, Split
 from tasks.models import (
+    Classification,
     build_mlp,
     build_seeded,
     check_int,
     check_real,
-    classification_loss,
-    count_correct,
 )
 from tasks.partition import MIN_DEVICE_SAMPLES, split_sizes
 
@@ -31,7 +30,7 @@ MODELS: Final = ("mlp", "mclr")
 _FEATURE_STD: Final = np.arange(1, DIMENSION + 1, dtype=np.float64) ** -0.6
 
 
-class SyntheticTask:
+class SyntheticTask(Classification):
     """Synthetic(alpha, beta) (Li et al. 2020, FedProx; reused by pFedMe): tunable heterogeneity.
 
     Per device k: u_k ~ N(0, alpha), B_k ~ N(0, beta), W_k ~ N(u_k, 1) (10 x 60),
@@ -56,7 +55,6 @@ class SyntheticTask:
     """
 
     name: ClassVar[str] = "synthetic"
-    metric_name: ClassVar[MetricName] = "accuracy"
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("features",)
     output_names: tuple[str, ...] = ("logits",)
@@ -90,14 +88,6 @@ class SyntheticTask:
                 seed, lambda: nn.Sequential(OrderedDict(output=nn.Linear(DIMENSION, NUM_CLASSES)))
             )
         return build_mlp(seed, DIMENSION, self.hidden, NUM_CLASSES, self.adapters)
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the batch."""
-        return classification_loss(outputs, targets)
-
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Number of correct predictions in the batch."""
-        return count_correct(outputs, targets)
 
     def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
         """Generate every device's data from its own seed-derived stream.
