@@ -2,13 +2,15 @@
 
 The peak of one local update is modelled as (spec partial-personalization.md §4.1, §4.3)
 
-    M(b) = R + B * (3|u| + 2|v|) + B_opt + b * A_1
+    M(b) = R + B * (3|w| + 6|u| + 5|v|) + B_opt + b * A_1
 
-R is the process's resident memory when planning (Python, torch, data), B(3|u| + 2|v|) the
-broadcast copy, working copy and gradients of the shared part u and the working copy and gradients
-of the personal part v, plus 2|u| for forming and encoding the delta at the end of the round (our
-addition: the spec's formula stops at training), B_opt the optimizer state (momentum), and A_1 the
-memory one more sample adds to a training step.
+R is the process's resident memory when planning (Python, torch, data). The spec's 3|u| + 2|v|
+(broadcast copy, working copy and gradients) is where the formula starts; what an agent really
+holds at its peak, measured in benchmarks/memory.py, is more: the decoded broadcast of the whole
+model w, the workspace and allocator slack (3|w|); per shared tensor its gradient, the snapshot
+and the delta, and three copies while the delta is serialized and framed (6|u|); per personal
+tensor the stored copy, its gradient, the snapshot and two copies while it is saved (5|v|).
+B_opt is the optimizer state (momentum) and A_1 the memory one more sample adds to a step.
 
 A_1 comes from a probe where Linux lets us measure it: two real forward/backward passes at two
 micro-batch sizes, each with the kernel's peak counter reset, and the slope between them (this
@@ -200,7 +202,7 @@ def for_split(
     personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
     return dataclasses.replace(
         measured,
-        parameter_bytes=5 * shared + 2 * personal,
+        parameter_bytes=3 * (shared + personal) + 6 * shared + 5 * personal,
         optimizer_bytes=(shared + personal) if momentum else 0,
     )
 
