@@ -68,7 +68,14 @@ class _Collector(Generic[Answer]):
         self.phase = phase
         self.expected = expected
         self.answers: dict[str, Answer] = {}
+        self.declined: set[str] = set()
         self._lock = threading.Lock()
+
+    def decline(self, device_id: str) -> None:
+        """A device said it will not answer (e.g. it is on battery): stop waiting for it."""
+        with self._lock:
+            if device_id in self.expected and device_id not in self.answers:
+                self.declined.add(device_id)
 
     def offer(self, device_id: str, answer: Answer) -> bool:
         with self._lock:
@@ -86,7 +93,7 @@ class _Collector(Generic[Answer]):
         with self._lock:
             if len(self.answers) >= len(self.expected):
                 return True
-            waiting = (self.expected & online) - set(self.answers)
+            waiting = (self.expected & online) - set(self.answers) - self.declined
             return not waiting and len(self.answers) >= needed
 
     def sorted_answers(self) -> list[Answer]:
@@ -107,6 +114,7 @@ class RoundRecord:
     wall_seconds: float
     scalars: dict[str, float] = field(default_factory=dict)
     evaluation: dict[str, float | None] | None = None
+    skipped: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """A flat JSON-ready mapping."""
@@ -304,6 +312,7 @@ class Coordinator:
             bytes_down=self.bytes_down - down_before,
             wall_seconds=time.perf_counter() - started,
             scalars=dict(aggregate.scalars),
+            skipped=len(collector.declined),
         )
 
     def evaluate(
@@ -388,6 +397,17 @@ class Coordinator:
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = self._device_message(topic, payload, DeviceStatus)
         self.registry.on_status(status)
+        collector = self._train
+        skipped_now = (
+            status.state == "skipped"
+            and collector is not None
+            and status.round_id == collector.round_id
+        )
+        if skipped_now and collector is not None:
+            logger.info(
+                "device %s skipped round %s: %s", status.device_id, status.round_id, status.detail
+            )
+            collector.decline(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = self._device_message(topic, payload, DeviceUpdate)

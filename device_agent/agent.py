@@ -19,6 +19,7 @@ from torch import nn
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
+from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import answer_export_command, export_device_model
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
 from device_agent.received import ReceivedFrames
@@ -142,6 +143,7 @@ class DeviceAgent:
         capabilities: Capabilities | None = None,
         model_cache: DecodedModelCache | None = None,
         memory_budget_bytes: int | None = None,
+        eligibility: EligibilityPolicy | None = None,
     ) -> None:
         self.device_id = device_id
         self.fleet = fleet
@@ -159,6 +161,7 @@ class DeviceAgent:
         self.capabilities = capabilities
         self.model_cache = model_cache or DecodedModelCache()
         self.memory_budget_bytes = memory_budget_bytes
+        self.eligibility = eligibility or EligibilityPolicy()
         self._memory: MemoryModel | None = None
         if memory_budget_bytes is not None:
             self._plan_memory_at_start(memory_budget_bytes)
@@ -295,6 +298,14 @@ class DeviceAgent:
             # re-send the answer instead of training twice on the same personal state.
             self._publish(self._reply[1], self._reply[2])
             return
+        if announcement.phase == "train":
+            reason = self.eligibility.reason_to_skip()
+            if reason is not None:
+                logger.info(
+                    "device %s skips round %d: %s", self.device_id, announcement.round_id, reason
+                )
+                self.publish_status("skipped", round_id=announcement.round_id, detail=reason)
+                return
         try:
             if announcement.phase == "train":
                 self._train(announcement, model)

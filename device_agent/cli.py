@@ -53,6 +53,15 @@ def start(
     stateless: Annotated[
         bool | None, typer.Option("--stateless", help="keep no personal state")
     ] = None,
+    min_free_memory: Annotated[
+        str | None, typer.Option(help="skip a round when less memory is free (200MB, 10%)")
+    ] = None,
+    max_load_per_core: Annotated[
+        float | None, typer.Option(help="skip a round when the load per core is higher")
+    ] = None,
+    require_mains_power: Annotated[
+        bool | None, typer.Option("--require-mains-power", help="skip rounds while on battery")
+    ] = None,
     memory_budget: Annotated[
         str | None,
         typer.Option(help="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"),

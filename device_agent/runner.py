@@ -9,6 +9,7 @@ from types import FrameType
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import available_memory_bytes
+from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
@@ -62,6 +63,13 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         memory_budget_bytes=None
         if settings.memory_budget is None
         else parse_memory_budget(settings.memory_budget, available_memory_bytes()),
+        eligibility=EligibilityPolicy(
+            min_free_memory_bytes=None
+            if settings.min_free_memory is None
+            else parse_memory_budget(settings.min_free_memory, available_memory_bytes()),
+            max_load_per_core=settings.max_load_per_core,
+            require_mains_power=settings.require_mains_power,
+        ),
     )
     transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent

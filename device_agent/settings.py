@@ -32,6 +32,13 @@ class AgentSettings(TomlSettings, BrokerAccess):
     data: Path | None = Field(None, description="directory with train/test/val.npz")
     state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
     stateless: bool = Field(False, description="keep no personal state between rounds")
+    min_free_memory: str | None = Field(
+        None, description="skip a round when less memory is free (e.g. 200MB, 10%)"
+    )
+    max_load_per_core: float | None = Field(
+        None, gt=0, description="skip a round when the 1-minute load per core is higher"
+    )
+    require_mains_power: bool = Field(False, description="skip rounds while on battery")
     memory_budget: str | None = Field(
         None, description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"
     )

@@ -119,7 +119,7 @@ class DeviceStatus(Message):
 
     kind: Literal["status"] = "status"
     device_id: DeviceId
-    state: Literal["online", "training", "evaluating", "exporting", "offline"]
+    state: Literal["online", "training", "evaluating", "exporting", "skipped", "offline"]
     round_id: NonNegativeInt | None = None
     last_loss: FiniteFloat | None = None
     detail: str = Field(default="", max_length=1024)
