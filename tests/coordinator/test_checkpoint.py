@@ -70,3 +70,34 @@ def test_a_missing_checkpoint_is_none_and_a_foreign_one_is_refused(tmp_path) -> 
     (tmp_path / "checkpoint.json").write_text(json.dumps(record))
     with pytest.raises(StateError, match="format 99"):
         load_checkpoint(tmp_path)
+
+
+def test_a_crash_during_a_checkpoint_write_leaves_the_previous_checkpoint(
+    tmp_path, monkeypatch
+) -> None:
+    # Prepare: round 2 checkpointed; round 3's write dies after its tensors file, before the record
+    import coordinator.checkpoint as checkpoint_module
+
+    coordinator = _coordinator()
+    coordinator.round_id = 2
+    coordinator.shared = {"w": torch.full((2, 3), 2.0), "b": torch.zeros(3)}
+    save_checkpoint(tmp_path, coordinator, {})
+    real_write = checkpoint_module.write_atomically
+
+    def crash_on_record(path, data):  # the process dies between the two files
+        if path.name == "checkpoint.json":
+            raise StateError("killed")
+        real_write(path, data)
+
+    monkeypatch.setattr(checkpoint_module, "write_atomically", crash_on_record)
+    coordinator.round_id = 3
+    coordinator.shared = {"w": torch.full((2, 3), 3.0), "b": torch.zeros(3)}
+    # Execute
+    with pytest.raises(StateError):
+        save_checkpoint(tmp_path, coordinator, {})
+    monkeypatch.undo()
+    checkpoint = load_checkpoint(tmp_path)
+    # Assert: the resumed run starts after round 2, with round 2's tensors
+    assert checkpoint is not None
+    assert checkpoint.record.round_id == 2
+    assert torch.equal(checkpoint.model["w"], torch.full((2, 3), 2.0))
