@@ -86,7 +86,8 @@ def test_a_crash_during_a_checkpoint_write_leaves_the_previous_checkpoint(
 
     def crash_on_record(path, data):  # the process dies between the two files
         if path.name == "checkpoint.json":
-            raise StateError("killed")
+            msg = "killed"
+            raise StateError(msg)
         real_write(path, data)
 
     monkeypatch.setattr(checkpoint_module, "write_atomically", crash_on_record)
