@@ -50,3 +50,93 @@ def apply_delta(
             moved.to(value.dtype) if value.is_floating_point() else moved.round().to(value.dtype)
         )
     return result
+
+
+def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
+    """Scale one update so its L2 norm over all floating tensors is at most `max_norm`.
+
+    delta * min(1, max_norm / ||delta||_2), the norm taken over every floating tensor together
+    (norm-bounded aggregation, Sun et al. 2019, "Can you really backdoor FL?"). Integer tensors
+    are returned unchanged.
+
+    Raises:
+        ValueError: `max_norm` is not positive.
+    """
+    if not max_norm > 0:
+        msg = f"max_norm must be positive, got {max_norm}"
+        raise ValueError(msg)
+    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
+    norm = float(torch.sqrt(sum((t * t).sum() for t in floating))) if floating else 0.0
+    scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
+    return {
+        name: (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t.clone()
+        for name, t in delta.items()
+    }
+
+
+def coordinate_median(deltas: Sequence[Mapping[str, torch.Tensor]]) -> Tensors:
+    """The coordinate-wise median of the deltas, unweighted (Yin et al. 2018, "Byzantine-robust").
+
+    With an even count the two middle values are averaged. Integer tensors are rounded.
+
+    Raises:
+        ValueError: no deltas.
+    """
+    return trimmed_mean(deltas, 0.5)
+
+
+def trimmed_mean(deltas: Sequence[Mapping[str, torch.Tensor]], trim_fraction: float) -> Tensors:
+    """The coordinate-wise beta-trimmed mean, unweighted (Yin et al. 2018).
+
+    Per coordinate, sort the n values, drop the k = floor(trim_fraction * n) smallest and the k
+    largest, and average the rest. `trim_fraction` 0 is the plain mean; 0.5 (or any k that would
+    leave nothing) keeps the middle one or two values: the median.
+
+    Raises:
+        ValueError: no deltas, or `trim_fraction` outside [0, 0.5].
+    """
+    if not deltas:
+        msg = "need at least one delta"
+        raise ValueError(msg)
+    if not 0 <= trim_fraction <= 0.5:
+        msg = f"trim_fraction must be in [0, 0.5], got {trim_fraction}"
+        raise ValueError(msg)
+    count = len(deltas)
+    trim = min(int(trim_fraction * count), (count - 1) // 2)
+    result: Tensors = {}
+    for name, first in deltas[0].items():
+        stacked = torch.stack([delta[name].to(torch.float64) for delta in deltas])
+        kept = stacked.sort(dim=0).values[trim : count - trim]
+        value = kept.mean(dim=0)
+        result[name] = (
+            value.to(first.dtype) if first.is_floating_point() else value.round().to(first.dtype)
+        )
+    return result
+
+
+def robust_combine(
+    deltas: Sequence[Mapping[str, torch.Tensor]],
+    weights: Sequence[float],
+    *,
+    method: str = "mean",
+    trim_fraction: float = 0.1,
+    clip_norm: float | None = None,
+) -> Tensors:
+    """Clip each delta to `clip_norm` (if given), then combine by `method`.
+
+    "mean" is `weighted_mean` with `weights`; "median" and "trimmed-mean" are coordinate-wise
+    and ignore the weights, so one device cannot buy influence with a large sample count.
+
+    Raises:
+        ValueError: an unknown method, or as the combining function.
+    """
+    if clip_norm is not None:
+        deltas = [clip_to_norm(delta, clip_norm) for delta in deltas]
+    if method == "mean":
+        return weighted_mean(deltas, weights)
+    if method == "median":
+        return coordinate_median(deltas)
+    if method == "trimmed-mean":
+        return trimmed_mean(deltas, trim_fraction)
+    msg = f"unknown aggregation {method!r}; expected mean, median or trimmed-mean"
+    raise ValueError(msg)

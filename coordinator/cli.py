@@ -33,13 +33,26 @@ from coordinator.cli_options import (
     TaskOption,
     VerboseOption,
 )
+from coordinator.compare import (
+    COLUMNS,
+    RunOutcome,
+    RunSpec,
+    format_cells,
+    parse_algorithms,
+    parse_seeds,
+    plan_runs,
+    run_comparison,
+)
 from coordinator.export_command import FleetExport, request_exports
+from coordinator.provision import provision as provision_fleet
+from coordinator.report import build_report
 from coordinator.rounds import RoundRecord
 from coordinator.serve import ServeResult, run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from coordinator.status import collect_fleet_view
 from device_agent.exporting import ExportRequest
+from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
 from protocols.program_settings import BrokerAccess
 
@@ -330,6 +343,9 @@ def status(
             row["detail"],
         )
     Console().print(table)
+    if view.fleet is not None and view.fleet.scalars:
+        scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
+        Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
 
 
 @app.command()
@@ -411,6 +427,159 @@ def _print_exports(fleet: str, result: FleetExport) -> None:
     Console().print(table)
     for line in failures:
         console.print(line)
+
+
+@app.command()
+def provision(
+    devices: Annotated[str, typer.Option(help="comma-separated device ids, e.g. dev-1,dev-2")],
+    out: Annotated[Path, typer.Option(help="directory for the broker files and credentials")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    host: Annotated[str, typer.Option(help="the broker's host name or IP, as devices use it")] = (
+        "localhost"
+    ),
+    tls_port: Annotated[int, typer.Option(help="TLS listener port")] = 8883,
+    plain_port: Annotated[
+        int | None, typer.Option(help="also a plain listener on 127.0.0.1 at this port")
+    ] = None,
+    broker_dir: Annotated[
+        Path | None, typer.Option(help="where the files will live on the broker (default: --out)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier deployment")] = False,
+) -> None:
+    """Write per-device broker credentials, password file, ACL and TLS config (docs/security.md)."""
+    configure_logging(False)
+    try:
+        result = provision_fleet(
+            [d.strip() for d in devices.split(",") if d.strip()],
+            out,
+            fleet=fleet,
+            host=host,
+            tls_port=tls_port,
+            plain_port=plain_port,
+            broker_dir=broker_dir,
+            force=force,
+        )
+    except (PflError, ValueError, OSError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
+        f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
+        f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
+        "\n  the certificates in tls/ are for tests only: see docs/security.md"
+    )
+
+
+@app.command()
+def compare(
+    algorithms: Annotated[
+        str, typer.Option(help=f"comma-separated, from: {', '.join(algorithm_names())}")
+    ],
+    out: Annotated[
+        Path, typer.Option(help="directory for comparison.md/.csv and <algorithm>/seed-<s>/ runs")
+    ],
+    seeds: Annotated[str, typer.Option(help="a count N (seeds 0..N-1) or a list like 0,4,7")] = "3",
+    task: TaskOption = None,
+    devices: Annotated[int | None, typer.Option(help="virtual devices (default: 20)")] = None,
+    rounds: RoundsOption = None,
+    participation: ParticipationOption = None,
+    local_epochs: LocalEpochsOption = None,
+    batch_size: BatchSizeOption = None,
+    lr: LrOption = None,
+    partition: Annotated[
+        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
+    ] = None,
+    alpha: Annotated[
+        float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
+    ] = None,
+    labels_per_device: Annotated[
+        int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
+    ] = None,
+    personal: PersonalOption = None,
+    personal_preset: PresetOption = None,
+    pretrain_rounds: PretrainOption = None,
+    stateless: Annotated[
+        bool | None,
+        typer.Option("--stateless", help="devices rebuild personal parts every round"),
+    ] = None,
+    eval_every: Annotated[
+        int | None,
+        typer.Option(help="evaluate every N rounds (default: max(1, total rounds // 10))"),
+    ] = None,
+    config: ConfigOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Simulate the same workload with several algorithms and seeds; tabulate mean and std.
+
+    Each run keeps its own run directory (OUT/<algorithm>/seed-<s>/); `pfl-coord report OUT`
+    plots them. Every other flag is as for simulate (and PFL_* variables and --config apply).
+    """
+    configure_logging(verbose)
+    overrides = {
+        k: v
+        for k, v in locals().items()
+        if k not in ("algorithms", "out", "seeds", "config", "verbose")
+    }
+    try:
+        specs = plan_runs(parse_algorithms(algorithms), parse_seeds(seeds), out, config, overrides)
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            runs_bar = progress.add_task("runs", total=len(specs), detail="")
+            rounds_bar = progress.add_task("rounds", total=1, detail="")
+
+            def started(spec: RunSpec) -> None:
+                total = spec.settings.pretrain_rounds + spec.settings.rounds
+                progress.update(runs_bar, detail=f"{spec.algorithm} seed {spec.seed}")
+                progress.reset(rounds_bar, total=total, detail="")
+
+            def finished(outcome: RunOutcome) -> None:
+                progress.advance(runs_bar)
+
+            def advance(record: RoundRecord) -> None:
+                progress.update(
+                    rounds_bar, completed=record.round_id, detail=f"loss {record.train_loss:.4f}"
+                )
+
+            result = run_comparison(
+                specs, out, on_run_start=started, on_run_end=finished, on_round=advance
+            )
+    except (PflError, ValueError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    table = Table(title=f"{len(result.runs)} runs, mean ± std over seeds ({out / 'comparison.md'})")
+    table.add_column("algorithm")
+    for _, header, _ in COLUMNS:
+        table.add_column(header, justify="right")
+    for row in result.rows:
+        table.add_row(row.algorithm, *format_cells(row))
+    Console().print(table)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="--out directory of simulate, serve or compare")],
+) -> None:
+    """Plot accuracy per round, per-device histograms and gains into RUN_DIR/plots/ (PNG)."""
+    configure_logging(False)
+    try:
+        result = build_report(run_dir)
+    except (FileNotFoundError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"{result.runs} run(s) of {', '.join(result.algorithms)}: "
+        f"{len(result.plots)} plot(s) in {result.out_dir}"
+    )
+    for path in result.plots:
+        console.print(f"  {path}")
+    for reason in result.skipped:
+        console.print(f"  [yellow]skipped[/yellow] {reason}")
 
 
 @app.callback()

@@ -158,6 +158,7 @@ class Coordinator:
         self.bytes_up = 0
         self.bytes_down = 0
         self.rejected = 0
+        self.last_scalars: dict[str, float] = {}
         self._model_sha = ""
         self._state = "online"
         self._announcement: bytes | None = None
@@ -254,7 +255,12 @@ class Coordinator:
             )
             for r in self.registry.records()
         )
-        status = FleetStatus(fleet=self.settings.fleet, round_id=self.round_id, devices=devices)
+        status = FleetStatus(
+            fleet=self.settings.fleet,
+            round_id=self.round_id,
+            devices=devices,
+            scalars={k: v for k, v in self.last_scalars.items() if math.isfinite(v)},
+        )
         self.transport.publish(
             topics.fleet_status(self.settings.fleet), encode_frame(status), retain=True
         )
@@ -298,6 +304,7 @@ class Coordinator:
             logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
         aggregate = self.strategy.aggregate(round_id, self.shared, updates)
         self.shared = aggregate.shared
+        self.last_scalars = dict(aggregate.scalars)
         self.round_id = round_id
         self.publish_model()
         self.publish_fleet_status()

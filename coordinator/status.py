@@ -61,6 +61,7 @@ class FleetView:
         return {
             "coordinator": self.coordinator.model_dump(mode="json") if self.coordinator else None,
             "round_id": self.fleet.round_id if self.fleet else None,
+            "scalars": dict(self.fleet.scalars) if self.fleet else {},
             "devices": self.rows(),
         }
 

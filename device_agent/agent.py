@@ -75,7 +75,6 @@ class _Plan:
     config: AlgorithmConfig
     update: LocalUpdate
     split: ParamSplit
-    expected: tuple[TensorSpec, ...]
     fingerprint: str
 
 
@@ -155,6 +154,8 @@ class DeviceAgent:
         self.workspace = workspace
         self._slots = ModelSlots(workspace)
         self.initial_state = initial_state
+        # the coordinator sends the whole model: shared tensors and personal starting points
+        self._model_layout = describe_tensors(initial_state)
         self.stateful = stateful
         self.budget = budget or StepBudget()
         self.memory_plan = memory_plan
@@ -253,7 +254,10 @@ class DeviceAgent:
         if not isinstance(message, SharedModel):
             msg = f"expected a shared model, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
-        self._model = _ReceivedModel(message, blob)
+        received = _ReceivedModel(message, blob)
+        # validated on arrival: a corrupt model is dropped and the previous one stays usable
+        received.decoded = self.model_cache.decode(received, self._model_layout)
+        self._model = received
         self.received.remember_model(message, payload)
         self._serve_pending()
 
@@ -363,7 +367,7 @@ class DeviceAgent:
     # -- work -------------------------------------------------------------------------------
 
     def _plan(self, announcement: RoundAnnouncement) -> _Plan:
-        """The parsed config, split and expected shared layout; the same every round, so cached."""
+        """The parsed config, its local update and split; the same every round, so cached."""
         key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
         plan = self._plans.get(key)
         if plan is None:
@@ -373,9 +377,7 @@ class DeviceAgent:
             except ValueError as error:
                 raise ProtocolError(str(error), round_id=announcement.round_id) from None
             split = resolve_split(self.workspace, self.task.personal_patterns, config)
-            # the coordinator sends the whole model: shared tensors and personal starting points
-            expected = describe_tensors(self.initial_state)
-            plan = _Plan(config, update, split, expected, self._fingerprint(split))
+            plan = _Plan(config, update, split, self._fingerprint(split))
             self._plans = {key: plan}
         return plan
 
@@ -384,8 +386,8 @@ class DeviceAgent:
     ) -> tuple[LocalUpdate, LocalContext]:
         plan = self._plan(announcement)
         config, update, split = plan.config, plan.update, plan.split
-        if model.decoded is None:
-            model.decoded = self.model_cache.decode(model, plan.expected)
+        if model.decoded is None:  # a model taken as received offline (`pfl-agent export`)
+            model.decoded = self.model_cache.decode(model, self._model_layout)
         received = model.decoded
         global_shared = {name: received[name] for name in split.shared}
         personal, state = self._load_personal(plan, received)

@@ -7,7 +7,7 @@ hyperparameters the coordinator chose for that round.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -17,6 +17,7 @@ PersonalDefault = Literal["none", "all", "task"]
 PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters"]
 ServerOptimizerName = Literal["fedavg", "fedadam"]
 AggregationWeights = Literal["samples", "uniform"]
+RobustAggregation = Literal["mean", "median", "trimmed-mean"]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -65,6 +66,9 @@ class FedAvgConfig(AlgorithmConfig):
     `server_optimizer` "fedavg" is server SGD, u + server_lr * mean delta; "fedadam" is Adam on
     the pseudo-gradient -mean delta with bias correction (spec §1.5, §7.3). Deltas are weighted
     by the devices' sample counts or uniformly (spec §7.2), renormalized over the reporters.
+    Against poisoned updates, `clip_update_norm` scales each delta to at most that L2 norm and
+    `robust_aggregation` "median" or "trimmed-mean" (dropping `trim_fraction` of the values at
+    each end, per coordinate) replaces the weighted mean (coordinator/aggregate.py).
     """
 
     name: ClassVar[str] = "fedavg"
@@ -74,6 +78,9 @@ class FedAvgConfig(AlgorithmConfig):
     adam_beta2: Beta = 0.999
     adam_eps: PositiveFloat = 1e-8
     aggregation_weights: AggregationWeights = "samples"
+    robust_aggregation: RobustAggregation = "mean"
+    trim_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.1
+    clip_update_norm: PositiveFloat | None = None
 
 
 class FedAvgFtConfig(FedAvgConfig):
@@ -132,6 +139,145 @@ class FedSimConfig(PartialConfig):
     name: ClassVar[str] = "fedsim"
 
 
+PriorRule = Literal["identity", "lg", "meg", "mh", "mh_simple"]
+ProxInit = Literal["local", "mu", "prev_theta"]
+
+
+class ProximalPriorConfig(AlgorithmConfig):
+    """What pFedMe and pFedBreD share (pfedbred spec §2.2, §3 table; paper defaults).
+
+    R = `local_steps` minibatch iterations (not epochs, §6 A10), each solving the personal
+    problem f(theta) + lam/2 ||theta - mu||^2 approximately by K = `prox_steps` steps at
+    alpha_p = `personal_lr` on one batch, then moving w by `lr` (alpha_m) along lam (mu - theta).
+    The coordinator mixes with `beta` (aggregate momentum, §2.3); `train_all_clients` trains
+    every online device and aggregates only the sampled ones, as the official code (§6 A6).
+    `prox_init` None warm-starts the prox solve as the code does (§6 A3). `finetune_steps` is the
+    "+FT" trick applied to theta before evaluation and export (§6 A11), off by default.
+    """
+
+    default_personal: ClassVar[PersonalDefault] = "none"
+    batch_size: Annotated[int, Field(ge=1)] = 20
+    lr: PositiveFloat = 0.01
+    local_steps: Annotated[int, Field(ge=1)] = 20
+    prox_steps: Annotated[int, Field(ge=1)] = 5
+    personal_lr: PositiveFloat = 0.01
+    lam: PositiveFloat = 15.0
+    beta: PositiveFloat = 1.0
+    train_all_clients: bool = False
+    prox_init: ProxInit | None = None
+    finetune_steps: Annotated[int, Field(ge=0)] = 0
+
+    def prior_rule(self) -> PriorRule:
+        """How the prior mean mu is built from w (spec §1.5); pFedMe's is the identity."""
+        return "identity"
+
+
+class PFedMeConfig(ProximalPriorConfig):
+    """pFedMe (spec §5): pFedBreD with the identity prior mean mu = w ("Non-PP")."""
+
+    name: ClassVar[str] = "pfedme"
+
+
+class PFedBreDConfig(ProximalPriorConfig):
+    """pFedBreD (spec §1.5, §2.2): a personalized prior mean mu_i(w) before each prox solve.
+
+    `prior` picks the strategy: "lg" (loss gradient, eta_alpha), "meg" (memorized envelope
+    gradient, eta), "mh" (both; the code's Eq. 22 nested-gradient form, §6 A2), "mh_simple"
+    (Eq. 14's single gradient) or "identity" (pFedMe). `meta_step_updates_w` moves w itself by
+    the mh look-ahead as the official code does (§6 A1); the paper-literal mh is
+    prior="mh_simple" with meta_step_updates_w=False.
+    """
+
+    name: ClassVar[str] = "pfedbred"
+    prior: PriorRule = "mh"
+    eta: Annotated[float, Field(ge=0)] = 0.05
+    eta_alpha: Annotated[float, Field(ge=0)] = 0.01
+    meta_step_updates_w: bool = True
+
+    def prior_rule(self) -> PriorRule:
+        """The configured prior strategy."""
+        return self.prior
+
+
+class DittoConfig(FedAvgConfig):
+    """Ditto (spec §5): FedAvg's global model plus a personal theta pulled toward it by `lam`.
+
+    theta takes `personal_epochs` passes (None = `local_epochs`) at `personal_lr` (None = `lr`)
+    on f(theta) + lam/2 ||theta - w_global||^2 each round; FedAvg's local SGD trains w.
+    """
+
+    name: ClassVar[str] = "ditto"
+    lam: Annotated[float, Field(ge=0)] = 1.0
+    personal_epochs: Annotated[int, Field(ge=1)] | None = None
+    personal_lr: PositiveFloat | None = None
+
+
+StepRule = Literal["eq8", "alg2", "fixed_rho", "fixed"]
+StepUnit = Literal["steps", "epochs"]
+OthersSet = Literal["all_registered", "active"]
+
+
+class SelfFlConfig(AlgorithmConfig):
+    """Self-FL, Algorithm 1 (selffl.md §2.7): adjusted init, adaptive steps, precision weights.
+
+    The whole model is personal on the device and shared on the wire (selffl.md §2.4): it is
+    trained from the Eq. (10) start for l_m steps (Eq. 8 via `step_rule`, clipped to [1,
+    `l_max`]) and its delta goes up with sigma_m^2; `local_epochs`/`max_steps` are unused.
+    `l_default` steps apply in warm-up, while estimates are missing, or with `step_rule`
+    "fixed". `smoothing_beta` None means the participation rate C (A16). `per_sample_variance`
+    (v^2, so sigma_m^2 = v^2/N_m) and `sigma0_sq` replace the estimates by oracle values
+    (§5.9); `forgetting` < 1 discounts old rounds in Eq. (13) (A19, default exact).
+    """
+
+    name: ClassVar[str] = "selffl"
+    l_max: Annotated[int, Field(ge=1)] = 40
+    l_default: Annotated[int, Field(ge=1)] = 20
+    step_rule: StepRule = "eq8"
+    step_unit: StepUnit = "steps"
+    fixed_rho: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    on_invalid_rate: Literal["l_max", "one"] = "l_max"
+    adjust_init: bool = True
+    adaptive_steps: bool = True
+    uncertainty_weights: bool = True
+    smoothing_beta: Annotated[float, Field(gt=0, le=1)] | None = None
+    warmup_rounds: Annotated[int, Field(ge=0)] = 0
+    warmup_weights: AggregationWeights = "samples"
+    fallback_weights: AggregationWeights = "uniform"
+    eps: PositiveFloat = 1e-12
+    others_set: OthersSet = "all_registered"
+    min_activations: Annotated[int, Field(ge=2)] = 2
+    forgetting: Annotated[float, Field(gt=0, le=1)] = 1.0
+    send_updated_sigma: bool = False
+    lagged_sigma0: bool = False
+    per_sample_variance: PositiveFloat | None = None
+    sigma0_sq: Annotated[float, Field(ge=0)] | None = None
+    variance_exclude: tuple[str, ...] = ("*running_mean", "*running_var", "*num_batches_tracked")
+
+
+class SelfFlAugConfig(SelfFlConfig):
+    """Self-FL, Algorithm 2 (selffl.md §3): also trains to a local optimum every round.
+
+    The optimum theta_{m,t} (SGD on from the personal model until the epoch loss changes by
+    less than `conv_tol` relatively, at most `conv_max_epochs` epochs) is what is uploaded,
+    what sigma_m^2 is measured on and the Eq. (21) anchor; the step rule defaults to "alg2".
+    """
+
+    name: ClassVar[str] = "selffl-aug"
+    step_rule: StepRule = "alg2"
+    conv_tol: Annotated[float, Field(ge=0)] = 1e-4
+    conv_max_epochs: Annotated[int, Field(ge=1)] = 5
+
+
+SELFFL_SIGMA_M_SQ: Final = "sigma_m_sq"
+"""Self-FL uplink scalar: the device's sigma_m^2-hat (absent while undefined, A8)."""
+SELFFL_LOCAL_STEPS: Final = "local_steps"
+"""Self-FL uplink telemetry: the l_m the device ran."""
+SELFFL_SIGMA0_SQ: Final = "sigma0_sq"
+"""Self-FL downlink scalar: the server's latest sigma_0^2-hat."""
+SELFFL_S_MINUS: Final = "s_minus"
+"""Self-FL downlink scalar: S_{-m} = sum_{k != m} (sigma_0^2 + sigma_k^2)^{-1} (A2, §2.4)."""
+
+
 ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {
     config.name: config
     for config in (
@@ -141,6 +287,11 @@ ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {
         FedProxConfig,
         FedAltConfig,
         FedSimConfig,
+        PFedMeConfig,
+        PFedBreDConfig,
+        DittoConfig,
+        SelfFlConfig,
+        SelfFlAugConfig,
     )
 }
 

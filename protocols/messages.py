@@ -160,6 +160,8 @@ class FleetStatus(Message):
     fleet: DeviceId
     round_id: NonNegativeInt
     devices: tuple[FleetDevice, ...] = ()
+    scalars: Scalars = Field(default_factory=dict)
+    """The last round's fleet scalars (e.g. Self-FL's sigma_0^2), as in metrics.jsonl."""
 
 
 class SharedModel(Message):

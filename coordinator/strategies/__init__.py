@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from coordinator.strategies.base import Strategy
+from coordinator.strategies.ditto import DittoStrategy
 from coordinator.strategies.fedalt import FedAltStrategy
 from coordinator.strategies.fedavg import FedAvgStrategy
 from coordinator.strategies.fedavg_ft import FedAvgFtStrategy
 from coordinator.strategies.fedprox import FedProxStrategy
 from coordinator.strategies.fedsim import FedSimStrategy
 from coordinator.strategies.local import LocalStrategy
+from coordinator.strategies.pfedbred import PFedBreDStrategy, PFedMeStrategy
+from coordinator.strategies.selffl import SelfFlAugStrategy, SelfFlStrategy
 from protocols.algorithms import AlgorithmConfig
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -20,6 +23,11 @@ STRATEGIES: dict[str, type[Strategy]] = {
         FedProxStrategy,
         FedAltStrategy,
         FedSimStrategy,
+        PFedMeStrategy,
+        PFedBreDStrategy,
+        DittoStrategy,
+        SelfFlStrategy,
+        SelfFlAugStrategy,
     )
 }
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from coordinator.aggregate import weighted_mean
+from coordinator.aggregate import robust_combine, weighted_mean
 from coordinator.selection import select_devices
 from coordinator.server_optimizer import ServerOptimizer, ServerSgd, build_server_optimizer
 from coordinator.strategies.base import (
@@ -24,7 +24,8 @@ class FedAvgStrategy:
     """u <- u + server_lr * sum_i n_i delta_i / sum_i n_i over the round's devices.
 
     That is the default; `aggregation_weights="uniform"` weights devices equally and
-    `server_optimizer="fedadam"` replaces the SGD step with Adam (spec §1.2, §1.5).
+    `server_optimizer="fedadam"` replaces the SGD step with Adam (spec §1.2, §1.5), and
+    `clip_update_norm` / `robust_aggregation` bound what one poisoned update can do.
     """
 
     name: ClassVar[str] = "fedavg"
@@ -58,7 +59,18 @@ class FedAvgStrategy:
             isinstance(self.config, FedAvgConfig) and self.config.aggregation_weights == "uniform"
         )
         weights = [1.0 if uniform else float(u.num_samples) for u in updates]
-        mean = weighted_mean([u.shared_delta for u in updates], weights)
+        config = self.config
+        mean = (
+            robust_combine(
+                [u.shared_delta for u in updates],
+                weights,
+                method=config.robust_aggregation,
+                trim_fraction=config.trim_fraction,
+                clip_norm=config.clip_update_norm,
+            )
+            if isinstance(config, FedAvgConfig)
+            else weighted_mean([u.shared_delta for u in updates], weights)
+        )
         return Aggregate(self.server_optimizer.step(shared, mean))
 
     def state_dict(self) -> dict[str, object]:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from device_agent.algorithms.base import LocalUpdate
+from device_agent.algorithms.ditto import DittoUpdate
 from device_agent.algorithms.fedalt import FedAltUpdate
 from device_agent.algorithms.fedavg import FedAvgUpdate
 from device_agent.algorithms.fedavg_ft import FedAvgFtUpdate
 from device_agent.algorithms.fedprox import FedProxUpdate
 from device_agent.algorithms.fedsim import FedSimUpdate
 from device_agent.algorithms.local import LocalOnlyUpdate
+from device_agent.algorithms.pfedbred import PFedBreDUpdate, PFedMeUpdate
+from device_agent.algorithms.selffl import SelfFlAugUpdate, SelfFlUpdate
 
 LOCAL_UPDATES: dict[str, type[LocalUpdate]] = {
     update.name: update
@@ -19,6 +22,11 @@ LOCAL_UPDATES: dict[str, type[LocalUpdate]] = {
         FedProxUpdate,
         FedAltUpdate,
         FedSimUpdate,
+        PFedMeUpdate,
+        PFedBreDUpdate,
+        DittoUpdate,
+        SelfFlUpdate,
+        SelfFlAugUpdate,
     )
 }
 

@@ -1,0 +1,204 @@
+"""pFedBreD and pFedMe, device half: a prior mean, a K-step prox solve, an envelope step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import ClassVar
+
+import torch
+
+from device_agent.algorithms.base import (
+    LocalContext,
+    LocalResult,
+    phase_spec,
+    require_config,
+    round_result,
+    train_phase,
+)
+from device_agent.algorithms.theta import (
+    THETA,
+    load_into,
+    load_theta,
+    model_parameters,
+    stored,
+    with_prefix,
+)
+from device_agent.training import (
+    Tensors,
+    TrainStats,
+    combine_stats,
+    minibatches,
+    snapshot,
+    squared_distance,
+    train,
+)
+from protocols.algorithms import PFedBreDConfig, ProximalPriorConfig
+from tasks.base import Split
+
+MEMORY = "memory."
+"""State-name prefix of w_{i,R}^{(t-1)}, the local model at the end of the last round."""
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def axpy(x: Mapping[str, torch.Tensor], a: float, y: Mapping[str, torch.Tensor]) -> Tensors:
+    """Compute x + a * y per tensor."""
+    return {name: x[name] + a * y[name] for name in x}
+
+
+def memory_prior_mean(
+    point: Mapping[str, torch.Tensor],
+    memory: Mapping[str, torch.Tensor],
+    theta: Mapping[str, torch.Tensor],
+    eta: float,
+) -> Tensors:
+    """Prior mean from the memorized envelope gradient: point - eta (w_{i,R}^{(t-1)} - theta).
+
+    Spec §1.5 Eq. 14: point = w (meg) or the look-ahead w - eta_alpha grad f (mh); theta is
+    theta_{i,r-1}.
+    """
+    return {name: point[name] - eta * (memory[name] - theta[name]) for name in point}
+
+
+def envelope_step(
+    w: Mapping[str, torch.Tensor],
+    mu: Mapping[str, torch.Tensor],
+    theta: Mapping[str, torch.Tensor],
+    lr: float,
+    lam: float,
+) -> Tensors:
+    """First-order envelope-gradient step on w: w - alpha_m lam (mu - theta).
+
+    Spec §1.4 (grad F_i(w) ~ lam (mu - theta), App. A.7) and §2.2's last line.
+    """
+    return {name: w[name] - lr * lam * (mu[name] - theta[name]) for name in w}
+
+
+class PFedBreDUpdate:
+    """R iterations of: prior mean mu (spec §1.5), K prox steps on theta, envelope step on w.
+
+    Spec §2.2 (the official code's order). Each iteration draws one minibatch (mh: two, the
+    second used by the look-ahead's outer gradient, the K prox steps and nothing else). theta
+    and the memory w_{i,R} persist in `LocalResult.state` as "theta.<name>" and
+    "memory.<name>"; both start at the first w the device receives (§6 A5). Only w - w_global
+    goes up.
+    """
+
+    name: ClassVar[str] = "pfedbred"
+
+    def run(self, ctx: LocalContext) -> LocalResult:
+        """One round of ClientUpdate_i (spec §2.2) from the received w."""
+        cfg = require_config(ctx, ProximalPriorConfig)
+        names = model_parameters(ctx)
+        w = snapshot(ctx.model, names)
+        theta = stored(ctx.state, THETA, names) or dict(w)
+        memory = stored(ctx.state, MEMORY, names) or dict(w)
+        draws = cfg.local_steps * (2 if cfg.prior_rule() == "mh" else 1)
+        batches = minibatches(ctx.data.train, cfg.batch_size, draws, ctx.generator)
+        phases: list[TrainStats] = []
+        if len(ctx.data.train):
+            for _ in range(cfg.local_steps):
+                w, theta, stats = _iteration(ctx, cfg, w, theta, memory, batches)
+                phases.append(stats)
+            load_into(ctx.model, w)
+        result = round_result(ctx, combine_stats(*phases))
+        return LocalResult(
+            shared_delta=result.shared_delta,
+            num_samples=result.num_samples,
+            train_loss=result.train_loss,
+            personal=result.personal,
+            state={**with_prefix(THETA, theta), **with_prefix(MEMORY, w)},
+        )
+
+    def personalize(self, ctx: LocalContext) -> None:
+        """Deploy theta (spec §2.4, §6 A19), after `finetune_steps` "+FT" steps (§6 A11)."""
+        cfg = require_config(ctx, ProximalPriorConfig)
+        load_theta(ctx)
+        if cfg.finetune_steps:
+            spec = phase_spec(
+                ctx,
+                model_parameters(ctx),
+                epochs=cfg.finetune_steps,
+                lr=cfg.personal_lr,
+                max_steps=cfg.finetune_steps,
+            )
+            train_phase(ctx, spec)
+
+
+class PFedMeUpdate(PFedBreDUpdate):
+    """pFedMe: the same code path with mu = w (spec §5)."""
+
+    name: ClassVar[str] = "pfedme"
+
+
+def _iteration(
+    ctx: LocalContext,
+    cfg: ProximalPriorConfig,
+    w: Tensors,
+    theta: Tensors,
+    memory: Tensors,
+    batches: Batches,
+) -> tuple[Tensors, Tensors, TrainStats]:
+    """One local iteration r: returns (w_r, theta_r, the prox solve's stats). Spec §2.2."""
+    batch = next(batches)
+    if not isinstance(cfg, PFedBreDConfig) or cfg.prior == "identity":
+        theta_next, stats = _prox_solve(ctx, cfg, _warm_start(cfg, w, w, w, theta), w, batch)
+        return envelope_step(w, w, theta_next, cfg.lr, cfg.lam), theta_next, stats
+    rule, eta, eta_alpha = cfg.prior, cfg.eta, cfg.eta_alpha
+    if rule == "lg":  # mu = w - eta_alpha grad f(w; B); the solve starts at mu
+        mu = _gradient_step(ctx, w, batch, eta_alpha)
+        start = mu
+    elif rule == "meg":
+        mu, start = memory_prior_mean(w, memory, theta, eta), w
+    else:  # mh (Eq. 22, two batches) or mh_simple (Eq. 14)
+        ahead = _gradient_step(ctx, w, batch, eta_alpha)
+        if rule == "mh":  # w - eta_alpha grad f(w - eta_alpha grad f(w; B1); B2)
+            batch = next(batches)
+            ahead = axpy(w, 1.0, axpy(_gradient_step(ctx, ahead, batch, eta_alpha), -1.0, ahead))
+        if cfg.meta_step_updates_w:  # §6 A1, the code's behaviour
+            w = ahead
+        mu, start = memory_prior_mean(ahead, memory, theta, eta), w
+    theta_next, stats = _prox_solve(ctx, cfg, _warm_start(cfg, start, w, mu, theta), mu, batch)
+    return envelope_step(w, mu, theta_next, cfg.lr, cfg.lam), theta_next, stats
+
+
+def _warm_start(
+    cfg: ProximalPriorConfig, code: Tensors, w: Tensors, mu: Tensors, theta: Tensors
+) -> Tensors:
+    """Where the prox solve starts: the code's choice, or `prox_init`'s (spec §6 A3)."""
+    if cfg.prox_init is None:
+        return code
+    return {"local": w, "mu": mu, "prev_theta": theta}[cfg.prox_init]
+
+
+def _gradient_step(
+    ctx: LocalContext, point: Tensors, batch: tuple[torch.Tensor, torch.Tensor], lr: float
+) -> Tensors:
+    """One full-batch SGD step of the training loop: point - lr grad f(point; batch)."""
+    load_into(ctx.model, point)
+    spec = phase_spec(ctx, tuple(point), epochs=1, lr=lr)
+    train(ctx.model, ctx.task, Split(*batch), spec, ctx.generator, budget=ctx.budget)
+    return snapshot(ctx.model, tuple(point))
+
+
+def _prox_solve(
+    ctx: LocalContext,
+    cfg: ProximalPriorConfig,
+    start: Tensors,
+    mu: Tensors,
+    batch: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[Tensors, TrainStats]:
+    """Approximate argmin f(theta; B) + lam/2 ||theta - mu||^2 by K GD steps (spec §2.2, A8)."""
+    load_into(ctx.model, start)
+    lam = cfg.lam
+    spec = phase_spec(ctx, tuple(start), epochs=cfg.prox_steps, lr=cfg.personal_lr)
+    stats = train(
+        ctx.model,
+        ctx.task,
+        Split(*batch),
+        spec,
+        ctx.generator,
+        budget=ctx.budget,
+        extra_loss=lambda: 0.5 * lam * squared_distance(ctx.model, mu),
+    )
+    return snapshot(ctx.model, tuple(start)), stats

@@ -1,0 +1,62 @@
+import torch
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import EngineSettings
+from coordinator.settings import SimulationSettings
+from device_agent.agent import DeviceAgent
+from device_agent.state_store import MemoryStateStore
+from protocols import topics
+from protocols.codec import encode_frame, pack_tensors
+from protocols.messages import SharedModel
+from protocols.transport.inprocess import InProcessBroker
+from tasks.base import PartitionSpec
+from tasks.registry import load_task
+
+
+def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
+    # Prepare: a fleet of one, and a forger on the hub
+    settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=1, rounds=2)
+    task = load_task("digits")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task="digits", rounds=2),
+    )
+    workspace = task.build_model(0)
+    agent = DeviceAgent(
+        device_id="dev-0",
+        fleet="default",
+        transport=broker.connect("dev-0"),
+        task=task,
+        data=task.make_fleet(2, PartitionSpec(), 0)[0],
+        seed=0,
+        store=MemoryStateStore(),
+        workspace=workspace,
+        initial_state=dict(workspace.state_dict()),
+    )
+    agent.start()
+    coordinator.start()
+    coordinator.wait_for_devices(1, 1.0)
+    coordinator.run_round()
+    broker.pump(lambda: False)  # deliver round 1's model
+    good = agent._model
+    assert good is not None
+    assert good.header.round_id == 1
+    manifest, blob = pack_tensors({k: v + 1 for k, v in model.state_dict().items()})
+    corrupt = bytearray(blob)
+    corrupt[-1] ^= 0xFF  # the checksum no longer matches
+    forger = broker.connect("forger")
+    # Execute
+    forger.publish(
+        topics.shared_model("default"),
+        encode_frame(SharedModel(round_id=9, manifest=manifest), bytes(corrupt)),
+    )
+    broker.pump(lambda: False)
+    # Assert: the agent kept the good model, and the next round completes with it
+    assert agent._model is good
+    record = coordinator.run_round()
+    assert record.participants == 1
+    assert all(torch.isfinite(t).all() for t in coordinator.shared.values())

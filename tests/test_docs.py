@@ -1,0 +1,171 @@
+"""The docs are current and their commands run: docs/cli.md, README.md and docs/quickstart.md."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from coordinator.cli import app as coord_app
+from coordinator.cli_docs import CLI_MD, render_cli_docs
+from device_agent.cli import app as agent_app
+from tests.conftest import free_port, wait_for_port
+from tests.e2e.conftest import child_env
+
+REPO = Path(__file__).resolve().parent.parent
+APPS = {"pfl-coord": coord_app, "pfl-agent": agent_app}
+# Tiny settings replace the documented ones (a missing flag is added for simulate and compare).
+TINY = {"--devices": "4", "--rounds": "2", "--pretrain-rounds": "1", "--seeds": "1"}
+IN_PROCESS = {"simulate", "compare", "report"}
+
+
+def fenced_commands(markdown: str, sections: tuple[str, ...] | None = None) -> list[list[str]]:
+    """The commands of the ```bash blocks (of the `## ` sections named), split on && and lines."""
+    if sections is not None:
+        parts = re.split(r"^## ", markdown, flags=re.MULTILINE)
+        markdown = "\n".join(p for p in parts if p.split("\n", 1)[0].strip() in sections)
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words:
+                end = words.index("&&") if "&&" in words else len(words)
+                commands.append(words[:end])
+                words = words[end + 1 :]
+    return commands
+
+
+def tiny(words: list[str]) -> list[str]:
+    """A documented command with tiny settings, keeping every other flag as written."""
+    words = list(words)
+    for flag, value in TINY.items():
+        if flag in words:
+            words[words.index(flag) + 1] = value
+        elif words[1] in ("simulate", "compare") and flag in ("--devices", "--rounds"):
+            words += [flag, value]
+    return words
+
+
+def parses(words: list[str]) -> None:
+    """The command line is valid for its program: known command, known flags, right types."""
+    group = typer.main.get_command(APPS[words[0]])
+    command = group.commands[words[1]]
+    command.make_context(" ".join(words[:2]), words[2:])
+
+
+def test_cli_md_is_current() -> None:
+    assert CLI_MD.read_text() == render_cli_docs(), (
+        "docs/cli.md is out of date: run `python -m coordinator.cli_docs`"
+    )
+
+
+def test_cli_md_documents_every_command() -> None:
+    text = CLI_MD.read_text()
+    for program, app in APPS.items():
+        for name in typer.main.get_command(app).commands:
+            assert f"### `{program} {name}`" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_simulate_compare_report_commands_run_as_written(tmp_path, monkeypatch) -> None:
+    # Prepare: README's "Two commands" and "Using it" sections, and the quickstart
+    readme = fenced_commands((REPO / "README.md").read_text(), ("Two commands", "Using it"))
+    quickstart = fenced_commands((REPO / "docs" / "quickstart.md").read_text())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-run.toml").write_text("# the README's example config file\n")
+    runner = CliRunner()
+    ran, checked = [], []
+    # Execute
+    for words in readme + quickstart:
+        if words[0] not in APPS or "..." in words:
+            continue  # pip and pytest; an elided line ("simulate ... --transport mqtt")
+        if words[0] == "pfl-coord" and words[1] in IN_PROCESS:
+            command = tiny(words)
+            result = runner.invoke(coord_app, command[1:])
+            assert result.exit_code == 0, f"{shlex.join(command)}:\n{result.output}"
+            ran.append(command)
+        else:  # fleet commands: the quickstart fleet test runs them; here they must parse
+            parses(words)
+            checked.append(words)
+    # Assert: the documented outputs exist
+    assert len(ran) >= 8
+    assert (tmp_path / "runs" / "cmp" / "comparison.md").is_file()
+    assert (tmp_path / "runs" / "cmp" / "plots" / "accuracy.png").is_file()
+    assert (tmp_path / "runs" / "first" / "plots" / "device_histogram.png").is_file()
+    assert any(w[1] == "serve" for w in checked)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_quickstart_fleet_runs_as_written(tmp_path) -> None:
+    """Serve with the embedded broker, two agents, status, then the offline export."""
+    # Prepare: the quickstart's fleet commands, on a free port and with 2 rounds
+    commands = fenced_commands((REPO / "docs" / "quickstart.md").read_text())
+    port = free_port()
+
+    def local(words: list[str]) -> list[str]:
+        text = shlex.join(tiny(words)).replace("127.0.0.1:1883", f"127.0.0.1:{port}")
+        return shlex.split(text)
+
+    by_name = {}
+    for words in commands:
+        by_name.setdefault(" ".join(words[:2]), []).append(local(words))
+    (serve,) = by_name["pfl-coord serve"]
+    agents = by_name["pfl-agent start"]
+    (status,) = by_name["pfl-coord status"]
+    (export,) = by_name["pfl-agent export"]
+    assert len(agents) == 2
+    env = child_env()
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(words: list[str], log: str) -> subprocess.Popen[bytes]:
+        with (tmp_path / log).open("wb") as handle:
+            child = subprocess.Popen(
+                words, cwd=tmp_path, env=env, stdout=handle, stderr=subprocess.STDOUT
+            )
+        children.append(child)
+        return child
+
+    def log(name: str) -> str:
+        return (tmp_path / name).read_text(errors="replace")
+
+    try:
+        # Execute: the coordinator with its embedded broker, then the agents once it listens
+        coordinator = start([*serve, "--port", str(port), "--round-timeout", "60"], "serve.log")
+        assert wait_for_port(port, timeout_s=60), log("serve.log")
+        for index, words in enumerate(agents):
+            start(words, f"agent-{index}.log")
+        shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr.decode()
+        assert coordinator.wait(timeout=150) == 0, log("serve.log")
+        for child in children[1:]:
+            child.send_signal(signal.SIGINT)  # Ctrl-C
+            child.wait(timeout=30)
+        exported = subprocess.run(export, cwd=tmp_path, env=env, capture_output=True, timeout=90)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=10)
+    # Assert
+    assert "embedded MQTT broker listening on" in log("serve.log")
+    assert (tmp_path / "runs" / "fleet" / "summary.json").is_file()
+    assert exported.returncode == 0, exported.stderr.decode() + exported.stdout.decode()
+    assert (tmp_path / "dev-1.onnx").stat().st_size > 1000
+    parses(by_name["pfl-coord export"][0])
+
+
+def test_fenced_commands_split_lines_chains_and_comments() -> None:
+    text = "```bash\npip install x && pfl-coord simulate --a 1 \\\n   --b 2  # note\npytest\n```\n"
+    assert fenced_commands(text) == [
+        ["pip", "install", "x"],
+        ["pfl-coord", "simulate", "--a", "1", "--b", "2"],
+        ["pytest"],
+    ]
