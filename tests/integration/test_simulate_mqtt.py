@@ -37,3 +37,21 @@ def test_without_a_broker_simulate_mqtt_serves_an_embedded_one() -> None:
     hub = run_simulation(_settings(devices=3, rounds=1))
     wire = run_simulation(_settings(devices=3, rounds=1, transport="mqtt"))
     assert wire.summary["metrics"] == hub.summary["metrics"]
+
+
+@pytest.mark.mosquitto
+@pytest.mark.parametrize(
+    ("task", "algorithm"), [("gaussian", "selffl"), ("digits", "pfedbred"), ("digits", "fedalt")]
+)
+def test_algorithms_with_scalars_and_device_state_match_over_mosquitto(
+    mosquitto, task: str, algorithm: str
+) -> None:
+    # Self-FL sends sigma_m^2 up and S_-m down; pFedBreD and FedAlt keep state on the device
+    hub = run_simulation(_settings(task=task, algorithm=algorithm, rounds=3))
+    wire = run_simulation(
+        _settings(task=task, algorithm=algorithm, rounds=3, transport="mqtt", broker=mosquitto.url)
+    )
+    for name, tensor in hub.final_shared.items():
+        assert torch.equal(tensor, wire.final_shared[name]), name
+    assert wire.summary["metrics"] == hub.summary["metrics"]
+    assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
