@@ -2,36 +2,45 @@
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.cli_fleet import export, provision, status
 from coordinator.cli_options import (
     AlgorithmOption,
+    AlphaOption,
     BatchSizeOption,
+    CaOption,
+    CertOption,
     ConfigOption,
+    DevicesOption,
     EvalEveryOption,
     FleetOption,
+    InsecureOption,
+    KeyOption,
+    LabelsOption,
     LocalEpochsOption,
     LrOption,
     OutOption,
     ParticipationOption,
+    PartitionOption,
+    PasswordOption,
     PersonalOption,
     PresetOption,
     PretrainOption,
     RoundsOption,
     SeedOption,
     TaskOption,
+    UserOption,
     VerboseOption,
+    configure_logging,
+    console,
 )
 from coordinator.compare import (
     COLUMNS,
@@ -43,39 +52,24 @@ from coordinator.compare import (
     plan_runs,
     run_comparison,
 )
-from coordinator.export_command import FleetExport, request_exports
-from coordinator.provision import provision as provision_fleet
 from coordinator.report import build_report
 from coordinator.rounds import RoundRecord
 from coordinator.serve import ServeResult, run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
-from coordinator.status import collect_fleet_view
-from device_agent.exporting import ExportRequest
 from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
-from protocols.program_settings import BrokerAccess
 
 app = typer.Typer(
     help="pfl-edge coordinator: run federated rounds for a fleet of devices.", no_args_is_help=True
 )
-console = Console(stderr=True)
-
-
-def configure_logging(verbose: bool) -> None:
-    """Rich log lines on stderr; library modules only create loggers."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
 
 
 @app.command()
 def simulate(
     task: TaskOption = None,
     algorithm: AlgorithmOption = None,
-    devices: Annotated[int | None, typer.Option(help="virtual devices (default: 20)")] = None,
+    devices: DevicesOption = None,
     rounds: RoundsOption = None,
     seed: SeedOption = None,
     out: OutOption = None,
@@ -83,15 +77,9 @@ def simulate(
     local_epochs: LocalEpochsOption = None,
     batch_size: BatchSizeOption = None,
     lr: LrOption = None,
-    partition: Annotated[
-        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
-    ] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
-    ] = None,
-    labels_per_device: Annotated[
-        int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-    ] = None,
+    partition: PartitionOption = None,
+    alpha: AlphaOption = None,
+    labels_per_device: LabelsOption = None,
     personal: PersonalOption = None,
     eval_every: EvalEveryOption = None,
     transport: Annotated[
@@ -205,16 +193,6 @@ def _print_summary(result: SimulationResult | ServeResult) -> None:
         )
 
 
-UserOption = Annotated[str | None, typer.Option(help="broker user name")]
-PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
-CaOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
-CertOption = Annotated[str | None, typer.Option(help="client certificate (with --key-file)")]
-KeyOption = Annotated[str | None, typer.Option(help="client certificate's private key")]
-InsecureOption = Annotated[
-    bool | None, typer.Option("--tls-insecure", help="skip the broker host name check")
-]
-
-
 @app.command()
 def serve(
     task: TaskOption = None,
@@ -285,192 +263,6 @@ def serve(
 
 
 @app.command()
-def status(
-    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
-    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    listen: Annotated[float, typer.Option(help="seconds to collect retained messages")] = 1.5,
-    username: UserOption = None,
-    password: PasswordOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    tls_insecure: InsecureOption = None,
-) -> None:
-    """Show the coordinator's and every device's retained status."""
-    configure_logging(False)
-    try:
-        access = BrokerAccess(
-            username=username,
-            password=password,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-            tls_insecure=bool(tls_insecure),
-        )
-        view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
-    except (PflError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
-        return
-    coordinator = view.coordinator
-    title = (
-        "no coordinator status"
-        if coordinator is None
-        else (
-            f"fleet {fleet}: coordinator {coordinator.state}, round {coordinator.round_id}"
-            f"/{coordinator.rounds} ({coordinator.algorithm} on {coordinator.task})"
-        )
-    )
-    table = Table(title=title)
-    for column in ("device", "online", "last seen", "round", "last loss", "detail"):
-        table.add_column(column)
-    for row in view.rows():
-        seen = (
-            datetime.fromtimestamp(row["last_seen"]).strftime("%H:%M:%S")
-            if row["last_seen"]
-            else "-"
-        )
-        loss = "-" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
-        table.add_row(
-            row["device"],
-            "yes" if row["online"] else "[red]no[/red]",
-            seen,
-            "-" if row["round"] is None else str(row["round"]),
-            loss,
-            row["detail"],
-        )
-    Console().print(table)
-    if view.fleet is not None and view.fleet.scalars:
-        scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
-        Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
-
-
-@app.command()
-def export(
-    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
-    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
-    out_dir: Annotated[
-        Path | None,
-        typer.Option(help="directory on each device for <device>.onnx (default: its state dir)"),
-    ] = None,
-    quantize: Annotated[
-        str | None, typer.Option(help="int8: also write <device>.int8.onnx")
-    ] = None,
-    guard: Annotated[
-        bool, typer.Option("--guard", help="ship the global model where it validates better")
-    ] = False,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for the devices")] = 60.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    username: UserOption = None,
-    password: PasswordOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    tls_insecure: InsecureOption = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
-) -> None:
-    """Ask every device to export its personalized model to ONNX; exit 1 if any failed."""
-    configure_logging(verbose)
-    try:
-        access = BrokerAccess(
-            username=username,
-            password=password,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-            tls_insecure=bool(tls_insecure),
-        )
-        request = ExportRequest.from_arguments(
-            {
-                "out_dir": "" if out_dir is None else str(out_dir),
-                "quantize": quantize or "",
-                "guard": "true" if guard else "false",
-            }
-        )
-        result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
-    except (PflError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True))
-    else:
-        _print_exports(fleet, result)
-    if not result.ok:
-        raise typer.Exit(1)
-
-
-def _print_exports(fleet: str, result: FleetExport) -> None:
-    answered = sum(1 for row in result.rows() if row["answered"])
-    table = Table(title=f"fleet {fleet}: {answered} export report(s)")
-    for column in ("device", "ok", "file", "size", "sha256", "parity", "metric", "chosen"):
-        table.add_column(column, justify="right" if column in ("size", "parity") else "left")
-    failures = []
-    for row in result.rows():
-        if not row["ok"]:
-            table.add_row(row["device"], "[red]no[/red]", *["-"] * 6)
-            failures.append(f"[red]{row['device']}:[/red] {row['error']}")
-            continue
-        metric = row["metric"]
-        table.add_row(
-            row["device"],
-            "yes",
-            row["path"],
-            f"{row['size_bytes']:,}",
-            row["sha256"][:12],
-            f"{row['parity_max_abs_diff']:.2g}",
-            "-" if metric is None else f"{metric:.4f}",
-            row["chosen"] or "-",
-        )
-    Console().print(table)
-    for line in failures:
-        console.print(line)
-
-
-@app.command()
-def provision(
-    devices: Annotated[str, typer.Option(help="comma-separated device ids, e.g. dev-1,dev-2")],
-    out: Annotated[Path, typer.Option(help="directory for the broker files and credentials")],
-    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
-    host: Annotated[str, typer.Option(help="the broker's host name or IP, as devices use it")] = (
-        "localhost"
-    ),
-    tls_port: Annotated[int, typer.Option(help="TLS listener port")] = 8883,
-    plain_port: Annotated[
-        int | None, typer.Option(help="also a plain listener on 127.0.0.1 at this port")
-    ] = None,
-    broker_dir: Annotated[
-        Path | None, typer.Option(help="where the files will live on the broker (default: --out)")
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an earlier deployment")] = False,
-) -> None:
-    """Write per-device broker credentials, password file, ACL and TLS config (docs/security.md)."""
-    configure_logging(False)
-    try:
-        result = provision_fleet(
-            [d.strip() for d in devices.split(",") if d.strip()],
-            out,
-            fleet=fleet,
-            host=host,
-            tls_port=tls_port,
-            plain_port=plain_port,
-            broker_dir=broker_dir,
-            force=force,
-        )
-    except (PflError, ValueError, OSError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
-    console.print(
-        f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
-        f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
-        f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
-        "\n  the certificates in tls/ are for tests only: see docs/security.md"
-    )
-
-
-@app.command()
 def compare(
     algorithms: Annotated[
         str, typer.Option(help=f"comma-separated, from: {', '.join(algorithm_names())}")
@@ -480,21 +272,15 @@ def compare(
     ],
     seeds: Annotated[str, typer.Option(help="a count N (seeds 0..N-1) or a list like 0,4,7")] = "3",
     task: TaskOption = None,
-    devices: Annotated[int | None, typer.Option(help="virtual devices (default: 20)")] = None,
+    devices: DevicesOption = None,
     rounds: RoundsOption = None,
     participation: ParticipationOption = None,
     local_epochs: LocalEpochsOption = None,
     batch_size: BatchSizeOption = None,
     lr: LrOption = None,
-    partition: Annotated[
-        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
-    ] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
-    ] = None,
-    labels_per_device: Annotated[
-        int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-    ] = None,
+    partition: PartitionOption = None,
+    alpha: AlphaOption = None,
+    labels_per_device: LabelsOption = None,
     personal: PersonalOption = None,
     personal_preset: PresetOption = None,
     pretrain_rounds: PretrainOption = None,
@@ -580,6 +366,10 @@ def report(
         console.print(f"  {path}")
     for reason in result.skipped:
         console.print(f"  [yellow]skipped[/yellow] {reason}")
+
+
+for command in (status, export, provision):
+    app.command()(command)
 
 
 @app.callback()

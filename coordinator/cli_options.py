@@ -1,11 +1,14 @@
-"""Command-line options `simulate` and `serve` share, declared once with their help and defaults."""
+"""What the `pfl-coord` commands share: options declared once with help and defaults, logging."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.logging import RichHandler
 
 from protocols.algorithms import algorithm_names
 
@@ -56,3 +59,30 @@ ConfigOption = Annotated[
     typer.Option("--config", help="TOML file with any setting (flags and PFL_* variables win)"),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
+DevicesOption = Annotated[int | None, typer.Option(help="virtual devices (default: 20)")]
+PartitionOption = Annotated[
+    str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
+]
+AlphaOption = Annotated[float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")]
+LabelsOption = Annotated[
+    int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
+]
+UserOption = Annotated[str | None, typer.Option(help="broker user name")]
+PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
+CaOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
+CertOption = Annotated[str | None, typer.Option(help="client certificate (with --key-file)")]
+KeyOption = Annotated[str | None, typer.Option(help="client certificate's private key")]
+InsecureOption = Annotated[
+    bool | None, typer.Option("--tls-insecure", help="skip the broker host name check")
+]
+
+console = Console(stderr=True)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Rich log lines on stderr; library modules only create loggers."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )

@@ -1,0 +1,212 @@
+"""`pfl-coord status`, `export` and `provision`: the commands that talk to a running fleet."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.cli_options import (
+    CaOption,
+    CertOption,
+    InsecureOption,
+    KeyOption,
+    PasswordOption,
+    UserOption,
+    configure_logging,
+    console,
+)
+from coordinator.export_command import FleetExport, request_exports
+from coordinator.provision import provision as provision_fleet
+from coordinator.status import collect_fleet_view
+from device_agent.exporting import ExportRequest
+from protocols.errors import PflError
+from protocols.program_settings import BrokerAccess
+
+
+def status(
+    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    listen: Annotated[float, typer.Option(help="seconds to collect retained messages")] = 1.5,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+) -> None:
+    """Show the coordinator's and every device's retained status."""
+    configure_logging(False)
+    try:
+        access = BrokerAccess(
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            tls_insecure=bool(tls_insecure),
+        )
+        view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
+    except (PflError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
+        return
+    coordinator = view.coordinator
+    title = (
+        "no coordinator status"
+        if coordinator is None
+        else (
+            f"fleet {fleet}: coordinator {coordinator.state}, round {coordinator.round_id}"
+            f"/{coordinator.rounds} ({coordinator.algorithm} on {coordinator.task})"
+        )
+    )
+    table = Table(title=title)
+    for column in ("device", "online", "last seen", "round", "last loss", "detail"):
+        table.add_column(column)
+    for row in view.rows():
+        seen = (
+            datetime.fromtimestamp(row["last_seen"]).strftime("%H:%M:%S")
+            if row["last_seen"]
+            else "-"
+        )
+        loss = "-" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
+        table.add_row(
+            row["device"],
+            "yes" if row["online"] else "[red]no[/red]",
+            seen,
+            "-" if row["round"] is None else str(row["round"]),
+            loss,
+            row["detail"],
+        )
+    Console().print(table)
+    if view.fleet is not None and view.fleet.scalars:
+        scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
+        Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
+
+
+def export(
+    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(help="directory on each device for <device>.onnx (default: its state dir)"),
+    ] = None,
+    quantize: Annotated[
+        str | None, typer.Option(help="int8: also write <device>.int8.onnx")
+    ] = None,
+    guard: Annotated[
+        bool, typer.Option("--guard", help="ship the global model where it validates better")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the devices")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+) -> None:
+    """Ask every device to export its personalized model to ONNX; exit 1 if any failed."""
+    configure_logging(verbose)
+    try:
+        access = BrokerAccess(
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            tls_insecure=bool(tls_insecure),
+        )
+        request = ExportRequest.from_arguments(
+            {
+                "out_dir": "" if out_dir is None else str(out_dir),
+                "quantize": quantize or "",
+                "guard": "true" if guard else "false",
+            }
+        )
+        result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
+    except (PflError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True))
+    else:
+        _print_exports(fleet, result)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def _print_exports(fleet: str, result: FleetExport) -> None:
+    answered = sum(1 for row in result.rows() if row["answered"])
+    table = Table(title=f"fleet {fleet}: {answered} export report(s)")
+    for column in ("device", "ok", "file", "size", "sha256", "parity", "metric", "chosen"):
+        table.add_column(column, justify="right" if column in ("size", "parity") else "left")
+    failures = []
+    for row in result.rows():
+        if not row["ok"]:
+            table.add_row(row["device"], "[red]no[/red]", *["-"] * 6)
+            failures.append(f"[red]{row['device']}:[/red] {row['error']}")
+            continue
+        metric = row["metric"]
+        table.add_row(
+            row["device"],
+            "yes",
+            row["path"],
+            f"{row['size_bytes']:,}",
+            row["sha256"][:12],
+            f"{row['parity_max_abs_diff']:.2g}",
+            "-" if metric is None else f"{metric:.4f}",
+            row["chosen"] or "-",
+        )
+    Console().print(table)
+    for line in failures:
+        console.print(line)
+
+
+def provision(
+    devices: Annotated[str, typer.Option(help="comma-separated device ids, e.g. dev-1,dev-2")],
+    out: Annotated[Path, typer.Option(help="directory for the broker files and credentials")],
+    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    host: Annotated[str, typer.Option(help="the broker's host name or IP, as devices use it")] = (
+        "localhost"
+    ),
+    tls_port: Annotated[int, typer.Option(help="TLS listener port")] = 8883,
+    plain_port: Annotated[
+        int | None, typer.Option(help="also a plain listener on 127.0.0.1 at this port")
+    ] = None,
+    broker_dir: Annotated[
+        Path | None, typer.Option(help="where the files will live on the broker (default: --out)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier deployment")] = False,
+) -> None:
+    """Write per-device broker credentials, password file, ACL and TLS config (docs/security.md)."""
+    configure_logging(False)
+    try:
+        result = provision_fleet(
+            [d.strip() for d in devices.split(",") if d.strip()],
+            out,
+            fleet=fleet,
+            host=host,
+            tls_port=tls_port,
+            plain_port=plain_port,
+            broker_dir=broker_dir,
+            force=force,
+        )
+    except (PflError, ValueError, OSError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
+        f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
+        f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
+        "\n  the certificates in tls/ are for tests only: see docs/security.md"
+    )
