@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import socket
 import ssl
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -27,9 +23,14 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from protocols.errors import PflError, ProtocolError
-from protocols.topics import topic_matches
 from protocols.transport import chunking
-from protocols.transport.base import MessageHandler, TransportStats, Will
+from protocols.transport.base import MessageHandler, Will
+from protocols.transport.dispatch import (
+    Dispatcher,
+    MqttTransportStats,
+    Reconnected,
+    Replay,
+)
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
@@ -37,145 +38,10 @@ _paho_logger = logging.getLogger(f"{__name__}.paho")
 
 _QOS = 1
 _PUBLISH_OVERHEAD = 16  # fixed header, topic length and packet id of a PUBLISH, upper bound
-_UNCLAIMED_MESSAGES = 256
 
 
 class BrokerConnectionError(PflError, ConnectionError):
     """The broker cannot be reached, refused the connection, or the transport is closed."""
-
-
-@dataclass
-class MqttTransportStats(TransportStats):
-    """Payload counters plus what actually crossed the wire (chunk headers, retained clears)."""
-
-    wire_bytes_sent: int = 0
-    wire_bytes_received: int = 0
-
-
-@dataclass(frozen=True)
-class _Reconnected:
-    """Run the transport's reconnect hook on the dispatch thread, in order with messages."""
-
-    hook: Callable[[], None]
-
-
-@dataclass(frozen=True)
-class _Replay:
-    """Hand messages that arrived before any handler matched them to a new subscription."""
-
-    pattern: str
-    handler: MessageHandler
-
-
-_Item = tuple[str, bytes] | _Replay | _Reconnected | None
-
-
-class _Dispatcher:
-    """The receiving half: one thread that reassembles chunks and calls matching handlers.
-
-    Messages that match no handler yet (a persistent session delivers its queue right after
-    CONNACK, before a restarted program has subscribed again) are kept, bounded, and handed to
-    the first subscription that matches them.
-    """
-
-    def __init__(self, client_id: str, settings: BrokerSettings, stats: MqttTransportStats) -> None:
-        self.client_id = client_id
-        self.stats = stats
-        self.handlers: list[tuple[str, MessageHandler]] = []
-        self.lock = threading.Lock()
-        self._max_bytes = settings.max_payload_bytes
-        self._reassembler = chunking.Reassembler(
-            settings.max_payload_bytes, settings.reassembly_timeout_s
-        )
-        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._unclaimed: deque[tuple[str, bytes]] = deque()
-        self._delivered = threading.Condition()
-        self.thread = threading.Thread(
-            target=self._run, name=f"mqtt-dispatch-{client_id}", daemon=True
-        )
-
-    def put(self, item: _Item) -> None:
-        """Queue a message, a replay request, or None to stop the thread."""
-        self._inbox.put(item)
-
-    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Re-check `predicate` after each message and every 0.1 s until it holds or time is up."""
-        if threading.current_thread() is self.thread:
-            return predicate()  # a handler cannot wait for messages its own thread delivers
-        deadline = time.monotonic() + timeout_s
-        with self._delivered:
-            while not predicate():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return predicate()
-                self._delivered.wait(min(0.1, remaining))
-        return True
-
-    def stop(self, timeout_s: float) -> None:
-        """Deliver what is queued, then end the thread."""
-        self.put(None)
-        if threading.current_thread() is not self.thread and self.thread.is_alive():
-            self.thread.join(timeout=timeout_s)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                item = self._inbox.get(timeout=0.5)
-            except queue.Empty:
-                self._reassembler.expire()
-                continue
-            if item is None:
-                return
-            try:
-                if isinstance(item, _Replay):
-                    self._replay(item)
-                elif isinstance(item, _Reconnected):
-                    item.hook()
-                else:
-                    self._deliver(*item)
-            except Exception:  # one bad message must never stop the transport
-                logger.exception("%s dropped a message: %.200r", self.client_id, item)
-            with self._delivered:
-                self._delivered.notify_all()
-
-    def _deliver(self, topic: str, payload: bytes) -> None:
-        self.stats.wire_bytes_received += len(payload)
-        chunk = chunking.parse_chunk_topic(topic)
-        if chunk is not None:
-            if not payload:
-                return  # a publisher clearing a stale retained chunk
-            try:
-                whole = self._reassembler.add(chunk[0], payload)
-            except ProtocolError as error:
-                logger.warning("%s dropped a bad chunk on %s: %s", self.client_id, topic, error)
-                return
-            self._reassembler.expire()
-            if whole is None:
-                return
-            topic, payload = chunk[0], whole
-        self.stats.bytes_received += len(payload)
-        self.stats.messages_received += 1
-        with self.lock:
-            matching = [(p, h) for p, h in self.handlers if topic_matches(p, topic)]
-        if not matching:
-            self._unclaimed.append((topic, payload))
-            held = sum(len(p) for _, p in self._unclaimed)
-            while len(self._unclaimed) > _UNCLAIMED_MESSAGES or held > self._max_bytes:
-                held -= len(self._unclaimed.popleft()[1])
-        for pattern, handler in matching:
-            self._call(pattern, handler, topic, payload)
-
-    def _replay(self, replay: _Replay) -> None:
-        claimed = [(t, p) for t, p in self._unclaimed if topic_matches(replay.pattern, t)]
-        self._unclaimed = deque(m for m in self._unclaimed if m not in claimed)
-        for topic, payload in claimed:
-            self._call(replay.pattern, replay.handler, topic, payload)
-
-    def _call(self, pattern: str, handler: MessageHandler, topic: str, payload: bytes) -> None:
-        try:
-            handler(topic, payload)
-        except Exception:
-            logger.exception("%s: handler for %s failed on %s", self.client_id, pattern, topic)
 
 
 class MqttTransport:
@@ -204,7 +70,7 @@ class MqttTransport:
         self.settings = settings
         self.stats = MqttTransportStats()
         self.on_reconnect: Callable[[], None] | None = None
-        self._dispatcher = _Dispatcher(client_id, settings, self.stats)
+        self._dispatcher = Dispatcher(client_id, settings, self.stats)
         self._filters: list[str] = []
         self._retained_chunks: dict[str, int] = {}
         self._publishing = threading.Lock()
@@ -283,7 +149,7 @@ class MqttTransport:
                 self._dispatcher.handlers.remove((pattern, handler))
                 self._filters = [f for f in self._filters if f not in new]
             raise
-        self._dispatcher.put(_Replay(pattern, handler))
+        self._dispatcher.put(Replay(pattern, handler))
 
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Let messages flow until `predicate()` holds or `timeout_s` passes; return predicate().
@@ -467,7 +333,7 @@ class MqttTransport:
                 client.subscribe([(f, self._options()) for f in filters])
             hook = self.on_reconnect
             if hook is not None and self._connack.is_set():
-                self._dispatcher.put(_Reconnected(hook))
+                self._dispatcher.put(Reconnected(hook))
         except Exception:
             logger.exception("%s: on_connect failed", self.client_id)
         finally:
