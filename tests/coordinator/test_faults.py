@@ -1,0 +1,76 @@
+"""Faults mid-round leave the result exactly what the surviving devices' updates determine."""
+
+import torch
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import EngineSettings
+from coordinator.settings import SimulationSettings
+from device_agent.agent import DeviceAgent, device_will
+from device_agent.state_store import MemoryStateStore
+from protocols.transport.inprocess import InProcessBroker
+from tasks.base import PartitionSpec
+from tasks.registry import load_task
+
+DEVICES = 10
+FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
+
+
+def _run(failure: str) -> dict[str, torch.Tensor]:
+    """Four FedAvg rounds; from round 2 on the FAILING devices crash or decline mid-round."""
+    settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=DEVICES)
+    task = load_task("digits")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task="digits", rounds=4, quorum=0.5),
+    )
+    fleet = task.make_fleet(DEVICES, PartitionSpec(), 0)
+    for index, data in enumerate(fleet):
+        device_id = f"dev-{index:02d}"
+        workspace = task.build_model(0)
+        agent = DeviceAgent(
+            device_id=device_id,
+            fleet="default",
+            transport=broker.connect(device_id, device_will("default", device_id)),
+            task=task,
+            data=data,
+            seed=0,
+            store=MemoryStateStore(),
+            workspace=workspace,
+            initial_state=dict(workspace.state_dict()),
+        )
+        if device_id in FAILING:
+            agent._train = _failing(agent, failure)  # type: ignore[method-assign]
+        agent.start()
+    coordinator.start()
+    coordinator.wait_for_devices(DEVICES, 1.0)
+    participants = [coordinator.run_round().participants for _ in range(4)]
+    assert participants == [10, 7, 7, 7]
+    return coordinator.shared
+
+
+def _failing(agent: DeviceAgent, failure: str):
+    original = agent._train
+
+    def train(announcement, model) -> None:
+        if announcement.round_id < 2:
+            original(announcement, model)
+        elif failure == "crash":  # trained or not, the process is gone: only its will remains
+            agent.transport.vanish()
+        else:
+            agent.publish_status("skipped", round_id=announcement.round_id, detail="declined")
+
+    return train
+
+
+def test_devices_crashing_mid_round_give_the_model_of_a_fault_free_run_without_them() -> None:
+    # Execute: 30% of devices crash in round 2 (last-will "offline", never answer) against a
+    # fault-free run where the same devices answer round 1 and then decline every round
+    crashed = _run("crash")
+    declined = _run("decline")
+    # Assert: FedAvg is deterministic given the participants, so the models are identical
+    for name, tensor in crashed.items():
+        assert torch.equal(tensor, declined[name]), name
