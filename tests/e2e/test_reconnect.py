@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from coordinator.rounds import RoundRecord
 from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
+from coordinator.settings import ServeSettings, SimulationSettings
+from coordinator.simulate import run_simulation
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus
@@ -70,5 +72,9 @@ def test_a_run_survives_a_broker_restart_between_rounds(mosquitto, processes, tm
 
     # Execute
     result = run_serve(settings, on_round=on_round)
-    # Assert: every round had both devices, none was lost to the restart
+    # Assert: every round had both devices, none was lost to the restart, and the result is
+    # exactly the fault-free one (the in-process simulation of the same fleet)
     assert [(r.round_id, r.participants) for r in result.records] == [(1, 2), (2, 2), (3, 2)]
+    fault_free = run_simulation(SimulationSettings.load(None, devices=2, rounds=3))
+    for name, tensor in fault_free.final_shared.items():
+        assert torch.equal(result.final_shared[name], tensor), name
