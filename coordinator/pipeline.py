@@ -9,7 +9,7 @@ fine-tuning, happens on the devices when they evaluate or export).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -17,10 +17,24 @@ from torch import nn
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
+from coordinator.strategies.base import Tensors
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.messages import EvaluationReport
 from tasks.base import Task
 from tasks.split import resolve_split
+
+RoundCallback = Callable[[RoundRecord], None]
+
+
+@dataclass
+class RunResult:
+    """A run's summary (as in summary.json), round records, final device reports and model."""
+
+    summary: dict[str, Any]
+    records: list[RoundRecord] = field(default_factory=list)
+    reports: list[EvaluationReport] = field(default_factory=list)
+    final_shared: Tensors = field(default_factory=dict)
+
 
 _COMMON_FIELDS = ("local_epochs", "batch_size", "lr", "max_steps", "momentum", "weight_decay")
 

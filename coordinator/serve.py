@@ -6,24 +6,27 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from coordinator.metrics import RunRecorder, personalization_effect
-from coordinator.pipeline import Stages, build_coordinator, drive_rounds, plan_stages
+from coordinator.pipeline import (
+    RoundCallback,
+    RunResult,
+    Stages,
+    build_coordinator,
+    drive_rounds,
+    plan_stages,
+)
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
-from coordinator.strategies.base import Tensors
 from protocols.errors import RoundError
-from protocols.messages import EvaluationReport
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
 from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
-RoundCallback = Callable[[RoundRecord], None]
 Notify = Callable[[str], None]
 
 _SAME_RUN_KEYS: Final = (
@@ -43,14 +46,8 @@ _SAME_RUN_KEYS: Final = (
 )
 
 
-@dataclass
-class ServeResult:
-    """The run's summary (as in summary.json), this process's round records and final reports."""
-
-    summary: dict[str, Any]
-    records: list[RoundRecord] = field(default_factory=list)
-    reports: list[EvaluationReport] = field(default_factory=list)
-    final_shared: Tensors = field(default_factory=dict)
+ServeResult = RunResult
+"""What `run_serve` returns: this process's round records and the final reports and model."""
 
 
 def run_serve(

@@ -12,19 +12,22 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 from coordinator.metrics import RunRecorder, personalization_effect
-from coordinator.pipeline import build_coordinator, drive_rounds, plan_stages
+from coordinator.pipeline import (
+    RoundCallback,
+    RunResult,
+    build_coordinator,
+    drive_rounds,
+    plan_stages,
+)
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from coordinator.strategies.base import Tensors
 from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import export_fleet
 from device_agent.state_store import MemoryStateStore
 from protocols.errors import RoundError
-from protocols.messages import EvaluationReport
 from protocols.transport.base import Transport, Will
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
@@ -33,18 +36,13 @@ from protocols.transport.settings import BrokerSettings
 from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
-RoundCallback = Callable[[RoundRecord], None]
 Connect = Callable[[str, Will], Transport]
 
 
 @dataclass
-class SimulationResult:
-    """The run's summary (as in summary.json), per-round records, final reports and the fleet."""
+class SimulationResult(RunResult):
+    """A simulated run's result, and its virtual devices (for byte counts and inspection)."""
 
-    summary: dict[str, Any]
-    records: list[RoundRecord] = field(default_factory=list)
-    reports: list[EvaluationReport] = field(default_factory=list)
-    final_shared: Tensors = field(default_factory=dict)
     agents: list[DeviceAgent] = field(default_factory=list)
 
     def device_bytes(self) -> tuple[int, int]:
