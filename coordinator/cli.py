@@ -109,27 +109,7 @@ def simulate(
     try:
         settings = SimulationSettings.load(
             config,
-            task=task,
-            algorithm=algorithm,
-            devices=devices,
-            rounds=rounds,
-            seed=seed,
-            out=out,
-            participation=participation,
-            local_epochs=local_epochs,
-            batch_size=batch_size,
-            lr=lr,
-            partition=partition,
-            alpha=alpha,
-            labels_per_device=labels_per_device,
-            personal=personal,
-            personal_preset=personal_preset,
-            pretrain_rounds=pretrain_rounds,
-            stateless=stateless,
-            broker=broker,
-            eval_every=eval_every,
-            transport=transport,
-            export_dir=export_dir,
+            **{k: v for k, v in locals().items() if k not in ("config", "verbose")},
         )
         result = _run_with_progress(
             settings, lambda advance: run_simulation(settings, on_round=advance)

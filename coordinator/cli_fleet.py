@@ -18,6 +18,7 @@ from coordinator.cli_options import (
     KeyOption,
     PasswordOption,
     UserOption,
+    VerboseOption,
     configure_logging,
     console,
 )
@@ -44,14 +45,7 @@ def status(
     """Show the coordinator's and every device's retained status."""
     configure_logging(False)
     try:
-        access = BrokerAccess(
-            username=username,
-            password=password,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-            tls_insecure=bool(tls_insecure),
-        )
+        access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
         view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
     except (PflError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
@@ -113,19 +107,12 @@ def export(
     cert_file: CertOption = None,
     key_file: KeyOption = None,
     tls_insecure: InsecureOption = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Ask every device to export its personalized model to ONNX; exit 1 if any failed."""
     configure_logging(verbose)
     try:
-        access = BrokerAccess(
-            username=username,
-            password=password,
-            ca_file=ca_file,
-            cert_file=cert_file,
-            key_file=key_file,
-            tls_insecure=bool(tls_insecure),
-        )
+        access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
         request = ExportRequest.from_arguments(
             {
                 "out_dir": "" if out_dir is None else str(out_dir),
@@ -209,4 +196,23 @@ def provision(
         f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
         f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
         "\n  the certificates in tls/ are for tests only: see docs/security.md"
+    )
+
+
+def _access(
+    username: str | None,
+    password: str | None,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    tls_insecure: bool | None,
+) -> BrokerAccess:
+    """The broker credentials and TLS options the fleet commands share."""
+    return BrokerAccess(
+        username=username,
+        password=password,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        tls_insecure=bool(tls_insecure),
     )
