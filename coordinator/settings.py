@@ -14,7 +14,7 @@ from pydantic import Field
 
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.program_settings import BrokerAccess, TomlSettings
-from tasks.base import PartitionSpec
+from tasks.base import PartitionScheme, PartitionSpec
 
 
 class RunSettings(TomlSettings):
@@ -63,9 +63,13 @@ class SimulationSettings(RunSettings):
     """`pfl-coord simulate`: virtual devices on this machine."""
 
     devices: int = Field(20, ge=1, description="virtual devices")
-    partition: Literal["iid", "dirichlet", "shards", "powerlaw"] = "dirichlet"
+    partition: PartitionScheme = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
     labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
+    groups: int = Field(2, ge=1, description="label groups of the groups partition")
+    fraction: float = Field(
+        1.0, gt=0, le=1, description="share of the pooled data drawn before partitioning"
+    )
     stateless: bool = Field(False, description="devices keep no personal state between rounds")
     transport: Literal["inprocess", "mqtt"] = "inprocess"
     broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
@@ -76,7 +80,11 @@ class SimulationSettings(RunSettings):
     def partition_spec(self) -> PartitionSpec:
         """How the task's data is split across the virtual devices."""
         return PartitionSpec(
-            scheme=self.partition, alpha=self.alpha, labels_per_device=self.labels_per_device
+            scheme=self.partition,
+            alpha=self.alpha,
+            labels_per_device=self.labels_per_device,
+            groups=self.groups,
+            fraction=self.fraction,
         )
 
 

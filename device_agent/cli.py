@@ -35,13 +35,21 @@ def start(
     ] = None,
     num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
     partition: Annotated[
-        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
+        str | None,
+        typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
     ] = None,
     alpha: Annotated[
         float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
     ] = None,
     labels_per_device: Annotated[
         int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
+    ] = None,
+    groups: Annotated[
+        int | None, typer.Option(help="label groups for the groups partition (default: 2)")
+    ] = None,
+    fraction: Annotated[
+        float | None,
+        typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="the run's seed (default: 0)")] = None,
     data: Annotated[
@@ -127,10 +135,13 @@ def export(
     data_shard: Annotated[int | None, typer.Option(help="this device's shard index")] = None,
     num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
     partition: Annotated[
-        str | None, typer.Option(help="iid, dirichlet, shards, powerlaw (default: dirichlet)")
+        str | None,
+        typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
     ] = None,
     alpha: Annotated[float | None, typer.Option(help="Dirichlet concentration")] = None,
     labels_per_device: Annotated[int | None, typer.Option(help="labels per device")] = None,
+    groups: Annotated[int | None, typer.Option(help="label groups")] = None,
+    fraction: Annotated[float | None, typer.Option(help="share of the pooled data used")] = None,
     seed: Annotated[int | None, typer.Option(help="the run's seed (default: 0)")] = None,
     data: Annotated[
         Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")

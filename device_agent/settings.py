@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from protocols.program_settings import BrokerAccess, TomlSettings
-from tasks.base import PartitionSpec
+from tasks.base import PartitionScheme, PartitionSpec
 
 
 class AgentSettings(TomlSettings, BrokerAccess):
@@ -25,9 +25,13 @@ class AgentSettings(TomlSettings, BrokerAccess):
     task_options: dict[str, Any] = Field(default_factory=dict)
     data_shard: int | None = Field(None, ge=0, description="index of this device's data shard")
     num_shards: int = Field(20, ge=1, description="shards the task's data is split into")
-    partition: Literal["iid", "dirichlet", "shards", "powerlaw"] = "dirichlet"
+    partition: PartitionScheme = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
     labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
+    groups: int = Field(2, ge=1, description="label groups of the groups partition")
+    fraction: float = Field(
+        1.0, gt=0, le=1, description="share of the pooled data drawn before partitioning"
+    )
     seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
     data: Path | None = Field(None, description="directory with train/test/val.npz")
     state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
@@ -56,5 +60,9 @@ class AgentSettings(TomlSettings, BrokerAccess):
     def partition_spec(self) -> PartitionSpec:
         """The split shared with the simulation (and every other agent of the fleet)."""
         return PartitionSpec(
-            scheme=self.partition, alpha=self.alpha, labels_per_device=self.labels_per_device
+            scheme=self.partition,
+            alpha=self.alpha,
+            labels_per_device=self.labels_per_device,
+            groups=self.groups,
+            fraction=self.fraction,
         )

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 MetricName = Literal["accuracy", "mse"]
+PartitionScheme = Literal["iid", "dirichlet", "shards", "powerlaw", "groups"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,19 @@ class PartitionSpec:
       dirichlet: label proportions per device ~ Dirichlet(alpha).
       shards:    each device holds `labels_per_device` labels, near-equal sizes.
       powerlaw:  `labels_per_device` labels per device with log-normal (power-law) sizes.
+      groups:    FedeRiCo's label groups: the classes are cut into `groups` disjoint groups, each
+                 device draws from exactly one, and a group's samples are shared near-equally.
+
+    groups: Number of label groups D of the "groups" scheme.
+    fraction: Share of the pooled data drawn at random (every scheme) before partitioning;
+      1.0 uses the whole pool and draws nothing.
     """
 
-    scheme: Literal["iid", "dirichlet", "shards", "powerlaw"] = "dirichlet"
+    scheme: PartitionScheme = "dirichlet"
     alpha: float = 0.5
     labels_per_device: int = 2
+    groups: int = 2
+    fraction: float = 1.0
     test_fraction: float = 0.25
     val_fraction: float = 0.1
 

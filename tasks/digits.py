@@ -1,8 +1,9 @@
-"""The digits task: scikit-learn's bundled 8x8 digits, split non-IID across devices, with an MLP."""
+"""The digits task: scikit-learn's bundled 8x8 digits split non-IID, for an MLP or linear model."""
 
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from typing import ClassVar, Final, Literal
 
 import numpy as np
@@ -17,12 +18,12 @@ from tasks.models import (
     build_seeded,
     check_int,
 )
-from tasks.partition import partition_indices, split_device
+from tasks.partition import partition_labels, split_device
 
 NUM_PIXELS: Final = 64
 NUM_CLASSES: Final = 10
 PIXEL_MAX: Final = 16.0
-MODELS: Final = ("mlp", "split-input")
+MODELS: Final = ("mlp", "split-input", "linear")
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,9 +45,12 @@ class DigitsTask(Classification):
     """8x8 digit classification: real images, no download, small enough for 100 virtual devices.
 
     Args:
-        hidden: Width of the MLP's hidden layer (of each branch, for "split-input").
-        model: "mlp", or "split-input": a `SplitInputMLP` whose shared branch sees the top four
-            pixel rows and whose private branch (the "split-input" preset) the bottom four.
+        hidden: Width of the MLP's hidden layer (of each branch, for "split-input"; unused by
+            "linear").
+        model: "mlp"; "split-input": a `SplitInputMLP` whose shared branch sees the top four
+            pixel rows and whose private branch (the "split-input" preset) the bottom four; or
+            "linear": softmax regression, one Linear(64, 10) named `output` (650 parameters,
+            federico.md 5.6's digits model), so the task's patterns and presets all name it.
         adapters: Bottleneck width of residual adapters after the hidden activation (0 = none;
             "mlp" only); the "adapters" preset makes them personal.
     """
@@ -57,7 +61,10 @@ class DigitsTask(Classification):
     output_names: tuple[str, ...] = ("logits",)
 
     def __init__(
-        self, hidden: int = 64, model: Literal["mlp", "split-input"] = "mlp", adapters: int = 0
+        self,
+        hidden: int = 64,
+        model: Literal["mlp", "split-input", "linear"] = "mlp",
+        adapters: int = 0,
     ) -> None:
         if model not in MODELS:
             msg = f"unknown model {model!r}; valid choices: {', '.join(MODELS)}"
@@ -76,21 +83,30 @@ class DigitsTask(Classification):
             return build_seeded(
                 seed, lambda: SplitInputMLP(half, NUM_PIXELS - half, self.hidden, NUM_CLASSES)
             )
+        if self.model == "linear":
+            return build_seeded(
+                seed, lambda: nn.Sequential(OrderedDict(output=nn.Linear(NUM_PIXELS, NUM_CLASSES)))
+            )
         return build_mlp(seed, NUM_PIXELS, self.hidden, NUM_CLASSES, self.adapters)
 
     def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
         """Partition the pooled digits across devices, then split each device.
 
+        Each device's truth is what the partition scheme records (its label "group" under the
+        "groups" scheme; nothing otherwise).
+
         Raises:
-            ValueError: If the partition cannot be made (see `partition_indices`).
+            ValueError: If the partition cannot be made (see `partition_labels`).
         """
         pixels, labels = load_digits_pool()
         partition_rng, split_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
         )
-        parts = partition_indices(labels.numpy(), num_devices, partition, partition_rng)
+        parts = partition_labels(labels.numpy(), num_devices, partition, partition_rng)
         fleet = []
-        for device_index, indices in enumerate(parts):
+        for device_index, (indices, truth) in enumerate(
+            zip(parts.indices, parts.truth, strict=True)
+        ):
             train, val, test = (
                 torch.from_numpy(idx) for idx in split_device(indices, partition, split_rng)
             )
@@ -100,6 +116,7 @@ class DigitsTask(Classification):
                     train=Split(pixels[train], labels[train]),
                     val=Split(pixels[val], labels[val]),
                     test=Split(pixels[test], labels[test]),
+                    truth=truth,
                 )
             )
         return fleet

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -19,8 +20,24 @@ MAX_DIRICHLET_TRIES: Final = 1000
 POWERLAW_SIGMA: Final = 2.0
 """Log-normal shape of the power-law sizes, as in the pFedMe generator (log-normal(0, 2))."""
 
+MAX_GROUP_DRAWS: Final = 100_000
+"""How many device-to-group assignments to draw before declaring an empty group unavoidable."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Disjoint per-device index sets, and what the scheme knows about each device.
+
+    `truth` has one mapping per device (empty for schemes without ground truth); the "groups"
+    scheme records each device's label group as "group".
+    """
+
+    indices: list[np.ndarray]
+    truth: Sequence[dict[str, float]] = field(default_factory=tuple)
+
+
 Partitioner = Callable[
-    [np.ndarray, np.ndarray, int, PartitionSpec, np.random.Generator, int], list[np.ndarray]
+    [np.ndarray, np.ndarray, int, PartitionSpec, np.random.Generator, int], Partition
 ]
 
 
@@ -31,8 +48,26 @@ def partition_indices(
     rng: np.random.Generator,
     min_samples: int = MIN_DEVICE_SAMPLES,
 ) -> list[np.ndarray]:
+    """The index sets of `partition_labels`, for callers that need no per-device truth.
+
+    Raises:
+        ValueError: See `partition_labels`.
+    """
+    return partition_labels(labels, num_devices, spec, rng, min_samples).indices
+
+
+def partition_labels(
+    labels: np.ndarray,
+    num_devices: int,
+    spec: PartitionSpec,
+    rng: np.random.Generator,
+    min_samples: int = MIN_DEVICE_SAMPLES,
+) -> Partition:
     """Split a labelled pool across devices so that experiments can dial in label heterogeneity.
 
+    With `spec.fraction` < 1, a uniform random floor(n * fraction) of the pool is drawn first
+    (FedEM's subsampling) and only it is partitioned; the class set still comes from the whole
+    pool, so the scheme's class-level choices (e.g. the label groups) never depend on that draw.
     Every device receives at least `min_samples` indices, the index sets are disjoint, and each is
     sorted ascending (order carries no information; `split_device` shuffles).
 
@@ -44,7 +79,7 @@ def partition_indices(
         min_samples: The smallest acceptable device.
 
     Returns:
-        One int64 index array per device.
+        One int64 index array (into `labels`) per device, and one truth mapping per device.
 
     Raises:
         ValueError: For an unknown scheme, invalid parameters, or a pool too small for the
@@ -67,23 +102,30 @@ def partition_indices(
             f"valid choices: {', '.join(sorted(_PARTITIONERS))}"
         )
         raise ValueError(msg)
-    if labels.shape[0] < num_devices * min_samples:
+    classes = np.unique(labels)
+    subset = _subsample(labels.shape[0], spec.fraction, rng)
+    pool = labels if subset is None else labels[subset]
+    if pool.shape[0] < num_devices * min_samples:
         msg = (
-            f"pool too small: {labels.shape[0]} samples cannot give {num_devices} devices "
-            f"at least {min_samples} samples each"
+            f"pool too small: {pool.shape[0]} samples (fraction {spec.fraction:g} of "
+            f"{labels.shape[0]}) cannot give {num_devices} devices at least {min_samples} "
+            f"samples each"
         )
         raise ValueError(msg)
-    classes = np.unique(labels)
-    parts = partitioner(labels, classes, num_devices, spec, rng, min_samples)
-    smallest = min(len(p) for p in parts)
+    partition = partitioner(pool, classes, num_devices, spec, rng, min_samples)
+    smallest = min(len(p) for p in partition.indices)
     if smallest < min_samples:
         msg = (
             f"pool too small for scheme {spec.scheme!r}: a device would get {smallest} samples "
-            f"(< {min_samples}) with {num_devices} devices and {labels.shape[0]} samples; "
-            f"use fewer devices or more labels_per_device"
+            f"(< {min_samples}) with {num_devices} devices and {pool.shape[0]} samples; "
+            f"use fewer devices, a larger fraction, or more labels_per_device (shards, powerlaw)"
         )
         raise ValueError(msg)
-    return [np.sort(p).astype(np.int64, copy=False) for p in parts]
+    parts = partition.indices if subset is None else [subset[p] for p in partition.indices]
+    return Partition(
+        indices=[np.sort(p).astype(np.int64, copy=False) for p in parts],
+        truth=list(partition.truth) or [{} for _ in parts],
+    )
 
 
 def split_sizes(num_samples: int, spec: PartitionSpec) -> tuple[int, int, int]:
@@ -150,6 +192,17 @@ def _round_half_up(value: float) -> int:
     return math.floor(value + 0.5)
 
 
+def _subsample(num_samples: int, fraction: float, rng: np.random.Generator) -> np.ndarray | None:
+    """Sorted positions of a uniform floor(n * fraction) subset, or None (draw nothing) at 1.0."""
+    if not 0.0 < fraction <= 1.0:
+        msg = f"fraction must lie in (0, 1], got {fraction}"
+        raise ValueError(msg)
+    if fraction == 1.0:
+        return None
+    size = math.floor(num_samples * fraction)
+    return np.sort(rng.choice(num_samples, size=size, replace=False))
+
+
 def _labels_per_device(spec: PartitionSpec, num_classes: int) -> int:
     k = spec.labels_per_device
     if not 1 <= k <= num_classes:
@@ -171,9 +224,9 @@ def _partition_iid(
     spec: PartitionSpec,
     rng: np.random.Generator,
     min_samples: int,
-) -> list[np.ndarray]:
+) -> Partition:
     """Uniform shuffle cut into near-equal pieces: the homogeneous baseline."""
-    return list(np.array_split(rng.permutation(labels.shape[0]), num_devices))
+    return Partition(list(np.array_split(rng.permutation(labels.shape[0]), num_devices)))
 
 
 def _partition_dirichlet(
@@ -183,7 +236,7 @@ def _partition_dirichlet(
     spec: PartitionSpec,
     rng: np.random.Generator,
     min_samples: int,
-) -> list[np.ndarray]:
+) -> Partition:
     """Per class, cut its samples among devices by proportions ~ Dir(alpha) (NIID-Bench style).
 
     As in NIID-Bench (Li et al. 2022), a device already holding its fair share n / num_devices
@@ -211,7 +264,7 @@ def _partition_dirichlet(
             counts[c] = np.diff(cuts, prepend=0)
             sizes += counts[c]
         if sizes.min() >= min_samples:
-            return _hand_out(_shuffled_by_class(labels, classes, rng), counts)
+            return Partition(_hand_out(_shuffled_by_class(labels, classes, rng), counts))
     msg = (
         f"dirichlet partition with alpha={spec.alpha} left a device with fewer than "
         f"{min_samples} samples in {MAX_DIRICHLET_TRIES} draws ({num_devices} devices, "
@@ -227,7 +280,7 @@ def _partition_shards(
     spec: PartitionSpec,
     rng: np.random.Generator,
     min_samples: int,
-) -> list[np.ndarray]:
+) -> Partition:
     """Pathological label shards (McMahan et al. 2017), with exactly k labels per device.
 
     Classes are shuffled; device u holds the k consecutive classes at positions u*k .. u*k+k-1
@@ -240,7 +293,7 @@ def _partition_shards(
     k = _labels_per_device(spec, len(classes))
     order = rng.permutation(len(classes))
     slot_class = order[(np.arange(num_devices)[:, None] * k + np.arange(k)[None, :]) % len(classes)]
-    return _cut_among_holders(_shuffled_by_class(labels, classes, rng), slot_class, None)
+    return Partition(_cut_among_holders(_shuffled_by_class(labels, classes, rng), slot_class, None))
 
 
 def _partition_powerlaw(
@@ -250,7 +303,7 @@ def _partition_powerlaw(
     spec: PartitionSpec,
     rng: np.random.Generator,
     min_samples: int,
-) -> list[np.ndarray]:
+) -> Partition:
     """Give k labels per device with log-normal sizes, after the pFedMe generator (pfedbred.md 4.1).
 
     Device u holds classes (u + j) mod C for j < k. Each (device, class) slot first gets
@@ -260,9 +313,58 @@ def _partition_powerlaw(
     k = _labels_per_device(spec, len(classes))
     slot_class = (np.arange(num_devices)[:, None] + np.arange(k)[None, :]) % len(classes)
     weights = rng.lognormal(0.0, POWERLAW_SIGMA, size=slot_class.shape)
-    return _cut_among_holders(
-        _shuffled_by_class(labels, classes, rng), slot_class, (weights, -(-min_samples // k))
+    return Partition(
+        _cut_among_holders(
+            _shuffled_by_class(labels, classes, rng), slot_class, (weights, -(-min_samples // k))
+        )
     )
+
+
+def _partition_groups(
+    labels: np.ndarray,
+    classes: np.ndarray,
+    num_devices: int,
+    spec: PartitionSpec,
+    rng: np.random.Generator,
+    min_samples: int,
+) -> Partition:
+    """FedeRiCo's label-group split (federico.md 5.1, resolution steps 1, 3 and 4).
+
+    The shuffled class ids are cut into D contiguous groups of floor(C/D) or floor(C/D) + 1
+    (FedEM's iid_divide); each device draws its group uniformly at random, redrawn until every
+    group has a device; each group's pooled samples are shuffled and cut into disjoint shares
+    differing by at most one, handed to the group's devices in index order. A device alone in
+    its group gets the whole group. Step 2 (the fraction) is `partition_labels`'s subsample.
+    """
+    num_groups = spec.groups
+    if not 1 <= num_groups <= len(classes):
+        msg = f"groups must lie in [1, {len(classes)}] (the class count), got {num_groups}"
+        raise ValueError(msg)
+    if num_groups > num_devices:
+        msg = f"groups ({num_groups}) must not exceed the devices ({num_devices}): each needs one"
+        raise ValueError(msg)
+    class_groups = np.array_split(rng.permutation(classes), num_groups)
+    device_group = _draw_device_groups(num_devices, num_groups, rng)
+    parts: list[np.ndarray] = [np.empty(0, np.int64)] * num_devices
+    for group, group_classes in enumerate(class_groups):
+        members = np.flatnonzero(device_group == group)
+        pool = rng.permutation(np.flatnonzero(np.isin(labels, group_classes)))
+        for device, share in zip(members, np.array_split(pool, len(members)), strict=True):
+            parts[device] = share
+    return Partition(parts, [{"group": float(group)} for group in device_group])
+
+
+def _draw_device_groups(num_devices: int, num_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """A uniform group per device, redrawn until no group is empty (federico.md 5.1 step 3)."""
+    for _ in range(MAX_GROUP_DRAWS):
+        device_group = rng.integers(num_groups, size=num_devices)
+        if np.bincount(device_group, minlength=num_groups).all():
+            return device_group
+    msg = (
+        f"no draw in {MAX_GROUP_DRAWS} gave each of {num_groups} groups a device "
+        f"({num_devices} devices); use fewer groups or more devices"
+    )
+    raise ValueError(msg)
 
 
 def _cut_among_holders(
@@ -315,4 +417,5 @@ _PARTITIONERS: Final[dict[str, Partitioner]] = {
     "dirichlet": _partition_dirichlet,
     "shards": _partition_shards,
     "powerlaw": _partition_powerlaw,
+    "groups": _partition_groups,
 }

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
 
 from tasks.base import DeviceData, PartitionSpec, Task
 from tasks.digits import DigitsTask
+from tasks.presets import resolve_preset
+from tasks.split import ParamSplit
+
+# sha256 prefixes of `_fleet_digest(DigitsTask().make_fleet(20, PartitionSpec(scheme=s), 3))`,
+# computed before the "groups" scheme and the groups/fraction fields existed.
+FLEET_DIGESTS_BEFORE_GROUPS = {
+    "iid": "b54284455f2f9ba4",
+    "dirichlet": "64651742c8cc1cb9",
+    "shards": "5fefd143e2d6427e",
+    "powerlaw": "a0d3acf1aa67b774",
+}
 
 
 def _same_fleet(a: list[DeviceData], b: list[DeviceData]) -> bool:
@@ -17,6 +30,19 @@ def _same_fleet(a: list[DeviceData], b: list[DeviceData]) -> bool:
         and torch.equal(x.test.targets, y.test.targets)
         for x, y in zip(a, b, strict=True)
     )
+
+
+def _fleet_digest(fleet: list[DeviceData]) -> str:
+    digest = hashlib.sha256()
+    for device in fleet:
+        for split in (device.train, device.val, device.test):
+            digest.update(split.targets.numpy().tobytes())
+            digest.update(split.inputs.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _device_labels(device: DeviceData) -> set[int]:
+    return set(torch.cat([device.train.targets, device.val.targets, device.test.targets]).tolist())
 
 
 def test_digits_task_satisfies_the_task_protocol() -> None:
@@ -29,7 +55,7 @@ def test_digits_task_satisfies_the_task_protocol() -> None:
     assert task.metric_name == "accuracy"
 
 
-@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards", "powerlaw"])
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards", "powerlaw", "groups"])
 def test_fleet_of_20_devices_has_usable_splits(scheme: str) -> None:
     # Prepare
     task = DigitsTask()
@@ -158,3 +184,76 @@ def test_invalid_hidden_is_a_value_error(hidden: object) -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="hidden"):
         DigitsTask(hidden=hidden)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", sorted(FLEET_DIGESTS_BEFORE_GROUPS))
+def test_fleets_of_existing_schemes_are_unchanged(scheme: str) -> None:
+    # Execute
+    fleet = DigitsTask().make_fleet(20, PartitionSpec(scheme=scheme, groups=4), seed=3)
+
+    # Assert
+    assert _fleet_digest(fleet) == FLEET_DIGESTS_BEFORE_GROUPS[scheme]
+    assert all(device.truth == {} for device in fleet)
+
+
+def test_groups_fleet_records_each_devices_label_group() -> None:
+    # Prepare: federico.md 5.6's digits analogue, K = 8, a 25% subsample, D = 3.
+    spec = PartitionSpec(scheme="groups", groups=3, fraction=0.25)
+
+    # Execute
+    fleet = DigitsTask().make_fleet(8, spec, seed=0)
+
+    # Assert: floor(1797 * 0.25) samples; disjoint label sets per group, all ten classes.
+    assert sum(len(d.train) + len(d.val) + len(d.test) for d in fleet) == 449
+    held: dict[int, set[int]] = {}
+    for device in fleet:
+        held.setdefault(int(device.truth["group"]), set()).update(_device_labels(device))
+    assert sorted(held) == [0, 1, 2]
+    assert sorted(len(classes) for classes in held.values()) == [3, 3, 4]
+    assert set().union(*held.values()) == set(range(10))
+
+
+def test_linear_model_is_softmax_regression_named_output() -> None:
+    # Prepare
+    task = DigitsTask(model="linear")
+
+    # Execute
+    model = task.build_model(seed=0)
+
+    # Assert: one Linear(64, 10); the task's patterns and the presets all name it.
+    assert sum(p.numel() for p in model.parameters()) == 650
+    assert set(model.state_dict()) == {"output.weight", "output.bias"}
+    assert model(torch.zeros(3, 64)).shape == (3, 10)
+    assert ParamSplit.for_model(model, task.personal_patterns).shared == ()
+    assert resolve_preset("output", model) == ("output",)
+    assert resolve_preset("input", model) == ("output",)
+    again = task.build_model(seed=0).state_dict()
+    assert all(torch.equal(v, again[k]) for k, v in model.state_dict().items())
+
+
+def test_linear_model_trains() -> None:
+    # Prepare
+    task = DigitsTask(model="linear")
+    device = task.make_fleet(4, PartitionSpec(scheme="groups", groups=2), seed=0)[0]
+    model = task.build_model(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    inputs, targets = device.train.inputs, device.train.targets
+    with torch.no_grad():
+        before = float(task.loss(model(inputs), targets))
+
+    # Execute
+    for _ in range(5):
+        optimizer.zero_grad()
+        task.loss(model(inputs), targets).backward()
+        optimizer.step()
+
+    # Assert
+    with torch.no_grad():
+        after = float(task.loss(model(inputs), targets))
+    assert after < 0.8 * before
+
+
+def test_linear_model_rejects_adapters() -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="mlp model only"):
+        DigitsTask(model="linear", adapters=4)

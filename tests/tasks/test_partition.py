@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,17 +13,42 @@ from tasks.base import PartitionSpec
 from tasks.partition import (
     MIN_DEVICE_SAMPLES,
     partition_indices,
+    partition_labels,
     split_device,
     split_sizes,
 )
 
-SCHEMES = ("iid", "dirichlet", "shards", "powerlaw")
+SCHEMES = ("iid", "dirichlet", "shards", "powerlaw", "groups")
+# sha256 prefixes of `_digest(partition_indices(_balanced_labels(), 20, PartitionSpec(scheme=s),
+# default_rng(5)))`, computed before the "groups" scheme and the groups/fraction fields existed.
+DIGESTS_BEFORE_GROUPS = {
+    "iid": "88356d4c0a17b87d",
+    "dirichlet": "464cd981b1f12979",
+    "shards": "698dc1a99b0056aa",
+    "powerlaw": "a40faf13b75b5402",
+}
 
 
 def _balanced_labels(num_classes: int = 10, per_class: int = 180) -> np.ndarray:
     """Labels shuffled so that label-sorted order differs from index order."""
     labels = np.repeat(np.arange(num_classes), per_class)
     return np.random.default_rng(123).permutation(labels)
+
+
+def _digest(parts: list[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(np.int64(len(part)).tobytes())
+        digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _group_classes(labels: np.ndarray, parts: list[np.ndarray], truth: list) -> dict[int, set]:
+    """Per recorded group, the set of labels its devices hold."""
+    held: dict[int, set] = {}
+    for part, device_truth in zip(parts, truth, strict=True):
+        held.setdefault(int(device_truth["group"]), set()).update(labels[part].tolist())
+    return held
 
 
 def _mean_label_entropy(labels: np.ndarray, parts: list[np.ndarray]) -> float:
@@ -259,3 +286,144 @@ def test_scheme_specific_shortage_is_a_clear_error() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="pool too small for scheme 'shards'"):
         partition_indices(labels, 4, spec, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("scheme", sorted(DIGESTS_BEFORE_GROUPS))
+@pytest.mark.parametrize("new_fields", [{}, {"groups": 5, "fraction": 1.0}])
+def test_existing_schemes_are_unchanged_by_the_groups_and_fraction_fields(
+    scheme: str, new_fields: dict[str, float]
+) -> None:
+    # Prepare
+    spec = PartitionSpec(scheme=scheme, **new_fields)  # type: ignore[arg-type]
+
+    # Execute
+    parts = partition_indices(_balanced_labels(), 20, spec, np.random.default_rng(5))
+
+    # Assert
+    assert _digest(parts) == DIGESTS_BEFORE_GROUPS[scheme]
+
+
+@pytest.mark.parametrize(("num_groups", "sizes"), [(2, {5}), (3, {3, 4}), (4, {2, 3}), (10, {1})])
+def test_groups_are_disjoint_label_sets_covering_all_classes(
+    num_groups: int, sizes: set[int]
+) -> None:
+    # Prepare
+    labels = _balanced_labels(per_class=50)
+    spec = PartitionSpec(scheme="groups", groups=num_groups)
+
+    # Execute
+    partition = partition_labels(labels, 12, spec, np.random.default_rng(num_groups))
+
+    # Assert: one group per device, every group held, class sets of floor/ceil(C/D) classes.
+    held = _group_classes(labels, partition.indices, list(partition.truth))
+    assert sorted(held) == list(range(num_groups))
+    assert {len(classes) for classes in held.values()} == sizes
+    assert sum(len(classes) for classes in held.values()) == 10
+    assert set().union(*held.values()) == set(range(10))
+    combined = np.concatenate(partition.indices)
+    assert np.array_equal(np.sort(combined), np.arange(len(labels)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_group_gets_a_device_and_each_device_one_group(seed: int) -> None:
+    # Prepare: 4 devices and 3 groups leave a group empty in a third of the draws.
+    labels = _balanced_labels(per_class=30)
+    spec = PartitionSpec(scheme="groups", groups=3)
+
+    # Execute
+    partition = partition_labels(labels, 4, spec, np.random.default_rng(seed))
+
+    # Assert
+    held = _group_classes(labels, partition.indices, list(partition.truth))
+    assert sorted(held) == [0, 1, 2]
+    for part, truth in zip(partition.indices, partition.truth, strict=True):
+        device_classes = set(labels[part].tolist())
+        owners = [g for g, classes in held.items() if device_classes <= classes]
+        assert owners == [int(truth["group"])]
+
+
+def test_devices_of_a_group_share_its_samples_near_equally() -> None:
+    # Prepare: 7 devices over 3 groups, so some groups hold several devices of odd-sized pools.
+    labels = _balanced_labels(per_class=37)
+    spec = PartitionSpec(scheme="groups", groups=3)
+
+    # Execute
+    partition = partition_labels(labels, 7, spec, np.random.default_rng(11))
+
+    # Assert
+    held = _group_classes(labels, partition.indices, list(partition.truth))
+    groups = np.array([int(t["group"]) for t in partition.truth])
+    assert np.bincount(groups).max() > 1
+    for group, classes in held.items():
+        shares = [p for p, g in zip(partition.indices, groups, strict=True) if g == group]
+        sizes = [len(share) for share in shares]
+        assert max(sizes) - min(sizes) <= 1
+        assert sum(sizes) == int(np.isin(labels, sorted(classes)).sum())
+        assert len(np.unique(np.concatenate(shares))) == sum(sizes)
+
+
+def test_groups_are_deterministic_in_the_seed_including_the_truth() -> None:
+    # Prepare
+    labels = _balanced_labels()
+    spec = PartitionSpec(scheme="groups", groups=4, fraction=0.5)
+
+    # Execute
+    first = partition_labels(labels, 9, spec, np.random.default_rng(8))
+    again = partition_labels(labels, 9, spec, np.random.default_rng(8))
+    other = partition_labels(labels, 9, spec, np.random.default_rng(9))
+
+    # Assert
+    assert _digest(first.indices) == _digest(again.indices)
+    assert list(first.truth) == list(again.truth)
+    assert _digest(first.indices) != _digest(other.indices)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fraction_partitions_a_random_subsample_of_the_pool(scheme: str) -> None:
+    # Prepare
+    labels = _balanced_labels()
+    spec = PartitionSpec(scheme=scheme, fraction=0.25)
+
+    # Execute
+    parts = partition_indices(labels, 8, spec, np.random.default_rng(3))
+
+    # Assert: iid, shards and groups hand out the whole subsample of floor(1800 * 0.25), drawn
+    # from the whole pool rather than its start.
+    combined = np.concatenate(parts)
+    assert len(np.unique(combined)) == len(combined)
+    assert len(combined) <= 450
+    assert combined.max() < len(labels)
+    if scheme in ("iid", "shards", "groups"):
+        assert len(combined) == 450
+        assert combined.max() > 1350
+        assert np.bincount(labels[combined], minlength=10).min() > 0
+
+
+def test_schemes_without_truth_record_an_empty_mapping_per_device() -> None:
+    # Execute
+    partition = partition_labels(
+        _balanced_labels(), 5, PartitionSpec(scheme="shards"), np.random.default_rng(0)
+    )
+
+    # Assert
+    assert list(partition.truth) == [{}] * 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "num_devices", "pattern"),
+    [
+        (PartitionSpec(scheme="groups", groups=11), 20, r"groups must lie in \[1, 10\]"),
+        (PartitionSpec(scheme="groups", groups=0), 20, "groups must lie"),
+        (PartitionSpec(scheme="groups", groups=6), 5, "must not exceed the devices"),
+        (PartitionSpec(scheme="iid", fraction=0.0), 5, "fraction must lie"),
+        (PartitionSpec(scheme="groups", fraction=1.5), 5, "fraction must lie"),
+        (PartitionSpec(scheme="dirichlet", fraction=float("nan")), 5, "fraction must lie"),
+        (PartitionSpec(scheme="iid", fraction=0.001), 5, "pool too small"),
+    ],
+)
+def test_invalid_groups_and_fraction_are_rejected(
+    spec: PartitionSpec, num_devices: int, pattern: str
+) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=pattern):
+        partition_indices(_balanced_labels(), num_devices, spec, np.random.default_rng(0))
