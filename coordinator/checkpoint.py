@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -19,7 +19,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from coordinator.rounds import Coordinator
-from coordinator.strategies.base import Tensors
+from coordinator.strategies.base import RelayStrategy, Tensors
 from protocols.atomic import write_atomically
 from protocols.errors import StateError
 
@@ -48,6 +48,7 @@ class CheckpointRecord(BaseModel):
     shared_names: tuple[str, ...]
     tensors_file: str
     strategy_state: dict[str, Any]
+    strategy_tensors_file: str = ""
     fleet: tuple[CheckpointDevice, ...]
     settings: dict[str, Any]
     rng_state: dict[str, Any]
@@ -61,6 +62,7 @@ class Checkpoint:
 
     record: CheckpointRecord
     model: Tensors
+    strategy_tensors: Tensors = field(default_factory=dict)
 
 
 def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[str, Any]) -> Path:
@@ -73,12 +75,21 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
     tensors_file = f"shared-{coordinator.round_id:06d}.safetensors"
     blob = save_safetensors({k: v.detach().contiguous() for k, v in coordinator.model.items()})
     write_atomically(directory / tensors_file, blob)
+    strategy_file = ""
+    if isinstance(coordinator.strategy, RelayStrategy):  # one model per device: not JSON
+        strategy_file = f"strategy-{coordinator.round_id:06d}.safetensors"
+        state = coordinator.strategy.state_tensors()
+        write_atomically(
+            directory / strategy_file,
+            save_safetensors({k: v.detach().contiguous() for k, v in state.items()}),
+        )
     record = CheckpointRecord(
         format_version=CHECKPOINT_FORMAT_VERSION,
         round_id=coordinator.round_id,
         shared_names=coordinator.shared_names,
         tensors_file=tensors_file,
         strategy_state=dict(coordinator.strategy.state_dict()),
+        strategy_tensors_file=strategy_file,
         fleet=tuple(
             CheckpointDevice(device_id=r.device_id, num_train_samples=r.num_train_samples)
             for r in coordinator.registry.records()
@@ -90,8 +101,8 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
     )
     path = directory / RECORD_FILE
     write_atomically(path, record.model_dump_json(indent=2).encode())
-    for old in directory.glob("shared-*.safetensors"):
-        if old.name != tensors_file:
+    for old in (*directory.glob("shared-*.safetensors"), *directory.glob("strategy-*.safetensors")):
+        if old.name not in (tensors_file, strategy_file):
             old.unlink(missing_ok=True)
     logger.debug("checkpoint of round %d written to %s", coordinator.round_id, directory)
     return path
@@ -116,10 +127,14 @@ def load_checkpoint(directory: Path) -> Checkpoint | None:
             raise StateError(msg)
         record = CheckpointRecord.model_validate(raw)
         model = dict(load_safetensors((directory / record.tensors_file).read_bytes()))
+        strategy_tensors = {}
+        if record.strategy_tensors_file:
+            raw_tensors = (directory / record.strategy_tensors_file).read_bytes()
+            strategy_tensors = dict(load_safetensors(raw_tensors))
     except (OSError, ValueError, ValidationError, SafetensorError) as error:
         msg = f"cannot read the checkpoint in {directory}: {error}"
         raise StateError(msg) from error
-    return Checkpoint(record, model)
+    return Checkpoint(record, model, strategy_tensors)
 
 
 def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None:
@@ -138,6 +153,8 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
     coordinator.round_id = record.round_id
     coordinator.bytes_up, coordinator.bytes_down = record.bytes_up, record.bytes_down
     coordinator.strategy.load_state_dict(record.strategy_state)
+    if isinstance(coordinator.strategy, RelayStrategy):
+        coordinator.strategy.load_state_tensors(checkpoint.strategy_tensors)
     coordinator.rng.bit_generator.state = record.rng_state
     for device in record.fleet:
         coordinator.registry.restore(device.device_id, device.num_train_samples)

@@ -102,8 +102,13 @@ def build_coordinator(
     stages: Stages,
     model: nn.Module,
     engine_settings: Any,
+    task: Task | None = None,
 ) -> Coordinator:
-    """A coordinator holding `model`'s initial tensors, set up for the first stage."""
+    """A coordinator holding `model`'s initial tensors, set up for the first stage.
+
+    With `task`, a relay algorithm (FedeRiCo) starts each device's model from the task's own
+    initialization with a per-device seed.
+    """
     first = stages.stages[0]
     tensors = {name: value.detach().clone() for name, value in model.state_dict().items()}
     return Coordinator(
@@ -112,7 +117,17 @@ def build_coordinator(
         tensors,
         engine_settings,
         shared_names=first.shared_names,
+        build_model=None if task is None else model_builder(task),
     )
+
+
+def model_builder(task: Task) -> Callable[[int], Tensors]:
+    """The tensors of `task.build_model(seed)`, for a relay strategy's per-device models."""
+
+    def build(seed: int) -> Tensors:
+        return {k: v.detach().clone() for k, v in task.build_model(seed).state_dict().items()}
+
+    return build
 
 
 def drive_rounds(

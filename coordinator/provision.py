@@ -113,7 +113,8 @@ def acl_text(fleet: str, devices: Sequence[str], coordinator_user: str = COORDIN
 
     A device may write (and read) only `pfl/<fleet>/device/<id>/#`, and read the coordinator's
     status and fleet summary, the round announcement, the shared model (with the `/chunk/+`
-    topics large payloads travel on), its own command topic and the broadcast command topic.
+    topics large payloads travel on), its own command and relay topics and the broadcast command
+    topic: no device can read another's relayed models.
     """
     root = f"{topics.ROOT}/{fleet}"
     readable = [
@@ -131,7 +132,7 @@ def acl_text(fleet: str, devices: Sequence[str], coordinator_user: str = COORDIN
         f"topic readwrite {root}/#",
     ]
     for device_id in devices:
-        own = [topics.command(fleet, device_id), *readable]
+        own = [topics.command(fleet, device_id), topics.relay(fleet, device_id), *readable]
         lines += [
             "",
             f"user {device_id}",

@@ -18,7 +18,13 @@ import numpy as np
 
 from coordinator.metrics import summarize_evaluations
 from coordinator.registry import FleetRegistry
-from coordinator.strategies.base import ReceivedUpdate, Strategy, Tensors
+from coordinator.strategies.base import (
+    ModelBuilder,
+    ReceivedUpdate,
+    RelayStrategy,
+    Strategy,
+    Tensors,
+)
 from protocols import topics
 from protocols.codec import (
     decode_frame,
@@ -38,8 +44,11 @@ from protocols.messages import (
     EvaluationReport,
     FleetDevice,
     FleetStatus,
+    PeerModels,
+    PeerRequest,
     RoundAnnouncement,
     SharedModel,
+    TensorSpec,
 )
 from protocols.transport.base import Transport, Will
 
@@ -146,6 +155,7 @@ class Coordinator:
         model: Tensors,
         settings: EngineSettings,
         shared_names: Sequence[str] | None = None,
+        build_model: ModelBuilder | None = None,
     ) -> None:
         self.transport = transport
         self.strategy = strategy
@@ -165,6 +175,9 @@ class Coordinator:
         self._specs = describe_tensors(self.shared)
         self._train: _Collector[ReceivedUpdate] | None = None
         self._evaluation: _Collector[EvaluationReport] | None = None
+        self._build_model = build_model
+        self._relay_layouts: dict[tuple[int, str], tuple[TensorSpec, ...]] = {}
+        self._bind(strategy)
 
     @property
     def shared(self) -> Tensors:
@@ -184,6 +197,12 @@ class Coordinator:
         self.strategy = strategy
         self.shared_names = tuple(shared_names)
         self._specs = describe_tensors(self.shared)
+        self._bind(strategy)
+
+    def _bind(self, strategy: Strategy) -> None:
+        """A relay strategy starts each device's model from the task's (or the current) model."""
+        if isinstance(strategy, RelayStrategy):
+            strategy.bind(self.model, self._build_model, self.settings.seed)
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -194,6 +213,7 @@ class Coordinator:
             "hello": self._on_hello,
             "status": self._on_status,
             "update": self._on_update,
+            "request": self._on_request,
             "evaluation": self._on_evaluation,
         }
         for kind, handler in handlers.items():
@@ -233,9 +253,14 @@ class Coordinator:
             topics.coordinator_status(self.settings.fleet), encode_frame(status), retain=True
         )
 
-    def publish_model(self) -> None:
-        """Retain the current model so devices (and late joiners) hold it."""
+    def publish_model(self, *, force: bool = True) -> None:
+        """Retain the current model so devices (and late joiners) hold it.
+
+        With force=False an unchanged model (a relay algorithm's template) is not sent again.
+        """
         manifest, blob = pack_tensors(self.model)
+        if not force and manifest.sha256 == self._model_sha:
+            return
         self._model_sha = manifest.sha256
         frame = encode_frame(SharedModel(round_id=self.round_id, manifest=manifest), blob)
         self._broadcast(topics.shared_model(self.settings.fleet), frame, retain=True)
@@ -306,7 +331,7 @@ class Coordinator:
         self.shared = aggregate.shared
         self.last_scalars = dict(aggregate.scalars)
         self.round_id = round_id
-        self.publish_model()
+        self.publish_model(force=False)
         self.publish_fleet_status()
         samples = sum(u.num_samples for u in updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
@@ -360,11 +385,17 @@ class Coordinator:
             deadline_s=self.settings.round_timeout_s,
             assignments=assignments,
             final=final,
+            peers=self._peers(),
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
+
+    def _peers(self) -> tuple[str, ...]:
+        if isinstance(self.strategy, RelayStrategy):
+            return self.strategy.candidates(self.registry.snapshot())
+        return ()
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
@@ -427,7 +458,14 @@ class Coordinator:
                 f"update from algorithm {update.algorithm!r}, the fleet runs {self.strategy.name!r}"
             )
             raise ProtocolError(msg, device_id=update.device_id, topic=topic)
-        delta = unpack_tensors(update.manifest, blob, expected=self._specs)
+        expected = self._specs
+        if isinstance(self.strategy, RelayStrategy):
+            layout = self._relay_layouts.get((update.round_id, update.device_id))
+            if layout is None:
+                msg = "update before its relayed models"
+                raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
+            expected = layout
+        delta = unpack_tensors(update.manifest, blob, expected=expected)
         received = ReceivedUpdate(
             update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
         )
@@ -438,6 +476,42 @@ class Coordinator:
                 update.device_id,
                 update.round_id,
             )
+
+    def _on_request(self, topic: str, payload: bytes) -> None:
+        """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""
+        request, _ = self._device_message(topic, payload, PeerRequest)
+        collector = self._train if request.phase == "train" else self._evaluation
+        strategy = self.strategy
+        if (
+            collector is None
+            or request.round_id != collector.round_id
+            or request.device_id not in collector.expected
+        ):
+            msg = f"stale or unexpected {request.phase} request"
+            raise RoundError(msg, device_id=request.device_id, round_id=request.round_id)
+        if not isinstance(strategy, RelayStrategy):
+            msg = f"{strategy.name} relays no models"
+            raise ProtocolError(msg, device_id=request.device_id, topic=topic)
+        relay = strategy.relay(request.round_id, request)
+        if request.phase == "train":
+            self._relay_layouts = {
+                key: layout
+                for key, layout in self._relay_layouts.items()
+                if key[0] == request.round_id
+            }
+            self._relay_layouts[(request.round_id, request.device_id)] = relay.expected
+        manifest, blob = pack_tensors(relay.tensors)
+        answer = PeerModels(
+            round_id=request.round_id,
+            phase=request.phase,
+            device_id=request.device_id,
+            models=relay.models,
+            missing=relay.missing,
+            manifest=manifest,
+        )
+        frame = encode_frame(answer, blob)
+        self.transport.publish(topics.relay(self.settings.fleet, request.device_id), frame)
+        self.bytes_down += len(frame)
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
         report, _ = self._device_message(topic, payload, EvaluationReport)

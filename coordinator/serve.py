@@ -91,7 +91,7 @@ def run_serve(
             eval_every=settings.eval_every,
             seed=settings.seed,
         )
-        coordinator = build_coordinator(lambda: transport, stages, workspace, engine)
+        coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
         transport.on_reconnect = coordinator.republish
         try:
             result = _serve(coordinator, stages, settings, on_round, say)

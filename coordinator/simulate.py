@@ -107,6 +107,12 @@ def _run(
     workspace = task.build_model(settings.seed)
     initial_state = {name: value.detach().clone() for name, value in workspace.state_dict().items()}
     stages = plan_stages(settings, task, workspace)
+    if settings.stateless and stages.final.config.stateful_only:
+        msg = (
+            f"{stages.final.config.name} keeps per-device state between rounds: "
+            "run it without --stateless"
+        )
+        raise ValueError(msg)
     engine = EngineSettings(
         fleet=settings.fleet,
         task=task.name,
@@ -115,7 +121,11 @@ def _run(
         seed=settings.seed,
     )
     coordinator = build_coordinator(
-        lambda: connect("coordinator", coordinator_will(settings.fleet)), stages, workspace, engine
+        lambda: connect("coordinator", coordinator_will(settings.fleet)),
+        stages,
+        workspace,
+        engine,
+        task,
     )
     # Over MQTT every device handles messages on its own thread: each needs its own workspace.
     threaded = settings.transport != "inprocess"

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from device_agent.algorithms import build_local_update
-from device_agent.algorithms.base import LocalContext, LocalUpdate
+from device_agent.algorithms.base import LocalContext, LocalUpdate, is_relay, relay_update
 from device_agent.capabilities import probe_capabilities
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import answer_export_command, export_device_model
@@ -31,10 +31,11 @@ from protocols.codec import (
     decode_frame,
     describe_tensors,
     encode_frame,
+    model_digest,
     pack_tensors,
     unpack_tensors,
 )
-from protocols.errors import MemoryBudgetError, PflError, ProtocolError, StateError
+from protocols.errors import MemoryBudgetError, PflError, ProtocolError, RoundError, StateError
 from protocols.messages import (
     AnyMessage,
     Capabilities,
@@ -45,6 +46,8 @@ from protocols.messages import (
     EvaluationReport,
     ExportReport,
     MemoryPlan,
+    PeerModels,
+    PeerRequest,
     RoundAnnouncement,
     SharedModel,
     TensorSpec,
@@ -173,6 +176,9 @@ class DeviceAgent:
         self._reply: tuple[tuple[int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self._plans: dict[tuple[str, str], _Plan] = {}
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
+        self._awaiting: tuple[RoundAnnouncement, _ReceivedModel] | None = None
+        self.relayed: dict[str, tuple[str, Tensors]] = {}
+        """The models last relayed to this device, by owner: (digest, tensors)."""
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
 
     def _plan_memory_at_start(self, budget_bytes: int) -> None:
@@ -209,6 +215,7 @@ class DeviceAgent:
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
         self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
+        self.transport.subscribe(topics.relay(self.fleet, self.device_id), self._on_relay)
         self.publish_status("online")
         self.say_hello()
 
@@ -310,11 +317,24 @@ class DeviceAgent:
                 )
                 self.publish_status("skipped", round_id=announcement.round_id, detail=reason)
                 return
+        self._work(announcement, model)
+
+    def _work(
+        self,
+        announcement: RoundAnnouncement,
+        model: _ReceivedModel,
+        peer_models: dict[str, Tensors] | None = None,
+    ) -> None:
+        """Train or evaluate; a relay algorithm first asks for its models (then `_on_relay`)."""
         try:
-            if announcement.phase == "train":
-                self._train(announcement, model)
-            elif announcement.phase == "evaluate":
-                self._evaluate(announcement, model)
+            if announcement.phase not in ("train", "evaluate"):
+                return
+            if peer_models is None and is_relay(self._plan(announcement).update):
+                self._request_models(announcement, model)
+            elif announcement.phase == "train":
+                self._train(announcement, model, peer_models)
+            else:
+                self._evaluate(announcement, model, peer_models)
         except PflError as error:
             logger.warning(
                 "device %s: %s round %d failed: %s",
@@ -324,6 +344,76 @@ class DeviceAgent:
                 error,
             )
             self.publish_status("online", round_id=announcement.round_id, detail=str(error))
+
+    def _request_models(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
+        """Ask the coordinator for the models this round needs, naming the copies held.
+
+        Raises:
+            StateError: the device is stateless; the algorithm's weights must persist.
+        """
+        if not self.stateful:
+            msg = (
+                f"{announcement.algorithm} keeps collaborator weights between rounds: "
+                "run the agent stateful (without --stateless)"
+            )
+            raise StateError(msg, device_id=self.device_id)
+        update, ctx = self._context(announcement, model)
+        wanted = relay_update(update).choose_models(ctx, announcement.phase)  # type: ignore[arg-type]
+        request = PeerRequest(
+            round_id=announcement.round_id,
+            phase=announcement.phase,  # type: ignore[arg-type]
+            device_id=self.device_id,
+            models=wanted,
+            cached={o: held[0] for o, held in self.relayed.items() if o in wanted},
+        )
+        self._awaiting = (announcement, model)
+        self._publish("request", encode_frame(request))
+
+    def _on_relay(self, topic: str, payload: bytes) -> None:
+        message, blob = decode_frame(payload)
+        if not isinstance(message, PeerModels):
+            msg = f"expected relayed models, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        awaiting = self._awaiting
+        if awaiting is None or (awaiting[0].round_id, awaiting[0].phase) != (
+            message.round_id,
+            message.phase,
+        ):
+            msg = "stale or unexpected relayed models"
+            raise RoundError(msg, device_id=self.device_id, round_id=message.round_id)
+        self._awaiting = None
+        models = self._relayed_models(message, blob)
+        self.relayed = {owner: (model_digest(value), value) for owner, value in models.items()}
+        self._work(awaiting[0], awaiting[1], models)
+
+    def _relayed_models(self, message: PeerModels, blob: bytes) -> dict[str, Tensors]:
+        """Decode the sent models and take the unchanged ones from the cache, all verified.
+
+        Raises:
+            ProtocolError: a malformed frame, a model that does not match its digest, or a
+                cached copy the device does not hold.
+        """
+        sent = [item.owner for item in message.models if item.sent]
+        expected = tuple(
+            spec.model_copy(update={"name": f"{owner}/{spec.name}"})
+            for owner in sent
+            for spec in self._model_layout
+        )
+        tensors = unpack_tensors(message.manifest, blob, expected=expected)
+        models: dict[str, Tensors] = {}
+        for item in message.models:
+            if item.sent:
+                prefix = f"{item.owner}/"
+                model = {
+                    k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)
+                }
+            else:
+                model = self.relayed.get(item.owner, ("", {}))[1]
+            if not model or model_digest(model) != item.digest:
+                msg = f"the relayed model of {item.owner} does not match its digest"
+                raise ProtocolError(msg, device_id=self.device_id, round_id=message.round_id)
+            models[item.owner] = model
+        return models
 
     # -- export (device_agent/exporting.py) --------------------------------------------------
 
@@ -348,7 +438,8 @@ class DeviceAgent:
         if announcement is None or model is None:
             msg = "no round seen yet: a device exports after it has received a round and a model"
             raise StateError(msg, device_id=self.device_id)
-        update, ctx = self._context(announcement, model)
+        peer_models = {owner: held[1] for owner, held in self.relayed.items()}
+        update, ctx = self._context(announcement, model, peer_models)
         return model.header.round_id, update, ctx
 
     def latest_round_id(self) -> int:
@@ -382,7 +473,10 @@ class DeviceAgent:
         return plan
 
     def _context(
-        self, announcement: RoundAnnouncement, model: _ReceivedModel
+        self,
+        announcement: RoundAnnouncement,
+        model: _ReceivedModel,
+        peer_models: dict[str, Tensors] | None = None,
     ) -> tuple[LocalUpdate, LocalContext]:
         plan = self._plan(announcement)
         config, update, split = plan.config, plan.update, plan.split
@@ -409,6 +503,9 @@ class DeviceAgent:
             budget=self._step_budget(plan),
             assignment=dict(scalars.scalars) if scalars is not None else {},
             state=state,
+            device_id=self.device_id,
+            peers=announcement.peers,
+            peer_models=peer_models or {},
         )
         return update, context
 
@@ -431,8 +528,13 @@ class DeviceAgent:
             return personal, state
         return {name: received[name] for name in plan.split.personal}, {}
 
-    def _train(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
-        update, ctx = self._context(announcement, model)
+    def _train(
+        self,
+        announcement: RoundAnnouncement,
+        model: _ReceivedModel,
+        peer_models: dict[str, Tensors] | None = None,
+    ) -> None:
+        update, ctx = self._context(announcement, model, peer_models)
         result = update.run(ctx)
         if self.stateful and (ctx.split.personal or result.state):
             kept = {**result.personal, **{STATE_PREFIX + k: v for k, v in result.state.items()}}
@@ -451,12 +553,20 @@ class DeviceAgent:
         self._reply_with(announcement, "update", encode_frame(message, blob))
         self.last_loss = result.train_loss
 
-    def _evaluate(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
-        update, ctx = self._context(announcement, model)
-        update.personalize(ctx)
-        personalized = evaluate(ctx.model, self.task, self.data.test)
+    def _evaluate(
+        self,
+        announcement: RoundAnnouncement,
+        model: _ReceivedModel,
+        peer_models: dict[str, Tensors] | None = None,
+    ) -> None:
+        update, ctx = self._context(announcement, model, peer_models)
         global_metric = None
-        if ctx.split.shared:  # the non-personalized model: shared + personal starting points
+        if is_relay(update):  # a mixture of relayed models; there is no global model
+            personalized = evaluate(relay_update(update).deployable(ctx), self.task, self.data.test)
+        else:
+            update.personalize(ctx)
+            personalized = evaluate(ctx.model, self.task, self.data.test)
+        if ctx.split.shared and not is_relay(update):  # shared + personal starting points
             if model.decoded is not None:
                 self._slots.load(model.decoded)
             global_metric = evaluate(self.workspace, self.task, self.data.test)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from torch import nn
 
+from device_agent.algorithms.base import is_relay, relay_update
 from device_agent.state_store import DiskStateStore, StateStore
 from device_agent.training import ModelSlots, evaluate
 from export import ExportProvenance, ExportResult, choose_model, export_model
@@ -130,11 +131,26 @@ def export_device_model(
     try:
         checked = check_quantization(quantize)
         round_id, update, ctx = agent.export_context()
-        personalized = fresh_model(agent.task, agent.seed, [ctx.model.state_dict()])
-        ctx = dataclasses.replace(ctx, model=personalized)
-        update.personalize(ctx)
-        global_model = fresh_model(agent.task, agent.seed, [agent.initial_state, ctx.global_shared])
-        model, chosen, scores = _decide(personalized, global_model, agent, guard)
+        if is_relay(update):  # a mixture of relayed models: there is no global model to guard
+            if guard:
+                msg = (
+                    f"{update.name} has no global model: the guard cannot choose; export without it"
+                )
+                raise ValueError(msg)
+            model = relay_update(update).deployable(ctx)
+            chosen: Chosen = "personalized"
+            scores = {
+                "personalized": evaluate(model, agent.task, agent.data.val),
+                "global": math.nan,
+            }
+        else:
+            personalized = fresh_model(agent.task, agent.seed, [ctx.model.state_dict()])
+            ctx = dataclasses.replace(ctx, model=personalized)
+            update.personalize(ctx)
+            global_model = fresh_model(
+                agent.task, agent.seed, [agent.initial_state, ctx.global_shared]
+            )
+            model, chosen, scores = _decide(personalized, global_model, agent, guard)
         result = export_model(
             model,
             agent.task,
@@ -147,7 +163,7 @@ def export_device_model(
                 personalized_metric=scores["personalized"],
                 global_metric=scores["global"],
             ),
-            shared=ctx.global_shared,
+            shared=model.state_dict() if is_relay(update) else ctx.global_shared,
             heldout=agent.data.test,
             quantize=checked,
         )

@@ -34,6 +34,8 @@ class AlgorithmConfig(WireModel):
 
     name: ClassVar[str]
     default_personal: ClassVar[PersonalDefault] = "none"
+    stateful_only: ClassVar[bool] = False
+    """Whether devices must keep state between rounds (no --stateless)."""
 
     local_epochs: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 10
@@ -268,6 +270,63 @@ class SelfFlAugConfig(SelfFlConfig):
     conv_max_epochs: Annotated[int, Field(ge=1)] = 5
 
 
+MStep = Literal["gradient", "delta"]
+LossReduction = Literal["sum", "mean"]
+LossTracking = Literal["ema", "cumulative"]
+PeerSampling = Literal["per_round", "per_slot"]
+UnseenPolicy = Literal["optimistic", "mask"]
+ModelInit = Literal["independent", "shared"]
+EStepData = Literal["train", "validation"]
+
+
+class FedericoConfig(AlgorithmConfig):
+    """FedeRiCo (federico.md §2.3): every device owns a whole model and learns whom to use.
+
+    Each round a device samples `neighbours` (M) peer models epsilon-greedily (`epsilon`, one
+    coin per round or per slot) on its private weights w = softmax(-L/`tau`), where L tracks each
+    model's loss on the device's training data (summed, or averaged with `loss_reduction`
+    "mean", which flattens w by the sample count) as an EMA with `beta` on the newest loss (or
+    their running sum, "cumulative", the exact EM). The device evaluates itself plus its sample
+    and sends each model's owner w-weighted contributions: full-batch gradients ("gradient"),
+    applied by the owner's Adam at `lr` (`adam_*`), or the deltas of `local_epochs` SGD epochs
+    at `local_lr` ("delta"), added as they are. Prediction mixes the models with w >=
+    `min_weight` (at most `top_k`), never models the device has not evaluated. Models start from
+    per-device seeds ("independent") or all from the coordinator's model ("shared", e.g. after
+    `--pretrain-rounds`). M = 0 is local training (unseen models are then always masked).
+    `estep_data` "validation" measures the E-step's losses on the validation split (§6.5: a
+    held-out loss does not favour a device's own over-fitted model); "train" is Alg. 1's.
+    """
+
+    name: ClassVar[str] = "federico"
+    stateful_only: ClassVar[bool] = True
+    lr: PositiveFloat = 0.01
+    batch_size: Annotated[int, Field(ge=1)] = 50
+    neighbours: Annotated[int, Field(ge=0)] = 3
+    epsilon: Annotated[float, Field(ge=0, le=1)] = 0.3
+    beta: Annotated[float, Field(gt=0, le=1)] = 0.6
+    tau: PositiveFloat = 1.0
+    loss_reduction: LossReduction = "sum"
+    loss_tracking: LossTracking = "ema"
+    sampling: PeerSampling = "per_round"
+    unseen_policy: UnseenPolicy = "optimistic"
+    mstep: MStep = "gradient"
+    local_lr: PositiveFloat = 0.01
+    adam_beta1: Beta = 0.9
+    adam_beta2: Beta = 0.999
+    adam_eps: PositiveFloat = 1e-8
+    min_weight: Annotated[float, Field(ge=0, lt=1)] = 1e-3
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    init: ModelInit = "independent"
+    estep_data: EStepData = "train"
+
+    @model_validator(mode="after")
+    def _whole_models(self) -> FedericoConfig:
+        if self.personal is not None or self.personal_preset not in (None, "none"):
+            msg = "federico shares whole models with the peers that sample them: no personal part"
+            raise ValueError(msg)
+        return self
+
+
 SELFFL_SIGMA_M_SQ: Final = "sigma_m_sq"
 """Self-FL uplink scalar: the device's sigma_m^2-hat (absent while undefined, A8)."""
 SELFFL_LOCAL_STEPS: Final = "local_steps"
@@ -292,6 +351,7 @@ ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {
         DittoConfig,
         SelfFlConfig,
         SelfFlAugConfig,
+        FedericoConfig,
     )
 }
 
@@ -320,3 +380,9 @@ def parse_algorithm_config(name: str, values: Mapping[str, object]) -> Algorithm
         )
         msg = f"invalid {name} settings: {problems}"
         raise ValueError(msg) from None
+
+
+FEDERICO_ENTROPY: Final = "weight_entropy"
+"""FedeRiCo uplink telemetry: the entropy (nats) of the device's collaborator weights."""
+FEDERICO_COLLABORATORS: Final = "collaborators"
+"""FedeRiCo uplink telemetry: how many models carry weight >= min_weight on the device."""

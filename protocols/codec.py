@@ -347,3 +347,13 @@ def _check_blob(header: Message, blob_length: int) -> None:
     if blob_length != (0 if manifest is None else manifest.byte_length):
         msg = f"blob of {blob_length} bytes on a {type(header).__name__}; expected {expected}"
         raise _error(msg, header)
+
+
+def model_digest(model: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes: equal digests mean equal models."""
+    hasher = hashlib.sha256()
+    for name in sorted(model):
+        value = model[name].detach().contiguous()
+        hasher.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        hasher.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return hasher.hexdigest()

@@ -19,6 +19,7 @@ from pydantic import (
     NonNegativeInt,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from protocols.errors import ProtocolError
@@ -42,6 +43,9 @@ def _require_finite(value: float) -> float:
 
 
 FiniteFloat = Annotated[float, AfterValidator(_require_finite)]
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+MAX_PEERS = 100_000
+"""Most model owners one message may name (the candidate list of a relay round)."""
 Scalars = dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], FiniteFloat]
 """An algorithm's named scalars (e.g. Self-FL's sigma_m^2): finite numbers only."""
 
@@ -194,10 +198,61 @@ class RoundAnnouncement(Message):
     deadline_s: Annotated[float, Field(gt=0)] = 600.0
     assignments: dict[DeviceId, DeviceAssignment] = Field(default_factory=dict)
     final: bool = False
+    peers: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_PEERS)
+    """The model owners a relay algorithm's devices may ask for (FedeRiCo); empty otherwise."""
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""
         return not self.assignments or device_id in self.assignments
+
+
+class PeerRequest(Message):
+    """A device asking the coordinator for models of the fleet (FedeRiCo's relay).
+
+    `models` names the owners whose current models the device needs this round: for training
+    itself first, then the peers it sampled. `cached` gives the digest of each copy the device
+    already holds, so an unchanged model is not sent again. Nothing here reveals a loss or a
+    collaborator weight, only which models the device asked for.
+    """
+
+    kind: Literal["peer-request"] = "peer-request"
+    round_id: NonNegativeInt
+    phase: Literal["train", "evaluate"]
+    device_id: DeviceId
+    models: tuple[DeviceId, ...] = Field(min_length=1, max_length=MAX_PEERS)
+    cached: dict[DeviceId, Digest] = Field(default_factory=dict, max_length=MAX_PEERS)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PeerRequest:
+        if len(set(self.models)) != len(self.models):
+            msg = "models must not repeat an owner"
+            raise ValueError(msg)
+        return self
+
+
+class RelayedModel(WireModel):
+    """One owner's model in a relay: its digest, and whether its tensors are in this frame."""
+
+    owner: DeviceId
+    digest: Digest
+    sent: bool
+    """False when the device's cached copy (same digest) is current: nothing was resent."""
+
+
+class PeerModels(Message):
+    """The coordinator's answer to a PeerRequest: the models, as `<owner>/<tensor>` tensors.
+
+    `missing` lists owners the coordinator holds no model for; the device treats them as not
+    sampled this round.
+    """
+
+    kind: Literal["peer-models"] = "peer-models"
+    round_id: NonNegativeInt
+    phase: Literal["train", "evaluate"]
+    device_id: DeviceId
+    models: tuple[RelayedModel, ...] = Field(max_length=MAX_PEERS)
+    missing: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_PEERS)
+    manifest: TensorManifest
 
 
 class DeviceUpdate(Message):
@@ -257,6 +312,8 @@ AnyMessage = Annotated[
     | FleetStatus
     | SharedModel
     | RoundAnnouncement
+    | PeerRequest
+    | PeerModels
     | DeviceUpdate
     | EvaluationReport
     | Command
@@ -271,6 +328,8 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     FleetStatus,
     SharedModel,
     RoundAnnouncement,
+    PeerRequest,
+    PeerModels,
     DeviceUpdate,
     EvaluationReport,
     Command,

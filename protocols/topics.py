@@ -5,9 +5,11 @@
     pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
     pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> all
     pfl/<fleet>/command/<device>            Command (or "all" for every one)   coordinator -> device
+    pfl/<fleet>/relay/<device>              PeerModels + models (FedeRiCo)     coordinator -> device
     pfl/<fleet>/device/<device>/hello       DeviceHello                        device -> coordinator
     pfl/<fleet>/device/<device>/status      retained, last-will "offline"      device -> all
     pfl/<fleet>/device/<device>/update      DeviceUpdate + shared delta        device -> coordinator
+    pfl/<fleet>/device/<device>/request     PeerRequest (FedeRiCo)             device -> coordinator
     pfl/<fleet>/device/<device>/evaluation  EvaluationReport                   device -> coordinator
     pfl/<fleet>/device/<device>/export-report ExportReport                     device -> coordinator
 
@@ -24,8 +26,8 @@ from protocols.errors import ProtocolError
 
 ROOT: Final = "pfl"
 BROADCAST: Final = "all"
-DeviceTopicKind = Literal["hello", "status", "update", "evaluation", "export-report"]
-FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command"]
+DeviceTopicKind = Literal["hello", "status", "update", "request", "evaluation", "export-report"]
+FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command", "relay"]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
 _SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -60,6 +62,11 @@ def shared_model(fleet: str) -> str:
 def command(fleet: str, device_id: str = BROADCAST) -> str:
     """Commands for one device, or for every device with the default."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/command/{_segment(device_id, 'device id')}"
+
+
+def relay(fleet: str, device_id: str) -> str:
+    """The models the coordinator relays to one device (FedeRiCo); only that device reads it."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/relay/{_segment(device_id, 'device id')}"
 
 
 def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
@@ -107,8 +114,8 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, "fleet-status")
     if rest in (["round"], ["model"]):
         return TopicRef(fleet, rest[0])
-    if len(rest) == 2 and rest[0] == "command":
-        return TopicRef(fleet, "command", _segment(rest[1], "device id"))
+    if len(rest) == 2 and rest[0] in ("command", "relay"):
+        return TopicRef(fleet, rest[0], _segment(rest[1], "device id"))
     if len(rest) == 3 and rest[0] == "device" and rest[2] in DEVICE_TOPIC_KINDS:
         return TopicRef(fleet, rest[2], _segment(rest[1], "device id"))
     msg = f"unknown pfl-edge topic: {topic!r}"

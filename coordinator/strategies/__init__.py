@@ -7,6 +7,7 @@ from coordinator.strategies.ditto import DittoStrategy
 from coordinator.strategies.fedalt import FedAltStrategy
 from coordinator.strategies.fedavg import FedAvgStrategy
 from coordinator.strategies.fedavg_ft import FedAvgFtStrategy
+from coordinator.strategies.federico import FedericoStrategy
 from coordinator.strategies.fedprox import FedProxStrategy
 from coordinator.strategies.fedsim import FedSimStrategy
 from coordinator.strategies.local import LocalStrategy
@@ -28,6 +29,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
         DittoStrategy,
         SelfFlStrategy,
         SelfFlAugStrategy,
+        FedericoStrategy,
     )
 }
 

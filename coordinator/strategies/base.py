@@ -6,14 +6,15 @@ clock; `coordinator.rounds` owns deadlines, quorum, stale rounds and checkpoint 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from protocols.algorithms import AlgorithmConfig
+from protocols.messages import PeerRequest, RelayedModel, TensorSpec
 
 Tensors = dict[str, torch.Tensor]
 
@@ -92,4 +93,55 @@ class Strategy(Protocol):
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore from `state_dict()`'s output."""
+        ...
+
+
+ModelBuilder = Callable[[int], Tensors]
+"""The task's fresh model tensors for a seed (what `task.build_model(seed)` holds)."""
+
+
+@dataclass(frozen=True)
+class Relay:
+    """What a relay strategy answers a PeerRequest with.
+
+    `tensors` holds the sent models as `<owner>/<name>`; `expected` is the layout of the update
+    the device may send back (a contribution per model it now holds), empty for evaluation.
+    """
+
+    models: tuple[RelayedModel, ...]
+    missing: tuple[str, ...]
+    tensors: Tensors
+    expected: tuple[TensorSpec, ...] = ()
+
+
+@runtime_checkable
+class RelayStrategy(Strategy, Protocol):
+    """A strategy that keeps one model per device and relays them on request (FedeRiCo).
+
+    The engine asks it for the candidate owners to announce, hands it each device's request,
+    and validates each update against the layout its relay promised.
+    """
+
+    def bind(self, template: Tensors, build_model: ModelBuilder | None, seed: int) -> None:
+        """Learn the model layout, how to initialize a device's model, and the run seed."""
+        ...
+
+    def candidates(self, fleet: FleetSnapshot) -> tuple[str, ...]:
+        """The owners devices may sample this round."""
+        ...
+
+    def relay(self, round_id: int, request: PeerRequest) -> Relay:
+        """The models `request` asks for (only those the device does not already hold).
+
+        Raises:
+            RoundError: the request breaks the algorithm's rules (too many peers, ...).
+        """
+        ...
+
+    def state_tensors(self) -> Tensors:
+        """The tensors a checkpoint must hold (models, optimizer moments)."""
+        ...
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore from `state_tensors()`'s output (after `load_state_dict`)."""
         ...

@@ -7,6 +7,7 @@ from device_agent.algorithms.ditto import DittoUpdate
 from device_agent.algorithms.fedalt import FedAltUpdate
 from device_agent.algorithms.fedavg import FedAvgUpdate
 from device_agent.algorithms.fedavg_ft import FedAvgFtUpdate
+from device_agent.algorithms.federico import FedericoUpdate
 from device_agent.algorithms.fedprox import FedProxUpdate
 from device_agent.algorithms.fedsim import FedSimUpdate
 from device_agent.algorithms.local import LocalOnlyUpdate
@@ -27,6 +28,7 @@ LOCAL_UPDATES: dict[str, type[LocalUpdate]] = {
         DittoUpdate,
         SelfFlUpdate,
         SelfFlAugUpdate,
+        FedericoUpdate,
     )
 }
 

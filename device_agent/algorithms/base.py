@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, TypeVar
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -41,6 +41,11 @@ class LocalContext:
     state: Tensors = field(default_factory=dict)
     """Algorithm-owned tensors kept between rounds beside the model's personal part (e.g.
     Self-FL's personal model copy and running variance); empty at first and when stateless."""
+    device_id: str = ""
+    peers: tuple[str, ...] = ()
+    """The model owners a relay algorithm may ask for this round (the announcement's list)."""
+    peer_models: Mapping[str, Tensors] = field(default_factory=dict)
+    """The owners' models the coordinator relayed for this round (FedeRiCo), by owner."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,39 @@ class LocalUpdate(Protocol):
     def personalize(self, ctx: LocalContext) -> None:
         """Turn `ctx.model` into the model this device would deploy (e.g. fine-tune it)."""
         ...
+
+
+class RelayUpdate(LocalUpdate, Protocol):
+    """A device half that works on models relayed from the coordinator (FedeRiCo)."""
+
+    relays: ClassVar[bool]
+
+    def choose_models(
+        self, ctx: LocalContext, phase: Literal["train", "evaluate"]
+    ) -> tuple[str, ...]:
+        """The owners whose models this round needs, from the device's private state."""
+        ...
+
+    def deployable(self, ctx: LocalContext) -> nn.Module:
+        """The module this device would deploy, built from `ctx.peer_models`."""
+        ...
+
+
+def is_relay(update: LocalUpdate) -> bool:
+    """Whether `update` needs models relayed before it can run."""
+    return bool(getattr(update, "relays", False))
+
+
+def relay_update(update: LocalUpdate) -> RelayUpdate:
+    """`update` as a relay algorithm's device half.
+
+    Raises:
+        TypeError: the algorithm relays no models.
+    """
+    if not is_relay(update):
+        msg = f"{update.name} relays no models"
+        raise TypeError(msg)
+    return update  # type: ignore[return-value]
 
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)

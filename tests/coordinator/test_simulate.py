@@ -63,6 +63,8 @@ def test_summary_has_the_documented_keys(tmp_path) -> None:
 
 def test_no_update_carries_a_personal_tensor_name_or_bytes() -> None:
     for algorithm, config_type in ALGORITHM_CONFIGS.items():
+        if algorithm == "federico":  # whole models, no personal part: see test_federico_fleet
+            continue
         # Prepare: a wiretap on the hub sees every payload; personal = the output layer
         personal = ["output.*"] if config_type.default_personal == "none" else None
         broker = InProcessBroker()

@@ -1,0 +1,171 @@
+"""FedeRiCo through the real coordinator and agents.
+
+M = 0 is local Adam training, nothing private crosses the wire, an offline owner's model is
+still served, and the mixture exports.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import onnx
+import pytest
+import torch
+
+from coordinator.settings import SimulationSettings
+from coordinator.simulate import run_simulation
+from coordinator.strategies.federico import owner_seed
+from device_agent.algorithms.federico import Collaborators
+from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
+from protocols.codec import decode_frame
+from protocols.messages import DeviceUpdate, PeerRequest
+from protocols.transport.inprocess import InProcessBroker
+from tasks.registry import load_task
+
+
+def _settings(**values: object) -> SimulationSettings:
+    base: dict[str, object] = {
+        "task": "sine",
+        "algorithm": "federico",
+        "devices": 6,
+        "rounds": 6,
+        "seed": 0,
+        "lr": 0.03,
+    }
+    base.update(values)
+    return SimulationSettings.load(None, **base)
+
+
+def _memory(agent) -> Collaborators:
+    stored = agent.store.load(agent._plan(agent.last_announcement).fingerprint)
+    state = {k.removeprefix("state:"): v for k, v in stored.items()}
+    return Collaborators.from_state(state, [])
+
+
+def test_m_zero_is_exactly_local_full_batch_adam_training() -> None:
+    # Prepare / Execute
+    rounds, lr = 12, 0.03
+    result = run_simulation(
+        _settings(rounds=rounds, lr=lr, algorithm_options={"neighbours": 0}, devices=4)
+    )
+    # Assert: each device's final model is its own init after `rounds` Adam steps on the full
+    # training batch's summed loss, bit for bit; its mixture is itself alone
+    task = load_task("sine", {})
+    for agent in result.agents:
+        model = task.build_model(owner_seed(0, agent.device_id))
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        inputs, targets = agent.data.train.inputs, agent.data.train.targets
+        for _ in range(rounds):
+            optimizer.zero_grad()
+            (task.loss(model(inputs), targets) * len(inputs)).backward()
+            optimizer.step()
+        final = agent.relayed[agent.device_id][1]
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(final[name], value, rtol=0, atol=1e-6)
+        assert list(agent.relayed) == [agent.device_id]
+        assert _memory(agent).weights(FedericoConfig(neighbours=0)).tolist() == [1.0] + [0.0] * 3
+    requests = [r for r in result.records]
+    assert all(r.participants == 4 for r in requests)
+
+
+def test_no_weight_or_loss_leaves_a_device() -> None:
+    # Prepare: a wiretap on the hub records every payload
+    broker = InProcessBroker()
+    payloads: list[tuple[str, bytes]] = []
+    tap = broker.connect("wiretap")
+    tap.subscribe("#", lambda topic, payload: payloads.append((topic, payload)))
+    # Execute
+    result = run_simulation(_settings(), broker=broker)
+    # Assert: updates carry contributions and aggregate scalars only ...
+    updates = [decode_frame(p)[0] for t, p in payloads if t.endswith("/update")]
+    assert updates
+    assert all(isinstance(u, DeviceUpdate) for u in updates)
+    assert all(set(u.scalars) <= {FEDERICO_ENTROPY, FEDERICO_COLLABORATORS} for u in updates)
+    # ... and no device's losses, moving averages or weights appear anywhere, in any encoding
+    wire = b"".join(p for _, p in payloads)
+    config = FedericoConfig()
+    checked = 0
+    for agent in result.agents:
+        memory = _memory(agent)
+        for value in (*memory.last_loss, *memory.average_loss, *memory.weights(config)):
+            if value in (0.0, 1.0):
+                continue
+            for encoded in (struct.pack("<d", value), struct.pack("<f", value), repr(value)):
+                token = encoded if isinstance(encoded, bytes) else encoded.encode()
+                assert token not in wire, (agent.device_id, value)
+            checked += 1
+    assert checked > 50
+
+
+def test_an_offline_owner_model_is_still_served_and_trained() -> None:
+    # Prepare: stop one device after round 2; the others keep sampling all 5 owners
+    broker = InProcessBroker()
+    requests: list[PeerRequest] = []
+    tap = broker.connect("wiretap")
+    tap.subscribe(
+        "pfl/+/device/+/request",
+        lambda topic, payload: requests.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+    )
+    agents = []
+
+    def stop_one(record) -> None:
+        if record.round_id == 2:
+            agents[0].stop()
+
+    settings = _settings(devices=5, rounds=8, algorithm_options={"neighbours": 3, "epsilon": 1.0})
+    # Execute
+    result = run_simulation(settings, on_round=stop_one, broker=_capture(broker, agents))
+    # Assert: later rounds train without dev-0000 yet its model keeps being requested and served
+    late = [r for r in requests if r.round_id > 2 and r.phase == "train"]
+    assert late
+    assert all(r.device_id != "dev-0000" for r in late)
+    assert any("dev-0000" in r.models for r in late)
+    assert [r.participants for r in result.records][2:] == [4] * 6
+
+
+def _capture(broker: InProcessBroker, agents: list) -> InProcessBroker:
+    """Keep the device agents as they connect (the first one is stopped mid-run)."""
+    from coordinator import simulate
+
+    original = simulate.DeviceAgent
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            agents.append(self)
+
+    simulate.DeviceAgent = Recording  # restored by the fixture below
+    return broker
+
+
+@pytest.fixture(autouse=True)
+def _restore_agent_class():
+    from coordinator import simulate
+
+    original = simulate.DeviceAgent
+    yield
+    simulate.DeviceAgent = original
+
+
+def test_stateless_devices_are_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="without --stateless"):
+        run_simulation(_settings(stateless=True, rounds=1))
+
+
+def test_the_mixture_exports_as_one_verified_onnx_graph(tmp_path) -> None:
+    # Prepare
+    result = run_simulation(_settings(rounds=10))
+    agent = result.agents[0]
+    members = _memory(agent).members(FedericoConfig())
+    # Execute
+    report = agent.export(tmp_path / "mixture.onnx")
+    # Assert: parity checked, and the graph holds exactly the mixture's models
+    assert report.ok, report.error
+    assert report.parity_max_abs_diff is not None
+    assert report.parity_max_abs_diff <= 1e-5
+    graph = onnx.load(tmp_path / "mixture.onnx").graph
+    weights = [i for i in graph.initializer if i.name.endswith("output.weight")]
+    assert len(weights) == len(members) >= 1
+    guarded = agent.export(tmp_path / "guarded.onnx", guard=True)
+    assert not guarded.ok
+    assert "no global model" in guarded.error
