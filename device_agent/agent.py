@@ -179,6 +179,8 @@ class DeviceAgent:
         self._awaiting: tuple[RoundAnnouncement, _ReceivedModel] | None = None
         self.relayed: dict[str, tuple[str, Tensors]] = {}
         """The models last relayed to this device, by owner: (digest, tensors)."""
+        self.mixture: dict[str, Tensors] = {}
+        """The models of the last evaluation relay: what an export mixes (FedeRiCo)."""
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
 
     def _plan_memory_at_start(self, budget_bytes: int) -> None:
@@ -384,6 +386,9 @@ class DeviceAgent:
         self._awaiting = None
         models = self._relayed_models(message, blob)
         self.relayed = {owner: (model_digest(value), value) for owner, value in models.items()}
+        if message.phase == "evaluate":
+            self.load_relayed(models)
+            self.received.remember_relayed(models)
         self._work(awaiting[0], awaiting[1], models)
 
     def _relayed_models(self, message: PeerModels, blob: bytes) -> dict[str, Tensors]:
@@ -438,13 +443,17 @@ class DeviceAgent:
         if announcement is None or model is None:
             msg = "no round seen yet: a device exports after it has received a round and a model"
             raise StateError(msg, device_id=self.device_id)
-        peer_models = {owner: held[1] for owner, held in self.relayed.items()}
+        peer_models = self.mixture or {owner: held[1] for owner, held in self.relayed.items()}
         update, ctx = self._context(announcement, model, peer_models)
         return model.header.round_id, update, ctx
 
     def latest_round_id(self) -> int:
         """The round of the latest shared model received (0 before any)."""
         return 0 if self._model is None else self._model.header.round_id
+
+    def load_relayed(self, models: dict[str, Tensors]) -> None:
+        """Hold `models`, an evaluation's relay, as the mixture an export uses, by owner."""
+        self.mixture = dict(models)
 
     def load_received(self, model_frame: bytes, announcement: RoundAnnouncement) -> None:
         """Take a kept shared-model frame and round as received, without training (offline)."""

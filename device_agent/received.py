@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from device_agent.state_store import DiskStateStore, StateStore
 from protocols.atomic import write_atomically
@@ -24,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_FILE: Final = "shared-model.frame"
 ROUND_FILE: Final = "round.frame"
+RELAYED_FILE: Final = "relayed.safetensors"
 RECORD_FILE: Final = "received.json"
 
 
@@ -34,6 +41,8 @@ class ReceivedState:
     model_frame: bytes
     announcement: RoundAnnouncement
     device_id: str
+    relayed: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """A relay algorithm's models of the last evaluation (FedeRiCo's mixture), by owner."""
 
 
 class ReceivedFrames:
@@ -77,6 +86,20 @@ class ReceivedFrames:
             return
         self._write(self.directory, ROUND_FILE, frame, round_key=key)
 
+    def remember_relayed(self, models: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Keep the models an evaluation was relayed: the mixture an offline export needs.
+
+        Training relays are not kept: they change every round and export never uses them.
+        """
+        if self.directory is None:
+            return
+        tensors = {
+            f"{owner}/{name}": value.detach().contiguous()
+            for owner, model in models.items()
+            for name, value in model.items()
+        }
+        self._write(self.directory, RELAYED_FILE, save_safetensors(tensors))
+
     def _write(self, directory: Path, name: str, frame: bytes, **record: object) -> None:
         updated = {**self._record, **record, "device_id": self.device_id}
         try:
@@ -113,7 +136,30 @@ def load_received(directory: Path) -> ReceivedState:
     if not isinstance(model, SharedModel) or not isinstance(announcement, RoundAnnouncement):
         msg = f"the received frames in {directory} are not a shared model and a round"
         raise StateError(msg)
-    return ReceivedState(model_frame, announcement, str(record.get("device_id", "")))
+    return ReceivedState(
+        model_frame, announcement, str(record.get("device_id", "")), _read_relayed(directory)
+    )
+
+
+def _read_relayed(directory: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The kept relayed models by owner (none if there is no file).
+
+    Raises:
+        StateError: the file is unreadable or corrupt.
+    """
+    path = directory / RELAYED_FILE
+    if not path.exists():
+        return {}
+    try:
+        tensors = load_safetensors(path.read_bytes())
+    except (OSError, SafetensorError) as error:
+        msg = f"cannot read the relayed models in {path}: {error}"
+        raise StateError(msg) from error
+    models: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        owner, _, name = key.partition("/")
+        models.setdefault(owner, {})[name] = value
+    return models
 
 
 def _read_record(directory: Path) -> dict[str, object]:

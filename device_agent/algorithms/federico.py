@@ -16,6 +16,7 @@ Prediction is the w-weighted mixture of the models it has evaluated (`export.mix
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ LAST_LOSS = "federico.last_loss"
 AVERAGE_LOSS = "federico.average_loss"
 SEEN = "federico.seen"
 Phase = Literal["train", "evaluate"]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -307,7 +309,16 @@ class FedericoUpdate:
         cfg = require_config(ctx, FedericoConfig)
         memory = Collaborators.from_state(ctx.state, (ctx.device_id, *ctx.peers))
         weights = dict(zip(memory.owners, memory.weights(cfg), strict=True))
-        members = [owner for owner in memory.members(cfg) if owner in ctx.peer_models]
+        wanted = memory.members(cfg)
+        members = [owner for owner in wanted if owner in ctx.peer_models]
+        if len(members) < len(wanted):
+            logger.warning(
+                "device %s: mixing %d of its %d collaborators' models (the others were not "
+                "relayed since the last evaluation)",
+                ctx.device_id,
+                len(members),
+                len(wanted),
+            )
         if not memory.seen.any():  # before any training round: the device's own model
             members = [ctx.device_id] if ctx.device_id in ctx.peer_models else []
             weights = {ctx.device_id: 1.0}

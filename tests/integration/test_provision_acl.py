@@ -196,14 +196,21 @@ def test_a_device_does_not_receive_other_devices_messages(
     snooped, received = Inbox(), Inbox()
     snoop.subscribe(topics.device_subscription(FLEET, "update"), snooped)
     snoop.subscribe(f"pfl/{FLEET}/command/+", snooped)
+    snoop.subscribe(f"pfl/{FLEET}/relay/#", snooped)
     coordinator.subscribe(topics.device_subscription(FLEET, "update"), received)
     victim.publish(topics.device(FLEET, "dev-2", "update"), b"private delta")
     coordinator.publish(topics.command(FLEET, "dev-2"), b"for dev-2 only")
+    coordinator.publish(topics.relay(FLEET, "dev-2"), b"models relayed to dev-2")
+    coordinator.publish(f"{topics.relay(FLEET, 'dev-2')}/chunk/0", b"a chunk of them")
     coordinator.publish(topics.command(FLEET, "dev-1"), b"for dev-1")
-    assert snoop.wait_until(lambda: len(snooped.topics()) == 1, 5)
+    coordinator.publish(topics.relay(FLEET, "dev-1"), b"models relayed to dev-1")
+    assert snoop.wait_until(lambda: len(snooped.topics()) == 2, 5)
     assert coordinator.wait_until(lambda: len(received.topics()) == 1, 5)
     time.sleep(QUIET_S)
-    assert snooped.messages == [(topics.command(FLEET, "dev-1"), b"for dev-1")]
+    assert snooped.messages == [
+        (topics.command(FLEET, "dev-1"), b"for dev-1"),
+        (topics.relay(FLEET, "dev-1"), b"models relayed to dev-1"),
+    ]
 
 
 def test_connections_without_the_right_password_are_refused(broker: ProvisionedBroker) -> None:

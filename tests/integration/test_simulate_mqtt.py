@@ -55,3 +55,18 @@ def test_algorithms_with_scalars_and_device_state_match_over_mosquitto(
         assert torch.equal(tensor, wire.final_shared[name]), name
     assert wire.summary["metrics"] == hub.summary["metrics"]
     assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
+
+
+@pytest.mark.mosquitto
+def test_federico_relay_over_mosquitto_matches_the_in_process_run(mosquitto) -> None:
+    # FedeRiCo's requests and relayed models travel on their own topics: same models, same
+    # metrics, same fleet scalars as the in-process hub
+    values = {"task": "sine", "algorithm": "federico", "devices": 5, "rounds": 4, "lr": 0.03}
+    hub = run_simulation(_settings(**values))
+    wire = run_simulation(_settings(**values, transport="mqtt", broker=mosquitto.url))
+    assert wire.summary["metrics"] == hub.summary["metrics"]
+    assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
+    for at_hub, over_wire in zip(hub.agents, wire.agents, strict=True):
+        assert at_hub.relayed.keys() == over_wire.relayed.keys()
+        for owner, (digest, _) in at_hub.relayed.items():
+            assert over_wire.relayed[owner][0] == digest, owner

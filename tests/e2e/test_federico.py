@@ -1,0 +1,121 @@
+"""FedeRiCo with real agent processes over mosquitto.
+
+The relay reproduces the simulation, a killed coordinator resumes from its checkpoint of every
+device's model, and the mixtures export over MQTT and offline from a state directory, bit for
+bit the same.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.serve import run_serve
+from coordinator.settings import ServeSettings, SimulationSettings
+from coordinator.simulate import run_simulation
+from export import read_metadata
+from protocols.messages import ExportReport
+from tests.e2e.test_export import _run
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
+RUN = {"task": "sine", "algorithm": "federico", "seed": 0, "lr": 0.03}
+
+
+def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings:
+    base: dict[str, object] = {
+        **RUN,
+        "broker": url,
+        "rounds": 4,
+        "min_devices": 3,
+        "round_timeout": 30.0,
+        "join_timeout": 60.0,
+        "out": tmp_path / "run",
+        "checkpoint_dir": tmp_path / "checkpoint",
+    }
+    base.update(values)
+    return ServeSettings.load(None, **base)
+
+
+def _simulate(rounds: int):
+    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds))  # type: ignore[arg-type]
+
+
+def _start_agents(processes, url: str) -> None:
+    for index in range(3):
+        processes.agent(url, index, shards=3, task="sine")
+
+
+def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
+    mosquitto, processes, tmp_path
+) -> None:
+    # Prepare
+    _start_agents(processes, mosquitto.url)
+    # Execute: serve 4 rounds, then `pfl-coord export` as a process
+    served = run_serve(_serve_settings(mosquitto.url, tmp_path))
+    simulated = _simulate(4)
+    out_dir = tmp_path / "exports"
+    exported = _run(
+        [sys.executable, "-m", "coordinator.cli", "export", "--broker", mosquitto.url,
+         "--out-dir", str(out_dir), "--timeout", "60", "--json"],
+        tmp_path,
+    )  # fmt: skip
+    # Assert: the same losses, metrics and fleet scalars as the in-process relay
+    assert [r.train_loss for r in served.records] == [r.train_loss for r in simulated.records]
+    assert [r.scalars for r in served.records] == [r.scalars for r in simulated.records]
+    assert served.summary["metrics"] == simulated.summary["metrics"]
+    # Assert: every device wrote a verified mixture
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    rows = {row["device"]: row for row in json.loads(exported.stdout)["devices"]}
+    assert sorted(rows) == ["dev-0000", "dev-0001", "dev-0002"]
+    for device_id, row in rows.items():
+        assert row["ok"] is True, row
+        assert read_metadata(out_dir / f"{device_id}.onnx")["pfl.algorithm"] == "federico"
+    # Execute: the agents stop; `pfl-agent export` works offline from dev-0001's state dir
+    processes.stop_all()
+    offline_path = tmp_path / "offline" / "model.onnx"
+    offline = _run(
+        [sys.executable, "-m", "device_agent.cli", "export",
+         "--state-dir", str(tmp_path / "state" / "dev-0001"), "--out", str(offline_path),
+         "--task", "sine", "--data-shard", "1", "--num-shards", "3", "--json"],
+        tmp_path,
+    )  # fmt: skip
+    # Assert: the very file the running agent exported
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    report = ExportReport.model_validate_json(offline.stdout)
+    assert report.ok, report.error
+    assert report.sha256 == rows["dev-0001"]["sha256"]
+
+
+def test_a_killed_coordinator_resumes_every_device_model(mosquitto, processes, tmp_path) -> None:
+    # Prepare
+    _start_agents(processes, mosquitto.url)
+    checkpoint = tmp_path / "checkpoint" / "checkpoint.json"
+    flags = [
+        "--broker", mosquitto.url, "--task", "sine", "--algorithm", "federico", "--lr", "0.03",
+        "--rounds", "6", "--min-devices", "3", "--round-timeout", "30",
+        "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
+    ]  # fmt: skip
+    coordinator = processes.start(
+        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+    )
+    # Execute: kill it once round 2 is checkpointed, then resume in-process
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= 2:
+            break
+        time.sleep(0.01)
+    coordinator.kill()
+    coordinator.wait(timeout=10)
+    killed_at = json.loads(checkpoint.read_text())["round_id"]
+    resumed = run_serve(_serve_settings(mosquitto.url, tmp_path, rounds=6, resume=True))
+    simulated = _simulate(6)
+    # Assert: the rounds after the kill are exactly the uninterrupted run's
+    assert 2 <= killed_at < 6, processes.log("coordinator")
+    assert resumed.records[0].round_id == killed_at + 1
+    tail = simulated.records[killed_at:]
+    assert [r.train_loss for r in resumed.records] == [r.train_loss for r in tail]
+    assert resumed.summary["metrics"] == simulated.summary["metrics"]
