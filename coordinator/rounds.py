@@ -331,7 +331,8 @@ class Coordinator:
         self.shared = aggregate.shared
         self.last_scalars = dict(aggregate.scalars)
         self.round_id = round_id
-        self.publish_model(force=False)
+        # a relay strategy's models live in it: its template never changes, so is not resent
+        self.publish_model(force=not isinstance(self.strategy, RelayStrategy))
         self.publish_fleet_status()
         samples = sum(u.num_samples for u in updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0

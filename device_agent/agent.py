@@ -206,7 +206,11 @@ class DeviceAgent:
         if self._memory is None or self.memory_budget_bytes is None:
             return self.budget
         terms = for_split(
-            self._memory, self.workspace, plan.split, momentum=plan.config.momentum > 0
+            self._memory,
+            self.workspace,
+            plan.split,
+            momentum=plan.config.momentum > 0,
+            relayed_models=plan.config.relayed_models(),
         )
         memory_plan = plan_training(terms, self.memory_budget_bytes, plan.config.batch_size)
         return StepBudget(memory_plan.micro_batch_size)
@@ -445,7 +449,8 @@ class DeviceAgent:
             raise StateError(msg, device_id=self.device_id)
         peer_models = self.mixture or {owner: held[1] for owner, held in self.relayed.items()}
         update, ctx = self._context(announcement, model, peer_models)
-        return model.header.round_id, update, ctx
+        # a relay algorithm's models came with its rounds; the shared template never changes
+        return (announcement.round_id if is_relay(update) else model.header.round_id), update, ctx
 
     def latest_round_id(self) -> int:
         """The round of the latest shared model received (0 before any)."""

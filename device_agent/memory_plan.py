@@ -190,19 +190,29 @@ def memory_model(
 
 
 def for_split(
-    measured: MemoryModel, model: nn.Module, split: ParamSplit, *, momentum: bool = False
+    measured: MemoryModel,
+    model: nn.Module,
+    split: ParamSplit,
+    *,
+    momentum: bool = False,
+    relayed_models: int = 0,
 ) -> MemoryModel:
     """`measured`'s runtime and activations with the parameter terms of `split`.
 
     The probe depends only on the architecture, so an agent measures once and re-plans each
-    algorithm's split (and batch size) by arithmetic.
+    algorithm's split (and batch size) by arithmetic. A relay algorithm (FedeRiCo) holds
+    `relayed_models` whole models at once, each as received bytes, decoded tensors, its
+    weighted contribution and that contribution's encoded bytes: 4 model sizes apiece.
     """
     state = model.state_dict()
     shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
     personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
     return dataclasses.replace(
         measured,
-        parameter_bytes=3 * (shared + personal) + 6 * shared + 5 * personal,
+        parameter_bytes=3 * (shared + personal)
+        + 6 * shared
+        + 5 * personal
+        + 4 * relayed_models * (shared + personal),
         optimizer_bytes=(shared + personal) if momentum else 0,
     )
 

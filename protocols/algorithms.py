@@ -47,6 +47,10 @@ class AlgorithmConfig(WireModel):
     personal: tuple[str, ...] | None = None
     personal_preset: PersonalPreset | None = None
 
+    def relayed_models(self) -> int:
+        """Whole models a device holds at once in a round besides its own (relay algorithms)."""
+        return 0
+
     @model_validator(mode="after")
     def _one_personal_source(self) -> AlgorithmConfig:
         if self.personal is not None and self.personal_preset is not None:
@@ -318,6 +322,10 @@ class FedericoConfig(AlgorithmConfig):
     top_k: Annotated[int, Field(ge=1)] | None = None
     init: ModelInit = "independent"
     estep_data: EStepData = "train"
+
+    def relayed_models(self) -> int:
+        """Its own model and M peers, each with a contribution."""
+        return self.neighbours + 1
 
     @model_validator(mode="after")
     def _whole_models(self) -> FedericoConfig:

@@ -55,9 +55,9 @@ def _run(failure: str) -> dict[str, torch.Tensor]:
 def _failing(agent: DeviceAgent, failure: str):
     original = agent._train
 
-    def train(announcement, model) -> None:
+    def train(announcement, model, peer_models=None) -> None:
         if announcement.round_id < 2:
-            original(announcement, model)
+            original(announcement, model, peer_models)
         elif failure == "crash":  # trained or not, the process is gone: only its will remains
             agent.transport.vanish()
         else:

@@ -3,12 +3,15 @@ import torch
 
 from device_agent.memory_plan import (
     SAFETY_MARGIN,
+    MemoryModel,
     activation_bytes_per_sample,
+    for_split,
     memory_model,
     parse_memory_budget,
     plan_training,
 )
 from device_agent.training import StepBudget, TrainSpec, train
+from protocols.algorithms import FedericoConfig
 from protocols.errors import MemoryBudgetError
 from tasks.base import PartitionSpec
 from tasks.digits import DigitsTask
@@ -114,3 +117,18 @@ def test_planned_micro_batches_give_the_gradients_of_the_whole_batch() -> None:
     # Assert
     for name, value in whole.state_dict().items():
         torch.testing.assert_close(micro.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_relay_round_plans_four_copies_of_each_model_it_holds() -> None:
+    # FedeRiCo holds its own model and M peers: received bytes, decoded tensors, weighted
+    # contribution and its encoding, each a whole model
+    model = DigitsTask().build_model(0)
+    everything = ParamSplit.for_model(model, ())
+    size = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    measured = MemoryModel(10_000_000, 0, 0, 1_000)
+    plain = for_split(measured, model, everything)
+    relay = for_split(
+        measured, model, everything, relayed_models=FedericoConfig(neighbours=3).relayed_models()
+    )
+    assert relay.parameter_bytes - plain.parameter_bytes == 4 * 4 * size
+    assert FedericoConfig(neighbours=0).relayed_models() == 1

@@ -24,6 +24,9 @@ from protocols.messages import (
     FleetStatus,
     MemoryPlan,
     Message,
+    PeerModels,
+    PeerRequest,
+    RelayedModel,
     RoundAnnouncement,
     SharedModel,
     TensorManifest,
@@ -117,6 +120,20 @@ EXPORT = ExportReport(
     parity_max_abs_diff=1e-7,
     metrics={"latency_ms": 0.8},
 )
+REQUEST = PeerRequest(
+    round_id=5, phase="train", device_id="pi-3", models=("pi-3", "pi-7"), cached={"pi-7": "ab" * 32}
+)
+RELAY = PeerModels(
+    round_id=5,
+    phase="train",
+    device_id="pi-3",
+    models=(
+        RelayedModel(owner="pi-3", digest="cd" * 32, sent=True),
+        RelayedModel(owner="pi-7", digest="ab" * 32, sent=False),
+    ),
+    missing=("pi-9",),
+    manifest=MANIFEST,
+)
 EXAMPLES: tuple[Message, ...] = (
     HELLO,
     STATUS,
@@ -124,6 +141,8 @@ EXAMPLES: tuple[Message, ...] = (
     FLEET,
     MODEL,
     ROUND,
+    REQUEST,
+    RELAY,
     UPDATE,
     EVALUATION,
     COMMAND,
@@ -319,3 +338,10 @@ def test_round_addresses_only_assigned_devices_unless_none_are() -> None:
     assert ROUND.addresses("pi-3")
     assert not ROUND.addresses("pi-4")
     assert everyone.addresses("pi-4")
+
+
+def test_a_peer_request_names_each_owner_once() -> None:
+    with pytest.raises(ValidationError, match="must not repeat"):
+        PeerRequest(round_id=1, phase="train", device_id="pi-3", models=("pi-3", "pi-7", "pi-7"))
+    with pytest.raises(ValidationError, match="at least 1"):
+        PeerRequest(round_id=1, phase="evaluate", device_id="pi-3", models=())
