@@ -335,7 +335,14 @@ class DeviceAgent:
         try:
             if announcement.phase not in ("train", "evaluate"):
                 return
-            if peer_models is None and is_relay(self._plan(announcement).update):
+            plan = self._plan(announcement)
+            if not self.stateful and plan.config.stateful_only:
+                msg = (
+                    f"{announcement.algorithm} keeps per-device state between rounds: "
+                    "run the agent stateful (without --stateless)"
+                )
+                raise StateError(msg, device_id=self.device_id)
+            if peer_models is None and is_relay(plan.update):
                 self._request_models(announcement, model)
             elif announcement.phase == "train":
                 self._train(announcement, model, peer_models)
@@ -352,17 +359,7 @@ class DeviceAgent:
             self.publish_status("online", round_id=announcement.round_id, detail=str(error))
 
     def _request_models(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
-        """Ask the coordinator for the models this round needs, naming the copies held.
-
-        Raises:
-            StateError: the device is stateless; the algorithm's weights must persist.
-        """
-        if not self.stateful:
-            msg = (
-                f"{announcement.algorithm} keeps collaborator weights between rounds: "
-                "run the agent stateful (without --stateless)"
-            )
-            raise StateError(msg, device_id=self.device_id)
+        """Ask the coordinator for the models this round needs, naming the copies held."""
         update, ctx = self._context(announcement, model)
         wanted = relay_update(update).choose_models(ctx, announcement.phase)  # type: ignore[arg-type]
         request = PeerRequest(

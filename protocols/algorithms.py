@@ -64,6 +64,7 @@ class LocalConfig(AlgorithmConfig):
 
     name: ClassVar[str] = "local"
     default_personal: ClassVar[PersonalDefault] = "all"
+    stateful_only: ClassVar[bool] = True
 
 
 class FedAvgConfig(AlgorithmConfig):

@@ -7,10 +7,11 @@ from typing import ClassVar
 from device_agent.algorithms.base import (
     LocalContext,
     LocalResult,
+    phase_spec,
+    require_config,
+    train_phase,
     train_whole_model,
-    trainable_parameters,
 )
-from device_agent.training import TrainSpec, train
 from protocols.algorithms import FedAvgFtConfig
 
 
@@ -24,18 +25,12 @@ class FedAvgFtUpdate:
         return train_whole_model(ctx)
 
     def personalize(self, ctx: LocalContext) -> None:
-        """Fine-tune every parameter for `finetune_epochs` at `finetune_lr`."""
-        cfg = ctx.config
-        if not isinstance(cfg, FedAvgFtConfig):
-            msg = f"fedavg-ft needs FedAvgFtConfig, got {type(cfg).__name__}"
-            raise TypeError(msg)
+        """Fine-tune every parameter for `finetune_epochs` at `finetune_lr`.
+
+        With the round's other settings (momentum, weight decay, clipping), as every phase.
+        """
+        cfg = require_config(ctx, FedAvgFtConfig)
         if cfg.finetune_epochs == 0:
             return
-        spec = TrainSpec(
-            trainable=trainable_parameters(ctx.model, ctx.split.shared + ctx.split.personal),
-            epochs=cfg.finetune_epochs,
-            batch_size=cfg.batch_size,
-            lr=cfg.finetune_lr,
-            clip_grad_norm=cfg.clip_grad_norm,
-        )
-        train(ctx.model, ctx.task, ctx.data.train, spec, ctx.generator, budget=ctx.budget)
+        names = ctx.split.shared + ctx.split.personal
+        train_phase(ctx, phase_spec(ctx, names, epochs=cfg.finetune_epochs, lr=cfg.finetune_lr))

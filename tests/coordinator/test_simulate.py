@@ -126,3 +126,11 @@ def test_a_thousand_virtual_devices_share_one_model() -> None:
     assert len(workspaces) == 1
     assert result.records[0].participants == 50
     assert len(result.reports) == 1000
+
+
+def test_local_training_refuses_stateless_devices() -> None:
+    # every tensor is personal: a stateless device would evaluate its untrained initial model
+    import pytest
+
+    with pytest.raises(ValueError, match="local keeps per-device state"):
+        run_simulation(_settings(algorithm="local", stateless=True))
