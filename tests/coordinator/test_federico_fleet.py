@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -17,7 +18,7 @@ from coordinator.simulate import run_simulation
 from coordinator.strategies.federico import owner_seed
 from device_agent.algorithms.federico import Collaborators
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
-from protocols.codec import decode_frame
+from protocols.codec import decode_frame, unpack_tensors
 from protocols.messages import DeviceUpdate, PeerRequest
 from protocols.transport.inprocess import InProcessBroker
 from tasks.registry import load_task
@@ -191,3 +192,48 @@ def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:
     assert sum(federico) < sum(local)
     assert sum(federico) < sum(fedavg) / 5
     assert all(f < a for f, a in zip(federico, alone, strict=True)), (federico, alone)
+
+
+def test_one_round_with_every_peer_sampled_is_one_step_of_centralized_em() -> None:
+    # Prepare / Execute: M = K - 1 (no staleness), one round; every model kept in the mixture
+    lr = 0.01
+    options = {"neighbours": 3, "min_weight": 0.0, "loss_tracking": "cumulative"}
+    broker = InProcessBroker()
+    sent: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep_update(topic: str, payload: bytes) -> None:
+        update, blob = decode_frame(payload)
+        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
+
+    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    settings = _settings(devices=4, rounds=1, lr=lr, algorithm_options=options)
+    result = run_simulation(settings, broker=broker)
+    # Assert: the spec's Eq. 3 E-step (w_i = softmax of minus each model's summed loss on D_i)
+    # then Eq. 6's M-step, each model stepped once by its owner's Adam on sum_i w_ib grad_ib
+    task = load_task("sine", {})
+    owners = [agent.device_id for agent in result.agents]
+    start = {b: task.build_model(owner_seed(0, b)) for b in owners}
+    totals = {
+        b: {n: torch.zeros_like(p) for n, p in m.named_parameters()} for b, m in start.items()
+    }
+    for agent in result.agents:
+        x, y = agent.data.train.inputs, agent.data.train.targets
+        losses = torch.stack([task.loss(start[b](x), y) * len(x) for b in owners])
+        weights = torch.softmax(-losses.detach(), dim=0)
+        for weight, b, loss in zip(weights, owners, losses, strict=True):
+            gradients = torch.autograd.grad(loss, list(start[b].parameters()))
+            for (name, _), gradient in zip(start[b].named_parameters(), gradients, strict=True):
+                totals[b][name] += weight * gradient
+                # what device i sent owner b: w_ib times the summed loss's gradient, exactly
+                torch.testing.assert_close(sent[agent.device_id][f"{b}/{name}"], weight * gradient)
+        memory = _memory(agent)
+        measured = [memory.last_loss[memory.owners.index(b)] for b in owners]
+        np.testing.assert_allclose(measured, losses.detach().numpy(), rtol=1e-6)
+    for agent in result.agents:
+        assert sorted(agent.relayed) == owners
+        for b in owners:
+            for name, value in start[b].named_parameters():
+                step = lr * totals[b][name] / (totals[b][name].abs() + 1e-8)  # Adam's first step
+                torch.testing.assert_close(
+                    agent.relayed[b][1][name], (value - step).detach(), rtol=0, atol=1e-6
+                )
