@@ -102,6 +102,16 @@ def simulate(
         Path | None,
         typer.Option(help="after the final evaluation, export every device's ONNX model here"),
     ] = None,
+    export_quantize: Annotated[
+        str | None, typer.Option(help="with --export-dir, int8: also write <device>.int8.onnx")
+    ] = None,
+    export_guard: Annotated[
+        bool | None,
+        typer.Option(
+            "--export-guard",
+            help="with --export-dir: ship the global model where it validates better",
+        ),
+    ] = None,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
 ) -> None:

@@ -76,6 +76,12 @@ class SimulationSettings(RunSettings):
     export_dir: Path | None = Field(
         None, description="after the final evaluation, export every device's model here"
     )
+    export_quantize: Literal["int8"] | None = Field(
+        None, description="with export_dir: also write <device>.int8.onnx"
+    )
+    export_guard: bool = Field(
+        False, description="with export_dir: ship the global model where it validates better"
+    )
 
     def partition_spec(self) -> PartitionSpec:
         """How the task's data is split across the virtual devices."""

@@ -198,7 +198,12 @@ def _run(
         "config": config.model_dump(mode="json"),
     }
     if settings.export_dir is not None:  # every device's personalized model, verified
-        result.summary["export"] = export_fleet(result.agents, settings.export_dir)
+        result.summary["export"] = export_fleet(
+            result.agents,
+            settings.export_dir,
+            quantize=settings.export_quantize,
+            guard=settings.export_guard,
+        )
     recorder.write_devices(result.reports)
     recorder.write_summary(result.summary)
     return result

@@ -239,14 +239,26 @@ def _decide(
     return personalized, "personalized", scores
 
 
-def export_fleet(agents: Iterable[DeviceAgent], directory: Path) -> dict[str, Any]:
+def export_fleet(
+    agents: Iterable[DeviceAgent],
+    directory: Path,
+    *,
+    quantize: str | None = None,
+    guard: bool = False,
+) -> dict[str, Any]:
     """Export every agent's model to `directory/<device_id>.onnx` (simulate --export-dir).
+
+    `quantize` and `guard` are the export command's options (an int8 file beside each; the
+    personalization guard), so a simulation can try what a fleet export would ship.
 
     Returns:
         The summary's "export" entry: the directory, how many files were written and verified,
-        their total size, and each failed device's error.
+        their total size, each failed device's error, and how many shipped the global model.
     """
-    reports = [agent.export(directory / f"{agent.device_id}.onnx") for agent in agents]
+    reports = [
+        agent.export(directory / f"{agent.device_id}.onnx", quantize=quantize, guard=guard)
+        for agent in agents
+    ]
     failures = {r.device_id: r.error for r in reports if not r.ok}
     for device_id, error in failures.items():
         logger.warning("device %s: export failed: %s", device_id, error)
@@ -256,4 +268,5 @@ def export_fleet(agents: Iterable[DeviceAgent], directory: Path) -> dict[str, An
         "failed": len(failures),
         "failures": failures,
         "total_bytes": sum(r.size_bytes for r in reports if r.ok),
+        "shipped_global": sum(1 for r in reports if r.ok and r.metrics.get("chosen_global")),
     }

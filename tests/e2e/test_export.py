@@ -233,3 +233,25 @@ def test_an_agent_with_state_for_another_architecture_refuses_clearly(tmp_path) 
     assert "pfl-agent reset-state" in after.error
     assert not (tmp_path / "out").exists()
     assert (tmp_path / "state" / "shared-model.frame").exists()  # kept for offline export
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_simulate_exports_with_int8_and_the_guard(tmp_path) -> None:
+    # Execute: the fleet export's options, from a simulation
+    export_dir = tmp_path / "models"
+    outcome = CliRunner().invoke(
+        coord_app,
+        ["simulate", "--task", "digits", "--algorithm", "fedalt", "--devices", "3",
+         "--rounds", "2", "--out", str(tmp_path / "run"), "--export-dir", str(export_dir),
+         "--export-quantize", "int8", "--export-guard"],
+    )  # fmt: skip
+    # Assert: an fp32 and an int8 file per device, and the guard's decisions counted
+    assert outcome.exit_code == 0, outcome.output
+    export = json.loads((tmp_path / "run" / "summary.json").read_text())["export"]
+    assert (export["ok"], export["failed"]) == (3, 0)
+    assert 0 <= export["shipped_global"] <= 3
+    for index in range(3):
+        fp32 = export_dir / f"dev-{index:04d}.onnx"
+        int8 = export_dir / f"dev-{index:04d}.int8.onnx"
+        assert read_metadata(int8)["pfl.quantization"] == "int8"
+        assert read_metadata(fp32)["pfl.chosen_model"] in ("personalized", "global")
