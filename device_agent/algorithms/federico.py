@@ -26,14 +26,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from device_agent.algorithms.base import LocalContext, LocalResult, require_config
+from device_agent.algorithms.base import (
+    LocalContext,
+    LocalResult,
+    phase_spec,
+    require_config,
+    train_phase,
+)
 from device_agent.training import (
     ModelSlots,
     Tensors,
-    TrainSpec,
     difference,
     snapshot,
-    train,
 )
 from export.mixture import MixtureModel
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
@@ -282,17 +286,10 @@ class FedericoUpdate:
     def _local_delta(self, ctx: LocalContext, cfg: FedericoConfig, model: Tensors) -> Tensors:
         """The delta of `local_epochs` SGD epochs at `local_lr` on the unweighted loss (§2.3)."""
         names = tuple(name for name, _ in ctx.model.named_parameters())
-        spec = TrainSpec(
-            trainable=names,
-            epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            lr=cfg.local_lr,
-            max_steps=cfg.max_steps,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            clip_grad_norm=cfg.clip_grad_norm,
+        spec = phase_spec(
+            ctx, names, epochs=cfg.local_epochs, lr=cfg.local_lr, max_steps=cfg.max_steps
         )
-        train(ctx.model, ctx.task, ctx.data.train, spec, ctx.generator, budget=ctx.budget)
+        train_phase(ctx, spec)
         floats = [name for name, value in model.items() if value.is_floating_point()]
         return difference(snapshot(ctx.model, floats), {name: model[name] for name in floats})
 

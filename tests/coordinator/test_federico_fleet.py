@@ -237,3 +237,45 @@ def test_one_round_with_every_peer_sampled_is_one_step_of_centralized_em() -> No
                 torch.testing.assert_close(
                     agent.relayed[b][1][name], (value - step).detach(), rtol=0, atol=1e-6
                 )
+
+
+def test_delta_mode_sends_weighted_deltas_of_local_sgd() -> None:
+    # Prepare / Execute: one round, every peer sampled, one full-batch SGD step per model
+    local_lr = 0.05
+    options = {
+        "neighbours": 3,
+        "mstep": "delta",
+        "local_lr": local_lr,
+        "min_weight": 0.0,
+        "beta": 0.6,  # the EMA from zero: the weights are softmax(-0.6 x summed loss)
+    }
+    broker = InProcessBroker()
+    sent: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep_update(topic: str, payload: bytes) -> None:
+        update, blob = decode_frame(payload)
+        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
+
+    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    settings = _settings(devices=4, rounds=1, algorithm_options=options, batch_size=50)
+    result = run_simulation(settings, broker=broker)
+    # Assert: device i sent owner b w_ib * (-local_lr * grad of the mean loss), and each owner
+    # moved by the plain sum of what it received (no optimizer of its own in delta mode)
+    task = load_task("sine", {})
+    owners = [agent.device_id for agent in result.agents]
+    start = {b: task.build_model(owner_seed(0, b)) for b in owners}
+    moved = {b: {n: torch.zeros_like(p) for n, p in m.named_parameters()} for b, m in start.items()}
+    for agent in result.agents:
+        x, y = agent.data.train.inputs, agent.data.train.targets
+        losses = torch.stack([task.loss(start[b](x), y) for b in owners])
+        weights = torch.softmax(-0.6 * losses.detach() * len(x), dim=0)
+        for weight, b, loss in zip(weights, owners, losses, strict=True):
+            gradients = torch.autograd.grad(loss, list(start[b].parameters()))
+            for (name, _), gradient in zip(start[b].named_parameters(), gradients, strict=True):
+                expected = weight * (-local_lr * gradient)
+                torch.testing.assert_close(sent[agent.device_id][f"{b}/{name}"], expected)
+                moved[b][name] += expected
+    for b in owners:
+        for name, value in start[b].named_parameters():
+            final = result.agents[0].relayed[b][1][name]
+            torch.testing.assert_close(final, (value + moved[b][name]).detach())
