@@ -436,17 +436,18 @@ class Coordinator:
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = self._device_message(topic, payload, DeviceStatus)
         self.registry.on_status(status)
-        collector = self._train
-        skipped_now = (
-            status.state == "skipped"
-            and collector is not None
-            and status.round_id == collector.round_id
-        )
-        if skipped_now and collector is not None:
-            logger.info(
-                "device %s skipped round %s: %s", status.device_id, status.round_id, status.detail
-            )
-            collector.decline(status.device_id)
+        if status.state != "skipped":
+            return
+        for collector in (self._train, self._evaluation):
+            if collector is not None and status.round_id == collector.round_id:
+                logger.info(
+                    "device %s skipped the %s of round %s: %s",
+                    status.device_id,
+                    collector.phase,
+                    status.round_id,
+                    status.detail,
+                )
+                collector.decline(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = self._device_message(topic, payload, DeviceUpdate)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,14 @@ from protocols.codec import (
     pack_tensors,
     unpack_tensors,
 )
-from protocols.errors import MemoryBudgetError, PflError, ProtocolError, RoundError, StateError
+from protocols.errors import (
+    MemoryBudgetError,
+    PflError,
+    ProtocolError,
+    RoundError,
+    StateError,
+    TrainingError,
+)
 from protocols.messages import (
     AnyMessage,
     Capabilities,
@@ -356,7 +364,9 @@ class DeviceAgent:
                 announcement.round_id,
                 error,
             )
-            self.publish_status("online", round_id=announcement.round_id, detail=str(error))
+            # "skipped": the coordinator stops waiting for an answer that will not come
+            detail = f"{announcement.phase} failed: {error}"
+            self.publish_status("skipped", round_id=announcement.round_id, detail=detail)
 
     def _request_models(self, announcement: RoundAnnouncement, model: _ReceivedModel) -> None:
         """Ask the coordinator for the models this round needs, naming the copies held."""
@@ -577,10 +587,24 @@ class DeviceAgent:
         else:
             update.personalize(ctx)
             personalized = evaluate(ctx.model, self.task, self.data.test)
+        if not math.isfinite(personalized):
+            msg = (
+                f"the personalized model's test {self.task.metric_name} is {personalized} "
+                "(diverged training, or an empty test split): nothing to report"
+            )
+            raise TrainingError(msg, device_id=self.device_id, round_id=announcement.round_id)
         if ctx.split.shared and not is_relay(update):  # shared + personal starting points
             if model.decoded is not None:
                 self._slots.load(model.decoded)
             global_metric = evaluate(self.workspace, self.task, self.data.test)
+            if not math.isfinite(global_metric):
+                logger.warning(
+                    "device %s: the global model's test %s is %s: not reported",
+                    self.device_id,
+                    self.task.metric_name,
+                    global_metric,
+                )
+                global_metric = None
         report = EvaluationReport(
             round_id=announcement.round_id,
             device_id=self.device_id,

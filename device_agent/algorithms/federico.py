@@ -123,9 +123,21 @@ class Collaborators:
         exp = np.exp(logits)
         return exp / exp.sum()
 
+    def mixture_weights(self, config: FedericoConfig) -> np.ndarray:
+        """The weights prediction uses: over evaluated models only (spec §6.2), renormalized.
+
+        Sampling may rank never-evaluated models first (the optimistic zero loss); predicting
+        with them would mix untrained models in, so inference always masks them.
+        """
+        if not self.seen.any():
+            return np.zeros(len(self.owners))
+        logits = np.where(self.seen, -self.average_loss / config.tau, -np.inf)
+        exp = np.exp(logits - logits.max())
+        return exp / exp.sum()
+
     def members(self, config: FedericoConfig) -> list[str]:
         """The mixture: evaluated models with w >= min_weight, heaviest first, at most top_k."""
-        weights = self.weights(config)
+        weights = self.mixture_weights(config)
         order = sorted(range(len(self.owners)), key=lambda i: (-weights[i], self.owners[i]))
         chosen = [i for i in order if self.seen[i] and weights[i] >= config.min_weight]
         return [self.owners[i] for i in chosen[: config.top_k]]
@@ -305,7 +317,7 @@ class FedericoUpdate:
         """
         cfg = require_config(ctx, FedericoConfig)
         memory = Collaborators.from_state(ctx.state, (ctx.device_id, *ctx.peers))
-        weights = dict(zip(memory.owners, memory.weights(cfg), strict=True))
+        weights = dict(zip(memory.owners, memory.mixture_weights(cfg), strict=True))
         wanted = memory.members(cfg)
         members = [owner for owner in wanted if owner in ctx.peer_models]
         if len(members) < len(wanted):

@@ -1,5 +1,7 @@
 """Faults mid-round leave the result exactly what the surviving devices' updates determine."""
 
+import dataclasses
+
 import torch
 
 from coordinator.pipeline import build_coordinator, plan_stages
@@ -74,3 +76,55 @@ def test_devices_crashing_mid_round_give_the_model_of_a_fault_free_run_without_t
     # Assert: FedAvg is deterministic given the participants, so the models are identical
     for name, tensor in crashed.items():
         assert torch.equal(tensor, declined[name]), name
+
+
+def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> None:
+    # Prepare: three devices; one's test targets overflow float32, so its test MSE is inf
+    from tasks.base import Split
+
+    task = load_task("sine")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    settings = SimulationSettings.load(None, task="sine", algorithm="fedavg", devices=3)
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task="sine", rounds=1, round_timeout_s=30.0),
+    )
+    statuses = []
+    broker.connect("tap").subscribe("pfl/+/device/+/status", lambda _t, p: statuses.append(p))
+    fleet = task.make_fleet(3, PartitionSpec(), 0)
+    broken = fleet[1].test
+    fleet[1] = dataclasses.replace(
+        fleet[1], test=Split(broken.inputs, torch.full_like(broken.targets, 3e38))
+    )
+    for index, data in enumerate(fleet):
+        device_id = f"dev-{index:02d}"
+        workspace = task.build_model(0)
+        DeviceAgent(
+            device_id=device_id,
+            fleet="default",
+            transport=broker.connect(device_id, device_will("default", device_id)),
+            task=task,
+            data=data,
+            seed=0,
+            store=MemoryStateStore(),
+            workspace=workspace,
+            initial_state=dict(workspace.state_dict()),
+        ).start()
+    coordinator.start()
+    coordinator.wait_for_devices(3, 1.0)
+    coordinator.run_round()
+    # Execute
+    reports, summary = coordinator.evaluate(final=True)
+    # Assert: the two others report; the broken one says why instead of vanishing
+    assert [r.device_id for r in reports] == ["dev-00", "dev-02"]
+    assert summary["personalized_mean"] is not None
+    from protocols.codec import decode_frame
+
+    skipped = [decode_frame(p)[0] for p in statuses]
+    assert any(
+        s.device_id == "dev-01" and s.state == "skipped" and "is inf" in s.detail  # type: ignore[union-attr]
+        for s in skipped
+    )

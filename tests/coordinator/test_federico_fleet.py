@@ -88,7 +88,8 @@ def test_no_weight_or_loss_leaves_a_device() -> None:
     checked = 0
     for agent in result.agents:
         memory = _memory(agent)
-        for value in (*memory.last_loss, *memory.average_loss, *memory.weights(config)):
+        private = (memory.weights(config), memory.mixture_weights(config))
+        for value in (*memory.last_loss, *memory.average_loss, *private[0], *private[1]):
             if value in (0.0, 1.0):
                 continue
             for encoded in (struct.pack("<d", value), struct.pack("<f", value), repr(value)):

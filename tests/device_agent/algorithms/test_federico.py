@@ -168,3 +168,16 @@ def test_mixture_mixes_probabilities_for_classification_and_outputs_for_regressi
     torch.testing.assert_close(regress(x), 0.75 * first(x) + 0.25 * second(x))
     with pytest.raises(ValueError, match="not all zero"):
         MixtureModel([first], [0.0], "outputs")
+
+
+def test_the_mixture_uses_evaluated_models_even_when_unseen_ones_lead_sampling() -> None:
+    # Summed losses make every evaluated model look worse than the optimistic zero of unseen
+    # ones: sampling explores those, but prediction must mix only models it has evaluated
+    memory = _memory()
+    config = FedericoConfig(beta=1.0)
+    memory.observe({"me": 40.0, "a": 41.0}, config)
+    assert memory.weights(config)[:2].max() < 1e-3  # sampling weights: unseen models lead
+    mixture = memory.mixture_weights(config)
+    np.testing.assert_allclose(mixture[:2], [1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(1.0))])
+    assert mixture[2:].tolist() == [0.0, 0.0, 0.0]
+    assert memory.members(config) == ["me", "a"]
