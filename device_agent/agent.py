@@ -34,6 +34,7 @@ from protocols.codec import (
     encode_frame,
     model_digest,
     pack_tensors,
+    split_owners,
     unpack_tensors,
 )
 from protocols.errors import (
@@ -396,9 +397,9 @@ class DeviceAgent:
             raise RoundError(msg, device_id=self.device_id, round_id=message.round_id)
         self._awaiting = None
         models = self._relayed_models(message, blob)
-        self.relayed = {owner: (model_digest(value), value) for owner, value in models.items()}
+        self.relayed = {item.owner: (item.digest, models[item.owner]) for item in message.models}
         if message.phase == "evaluate":
-            self.load_relayed(models)
+            self.load_mixture(models)
             self.received.remember_relayed(models)
         self._work(awaiting[0], awaiting[1], models)
 
@@ -415,17 +416,15 @@ class DeviceAgent:
             for owner in sent
             for spec in self._model_layout
         )
-        tensors = unpack_tensors(message.manifest, blob, expected=expected)
+        received = split_owners(unpack_tensors(message.manifest, blob, expected=expected))
         models: dict[str, Tensors] = {}
         for item in message.models:
-            if item.sent:
-                prefix = f"{item.owner}/"
-                model = {
-                    k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)
-                }
+            if item.sent:  # verified here; a cached copy was verified when it arrived
+                model = received.get(item.owner, {})
+                digest = model_digest(model) if model else ""
             else:
-                model = self.relayed.get(item.owner, ("", {}))[1]
-            if not model or model_digest(model) != item.digest:
+                digest, model = self.relayed.get(item.owner, ("", {}))
+            if not model or digest != item.digest:
                 msg = f"the relayed model of {item.owner} does not match its digest"
                 raise ProtocolError(msg, device_id=self.device_id, round_id=message.round_id)
             models[item.owner] = model
@@ -463,7 +462,7 @@ class DeviceAgent:
         """The round of the latest shared model received (0 before any)."""
         return 0 if self._model is None else self._model.header.round_id
 
-    def load_relayed(self, models: dict[str, Tensors]) -> None:
+    def load_mixture(self, models: dict[str, Tensors]) -> None:
         """Hold `models`, an evaluation's relay, as the mixture an export uses, by owner."""
         self.mixture = dict(models)
 

@@ -63,7 +63,7 @@ def export_offline(
         stateful=not settings.stateless,
     )
     agent.load_received(received.model_frame, received.announcement)
-    agent.load_relayed(received.relayed)
+    agent.load_mixture(received.relayed)
     logger.info(
         "exporting %s from round %d (%s) kept in %s",
         settings.device_id,

@@ -22,7 +22,7 @@ from safetensors.torch import save as save_safetensors
 
 from device_agent.state_store import DiskStateStore, StateStore
 from protocols.atomic import write_atomically
-from protocols.codec import decode_frame
+from protocols.codec import decode_frame, join_owners, split_owners
 from protocols.errors import PflError, StateError
 from protocols.messages import RoundAnnouncement, SharedModel
 
@@ -93,11 +93,7 @@ class ReceivedFrames:
         """
         if self.directory is None:
             return
-        tensors = {
-            f"{owner}/{name}": value.detach().contiguous()
-            for owner, model in models.items()
-            for name, value in model.items()
-        }
+        tensors = {key: value.detach().contiguous() for key, value in join_owners(models).items()}
         self._write(self.directory, RELAYED_FILE, save_safetensors(tensors))
 
     def _write(self, directory: Path, name: str, frame: bytes, **record: object) -> None:
@@ -155,11 +151,7 @@ def _read_relayed(directory: Path) -> dict[str, dict[str, torch.Tensor]]:
     except (OSError, SafetensorError) as error:
         msg = f"cannot read the relayed models in {path}: {error}"
         raise StateError(msg) from error
-    models: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        owner, _, name = key.partition("/")
-        models.setdefault(owner, {})[name] = value
-    return models
+    return split_owners(tensors)
 
 
 def _read_record(directory: Path) -> dict[str, object]:

@@ -357,3 +357,24 @@ def model_digest(model: Mapping[str, torch.Tensor]) -> str:
         hasher.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
         hasher.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
     return hasher.hexdigest()
+
+
+def join_owners(models: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Several devices' tensors in one frame: `<owner>/<name>` (relays and contributions)."""
+    return {
+        f"{owner}/{name}": value
+        for owner, tensors in models.items()
+        for name, value in tensors.items()
+    }
+
+
+def split_owners(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """`join_owners` undone: the tensors by owner, in the frame's order.
+
+    Owner ids are single topic segments (no "/"), so the first "/" separates owner and name.
+    """
+    models: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        owner, _, name = key.partition("/")
+        models.setdefault(owner, {})[name] = value
+    return models

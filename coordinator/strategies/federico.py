@@ -38,7 +38,7 @@ from protocols.algorithms import (
     AlgorithmConfig,
     FedericoConfig,
 )
-from protocols.codec import describe_tensors, model_digest
+from protocols.codec import describe_tensors, join_owners, model_digest, split_owners
 from protocols.errors import RoundError
 from protocols.messages import PeerRequest, RelayedModel
 
@@ -129,17 +129,17 @@ class FedericoStrategy:
                     f"{self.config.neighbours} peers; got {list(request.models)}"
                 )
                 raise RoundError(msg, device_id=device_id, round_id=round_id)
-        served, missing, tensors = [], [], {}
+        served, missing, sent = [], [], {}
         for owner in request.models:
             if owner not in self._known and owner not in self.models and owner != device_id:
                 missing.append(owner)
                 continue
             model = self._model(owner)
             digest = self.digests[owner]
-            sent = request.cached.get(owner) != digest
-            served.append(RelayedModel(owner=owner, digest=digest, sent=sent))
-            if sent:
-                tensors.update({f"{owner}/{name}": value for name, value in model.items()})
+            changed = request.cached.get(owner) != digest
+            served.append(RelayedModel(owner=owner, digest=digest, sent=changed))
+            if changed:
+                sent[owner] = model
         if missing:
             logger.info(
                 "round %d: %s asked for unknown model(s) %s: skipped",
@@ -149,14 +149,18 @@ class FedericoStrategy:
             )
         expected = ()
         if request.phase == "train":
-            contributions = {
-                f"{item.owner}/{name}": value
-                for item in served
-                for name, value in self.models[item.owner].items()
-                if value.is_floating_point()
-            }
+            contributions = join_owners(
+                {
+                    item.owner: {
+                        name: value
+                        for name, value in self.models[item.owner].items()
+                        if value.is_floating_point()
+                    }
+                    for item in served
+                }
+            )
             expected = describe_tensors(contributions)
-        return Relay(tuple(served), tuple(missing), tensors, expected)
+        return Relay(tuple(served), tuple(missing), join_owners(sent), expected)
 
     def _model(self, owner: str) -> Tensors:
         model = self.models.get(owner)
@@ -189,13 +193,10 @@ class FedericoStrategy:
         sums: dict[str, Tensors] = defaultdict(dict)
         contributors: dict[str, int] = defaultdict(int)
         for update in updates:
-            owners = set()
-            for key, value in update.shared_delta.items():
-                owner, name = key.split("/", 1)
-                total = sums[owner].get(name)
-                sums[owner][name] = value.clone() if total is None else total.add_(value)
-                owners.add(owner)
-            for owner in owners:
+            for owner, contribution in split_owners(update.shared_delta).items():
+                for name, value in contribution.items():
+                    total = sums[owner].get(name)
+                    sums[owner][name] = value.clone() if total is None else total.add_(value)
                 contributors[owner] += 1
         for owner in sorted(sums):
             model = self._model(owner)

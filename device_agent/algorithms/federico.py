@@ -41,6 +41,7 @@ from device_agent.training import (
 )
 from export.mixture import MixtureModel
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
+from protocols.codec import join_owners
 from protocols.errors import StateError
 from tasks.base import Split
 
@@ -269,11 +270,12 @@ class FedericoUpdate:
         scale = 1.0 if cfg.loss_reduction == "sum" else 1.0 / max(estep_count, 1)
         memory.observe({owner: loss * scale for owner, loss in losses.items()}, cfg)
         weights = dict(zip(memory.owners, memory.weights(cfg), strict=True))
-        contributions = {
-            f"{owner}/{name}": float(weights[owner]) * value
-            for owner, tensors in raw.items()
-            for name, value in tensors.items()
-        }
+        contributions = join_owners(
+            {
+                owner: {name: float(weights[owner]) * value for name, value in tensors.items()}
+                for owner, tensors in raw.items()
+            }
+        )
         evaluated = sum(weights[owner] for owner in losses)
         mean_loss = (
             sum(weights[owner] * losses[owner] for owner in losses)
