@@ -307,6 +307,8 @@ class Coordinator:
             raise RoundError(msg, round_id=round_id)
         collector: _Collector[ReceivedUpdate] = _Collector(round_id, "train", set(plan.devices))
         self._train = collector
+        # a retried round keeps its layouts: devices re-send the answer to their earlier relay
+        self._relay_layouts = {k: v for k, v in self._relay_layouts.items() if k[0] == round_id}
         assignments = {
             d: DeviceAssignment(scalars=dict(plan.scalars.get(d, {}))) for d in plan.devices
         }
@@ -496,11 +498,6 @@ class Coordinator:
             raise ProtocolError(msg, device_id=request.device_id, topic=topic)
         relay = strategy.relay(request.round_id, request)
         if request.phase == "train":
-            self._relay_layouts = {
-                key: layout
-                for key, layout in self._relay_layouts.items()
-                if key[0] == request.round_id
-            }
             self._relay_layouts[(request.round_id, request.device_id)] = relay.expected
         manifest, blob = pack_tensors(relay.tensors)
         answer = PeerModels(

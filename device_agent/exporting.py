@@ -138,6 +138,7 @@ def export_device_model(
                 )
                 raise ValueError(msg)
             model = relay_update(update).deployable(ctx)
+            shared = model.state_dict()  # the mixture's models: what the metadata hashes
             chosen: Chosen = "personalized"
             scores = {
                 "personalized": evaluate(model, agent.task, agent.data.val),
@@ -151,6 +152,7 @@ def export_device_model(
                 agent.task, agent.seed, [agent.initial_state, ctx.global_shared]
             )
             model, chosen, scores = _decide(personalized, global_model, agent, guard)
+            shared = ctx.global_shared
         result = export_model(
             model,
             agent.task,
@@ -163,7 +165,7 @@ def export_device_model(
                 personalized_metric=scores["personalized"],
                 global_metric=scores["global"],
             ),
-            shared=model.state_dict() if is_relay(update) else ctx.global_shared,
+            shared=shared,
             heldout=agent.data.test,
             quantize=checked,
         )
