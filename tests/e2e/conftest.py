@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -89,3 +90,19 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     children = Processes(tmp_path)
     yield children
     children.stop_all()
+
+
+def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, round_id: int) -> int:
+    """SIGKILL a serving coordinator once its checkpoint reaches `round_id` (at most 60 s on).
+
+    Returns:
+        The round its last checkpoint holds.
+    """
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= round_id:
+            break
+        time.sleep(0.01)
+    process.kill()
+    process.wait(timeout=10)
+    return int(json.loads(checkpoint.read_text())["round_id"])

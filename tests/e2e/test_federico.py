@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import run_simulation
 from export import read_metadata
 from protocols.messages import ExportReport
+from tests.e2e.conftest import kill_after_checkpoint
 from tests.e2e.test_export import _run
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
@@ -103,14 +103,7 @@ def test_a_killed_coordinator_resumes_every_device_model(mosquitto, processes, t
         "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= 2:
-            break
-        time.sleep(0.01)
-    coordinator.kill()
-    coordinator.wait(timeout=10)
-    killed_at = json.loads(checkpoint.read_text())["round_id"]
+    killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)
     resumed = run_serve(_serve_settings(mosquitto.url, tmp_path, rounds=6, resume=True))
     simulated = _simulate(6)
     # Assert: the rounds after the kill are exactly the uninterrupted run's

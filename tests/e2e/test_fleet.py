@@ -25,6 +25,7 @@ from protocols.messages import DeviceStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port, wait_for_port
+from tests.e2e.conftest import kill_after_checkpoint
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
 RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
@@ -131,14 +132,7 @@ def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
         "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= 2:
-            break
-        time.sleep(0.01)
-    coordinator.kill()
-    coordinator.wait(timeout=10)
-    killed_at = json.loads(checkpoint.read_text())["round_id"]
+    killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)
     resumed = run_serve(
         _serve_settings(mosquitto.url, tmp_path, rounds=6, participation=0.6, resume=True)
     )
