@@ -145,8 +145,8 @@ def simulate(kwargs: dict[str, Any]) -> dict[str, float]:
 
 def oracle(seed: int) -> dict[str, float]:
     """Spec §5.1's oracle: per interval, least squares on the pooled training points, in numpy."""
-    from tasks.base import PartitionSpec
-    from tasks.registry import load_task
+    from pfl_tasks.base import PartitionSpec
+    from pfl_tasks.registry import load_task
 
     fleet = load_task("sine").make_fleet(SINE["devices"], PartitionSpec(), seed)
 

@@ -26,11 +26,11 @@ import torch
 from benchmarks.simulation_overhead import write_section
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols.transport.broker import free_port
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 MARKER = "<!-- fleet-load -->"
 

@@ -35,13 +35,13 @@ from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext
 from device_agent.memory_plan import memory_model, plan_training
 from device_agent.training import StepBudget, TrainSpec, difference, snapshot, train
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.models import classification_loss, count_correct, insert_adapters
+from pfl_tasks.presets import resolve_preset
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import parse_algorithm_config
 from protocols.codec import pack_tensors
 from protocols.errors import MemoryBudgetError
-from tasks.base import DeviceData, Split
-from tasks.models import classification_loss, count_correct, insert_adapters
-from tasks.presets import resolve_preset
-from tasks.split import ParamSplit
 
 MARKER = "<!-- memory-budget -->"
 MODES_MARKER = "<!-- memory-personalization -->"

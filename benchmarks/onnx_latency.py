@@ -31,9 +31,9 @@ from torch import nn
 
 from export import ExportProvenance, ExportResult, export_model
 from export.parity import make_session
+from pfl_tasks.base import PartitionSpec, Split, Task
+from pfl_tasks.registry import load_task
 from protocols.atomic import write_atomically
-from tasks.base import PartitionSpec, Split, Task
-from tasks.registry import load_task
 
 MARKER = "<!-- onnx-latency -->"
 CASES: list[tuple[str, str, dict[str, object]]] = [

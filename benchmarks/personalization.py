@@ -169,9 +169,9 @@ def run_one(base: dict[str, Any], row: Row, seed: int, rounds: int) -> dict[str,
 
 def personal_fraction(base: dict[str, Any], row: Row) -> float | None:
     """The fraction of the model's parameters the row's preset makes personal."""
-    from tasks.presets import resolve_preset
-    from tasks.registry import load_task
-    from tasks.split import ParamSplit
+    from pfl_tasks.presets import resolve_preset
+    from pfl_tasks.registry import load_task
+    from pfl_tasks.split import ParamSplit
 
     if row.algorithm in ("local", "fedavg-ft"):
         return 1.0  # local trains, and FedAvg+FT fine-tunes, the whole model (spec §2.4)

@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from tasks.presets import resolve_preset
+from tasks.registry import load_task
+from tasks.split import ParamSplit
+
 from benchmarks.simulation_overhead import write_section
 from coordinator.compare import (
     COLUMNS,
@@ -45,9 +49,6 @@ from coordinator.compare import (
 )
 from coordinator.report import RunData, load_run, plot_accuracy, plot_gain_vs_samples
 from protocols.algorithms import algorithm_names
-from tasks.presets import resolve_preset
-from tasks.registry import load_task
-from tasks.split import ParamSplit
 
 logger = logging.getLogger(__name__)
 

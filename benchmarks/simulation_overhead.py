@@ -21,7 +21,7 @@ import torch
 
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
-from tasks.registry import load_task
+from pfl_tasks.registry import load_task
 
 WORKLOAD = {
     "task": "digits",

@@ -21,10 +21,10 @@ from coordinator.pipeline import (
 )
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
+from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
-from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
 Notify = Callable[[str], None]

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from pfl_tasks.base import PartitionScheme, PartitionSpec
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.program_settings import BrokerAccess, TomlSettings
-from tasks.base import PartitionScheme, PartitionSpec
 
 
 class RunSettings(TomlSettings):

@@ -27,13 +27,13 @@ from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import export_fleet
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.transport.base import Transport, Will
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
-from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
 Connect = Callable[[str, Will], Transport]

@@ -26,6 +26,8 @@ from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_
 from device_agent.received import ReceivedFrames
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, Tensors, evaluate, require_finite
+from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.split import ParamSplit, resolve_split
 from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import (
@@ -62,8 +64,6 @@ from protocols.messages import (
     TensorSpec,
 )
 from protocols.transport.base import Transport, Will
-from tasks.base import DeviceData, Task
-from tasks.split import ParamSplit, resolve_split
 
 logger = logging.getLogger(__name__)
 STATE_PREFIX = "state:"

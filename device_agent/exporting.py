@@ -25,9 +25,9 @@ from device_agent.training import ModelSlots, evaluate
 from export import ExportProvenance, ExportResult, choose_model, export_model
 from export.metadata import Chosen
 from export.quantize import Quantization, check_quantization
+from pfl_tasks.base import Task
 from protocols.errors import PflError, StateError
 from protocols.messages import Command, ExportReport
-from tasks.base import Task
 
 if TYPE_CHECKING:
     from device_agent.agent import DeviceAgent

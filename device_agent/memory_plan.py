@@ -31,10 +31,10 @@ import psutil
 import torch
 from torch import nn
 
+from pfl_tasks.base import Split, Task
+from pfl_tasks.split import ParamSplit
 from protocols.errors import MemoryBudgetError
 from protocols.messages import MemoryPlan
-from tasks.base import Split, Task
-from tasks.split import ParamSplit
 
 _UNITS: Final = {
     "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,

@@ -10,10 +10,10 @@ from device_agent.received import load_received
 from device_agent.runner import load_data
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
+from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.messages import ExportReport
 from protocols.transport.inprocess import InProcessBroker
-from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
+from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.datadir import load_device_data
+from pfl_tasks.registry import load_task
 from protocols.transport.mqtt import MqttTransport
-from tasks.base import DeviceData, Task
-from tasks.datadir import load_device_data
-from tasks.registry import load_task
 
 logger = logging.getLogger(__name__)
 

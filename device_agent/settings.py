@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from pfl_tasks.base import PartitionScheme, PartitionSpec
 from protocols.program_settings import BrokerAccess, TomlSettings
-from tasks.base import PartitionScheme, PartitionSpec
 
 
 class AgentSettings(TomlSettings, BrokerAccess):

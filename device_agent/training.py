@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from pfl_tasks.base import Split, Task
 from protocols.errors import TrainingError
-from tasks.base import Split, Task
 
 Tensors = dict[str, torch.Tensor]
 ExtraLoss = Callable[[], torch.Tensor]

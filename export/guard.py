@@ -9,7 +9,7 @@ from torch import nn
 
 from export.metadata import Chosen
 from export.parity import metric_of, torch_predictor
-from tasks.base import Split, Task
+from pfl_tasks.base import Split, Task
 
 logger = logging.getLogger(__name__)
 

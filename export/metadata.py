@@ -17,8 +17,8 @@ from google.protobuf.message import DecodeError
 from torch import nn
 
 from export.errors import ExportError
-from tasks.base import Task
-from tasks.registry import task_fingerprint
+from pfl_tasks.base import Task
+from pfl_tasks.registry import task_fingerprint
 
 Chosen = Literal["personalized", "global"]
 CHOICES: Final = ("personalized", "global")

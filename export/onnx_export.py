@@ -39,9 +39,9 @@ from export.parity import (
 )
 from export.quantize import Quantization, check_quantization, quantize_int8
 from export.result import ExportResult, QuantizedExport, quantized_path
+from pfl_tasks.base import Split, Task
 from protocols.atomic import write_atomically
 from protocols.errors import StateError
-from tasks.base import Split, Task
 
 logger = logging.getLogger(__name__)
 

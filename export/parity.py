@@ -13,7 +13,7 @@ import onnxruntime as ort
 import torch
 
 from export.errors import ExportError
-from tasks.base import Split, Task
+from pfl_tasks.base import Split, Task
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ class AlgorithmConfig(WireModel):
 
     `personal` overrides which parameters stay on the device (fnmatch patterns over state_dict
     names); `personal_preset` names one of the paper's partitions instead, resolved against the
-    model by `tasks.presets` (spec §2.1). Set at most one; with neither, the algorithm's default
+    model by `pfl_tasks.presets` (spec §2.1). Set at most one; with neither, the algorithm's default
     applies: "none" (everything shared), "all" (nothing shared) or "task" (the task's declared
     personal parameters).
     """

@@ -19,9 +19,9 @@ from device_agent.training import (
     snapshot,
     train,
 )
+from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import AlgorithmConfig, PartialConfig
-from tasks.base import DeviceData, Task
-from tasks.split import ParamSplit
 
 
 @dataclass

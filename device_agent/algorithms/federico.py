@@ -40,10 +40,10 @@ from device_agent.training import (
     snapshot,
 )
 from export.mixture import MixtureModel
+from pfl_tasks.base import Split
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
 from protocols.codec import join_owners
 from protocols.errors import StateError
-from tasks.base import Split
 
 OWNERS = "federico.owners"
 LAST_LOSS = "federico.last_loss"

@@ -32,8 +32,8 @@ from device_agent.training import (
     squared_distance,
     train,
 )
+from pfl_tasks.base import Split
 from protocols.algorithms import PFedBreDConfig, ProximalPriorConfig
-from tasks.base import Split
 
 MEMORY = "memory."
 """State-name prefix of w_{i,R}^{(t-1)}, the local model at the end of the last round."""

@@ -9,9 +9,9 @@ from coordinator.rounds import EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 DEVICES = 10
 FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
@@ -80,7 +80,7 @@ def test_devices_crashing_mid_round_give_the_model_of_a_fault_free_run_without_t
 
 def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> None:
     # Prepare: three devices; one's test targets overflow float32, so its test MSE is inf
-    from tasks.base import Split
+    from pfl_tasks.base import Split
 
     task = load_task("sine")
     model = task.build_model(0)

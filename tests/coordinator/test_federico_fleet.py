@@ -17,11 +17,11 @@ from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from coordinator.strategies.federico import owner_seed
 from device_agent.algorithms.federico import Collaborators
+from pfl_tasks.registry import load_task
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
 from protocols.codec import decode_frame, unpack_tensors
 from protocols.messages import DeviceUpdate, PeerRequest
 from protocols.transport.inprocess import InProcessBroker
-from tasks.registry import load_task
 
 
 def _settings(**values: object) -> SimulationSettings:

@@ -91,8 +91,8 @@ def test_no_update_carries_a_personal_tensor_name_or_bytes() -> None:
 
 
 def agent_split(agent, algorithm: str, personal):
+    from pfl_tasks.split import resolve_split
     from protocols.algorithms import parse_algorithm_config
-    from tasks.split import resolve_split
 
     config = parse_algorithm_config(algorithm, {"personal": personal} if personal else {})
     return resolve_split(agent.workspace, agent.task.personal_patterns, config)

@@ -5,12 +5,12 @@ from coordinator.rounds import EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import encode_frame, pack_tensors
 from protocols.messages import SharedModel
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 
 def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:

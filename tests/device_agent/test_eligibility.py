@@ -7,9 +7,9 @@ from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.eligibility import EligibilityPolicy, on_battery
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 
 def _supply(root: Path, name: str, kind: str, online: str | None = None) -> None:

@@ -11,11 +11,11 @@ from device_agent.memory_plan import (
     plan_training,
 )
 from device_agent.training import StepBudget, TrainSpec, train
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import FedericoConfig
 from protocols.errors import MemoryBudgetError
-from tasks.base import PartitionSpec
-from tasks.digits import DigitsTask
-from tasks.split import ParamSplit
 
 
 @pytest.mark.parametrize(

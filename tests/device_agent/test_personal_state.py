@@ -10,10 +10,10 @@ from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 
 def _fleet(tmp_path, algorithm_options: dict[str, object]):

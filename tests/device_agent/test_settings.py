@@ -7,8 +7,8 @@ import torch
 
 from device_agent.runner import load_data
 from device_agent.settings import AgentSettings
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 
 
 def test_a_shard_is_exactly_the_simulation_devices_data() -> None:

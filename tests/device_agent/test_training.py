@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from device_agent.training import StepBudget, TrainSpec, minibatches, train
+from pfl_tasks.base import Split
 from protocols.errors import TrainingError
-from tasks.base import Split
 
 
 class _Regression:

@@ -24,14 +24,14 @@ from coordinator.settings import ServeSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
 from export import read_metadata
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.algorithms import ALGORITHM_CONFIGS
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import Command, DeviceAssignment, ExportReport, RoundAnnouncement
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 from tests.e2e.conftest import child_env
 
 pytestmark = [pytest.mark.timeout(120)]

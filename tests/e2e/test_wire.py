@@ -16,13 +16,13 @@ from coordinator.serve import run_serve
 from coordinator.settings import ServeSettings
 from coordinator.strategies import build_strategy
 from device_agent.capabilities import probe_capabilities
+from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.algorithms import parse_algorithm_config
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceStatus, DeviceUpdate, RoundAnnouncement
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
-from tasks.registry import load_task
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
 FLEET = "default"

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from export import choose_model
-from tasks.base import DeviceData, Split, Task
-from tasks.registry import load_task
+from pfl_tasks.base import DeviceData, Split, Task
+from pfl_tasks.registry import load_task
 
 Fit = Callable[..., nn.Module]
 

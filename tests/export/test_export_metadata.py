@@ -10,8 +10,8 @@ import torch
 
 from export import ExportError, ExportProvenance, export_model, read_metadata
 from export.metadata import package_version, shared_parameters_hash
-from tasks.base import DeviceData, Task
-from tasks.registry import task_fingerprint
+from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.registry import task_fingerprint
 
 
 def test_metadata_round_trips_through_the_file(

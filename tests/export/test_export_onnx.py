@@ -28,8 +28,8 @@ from export import (
     quantized_path,
     read_metadata,
 )
-from tasks.base import DeviceData, PartitionSpec, Task
-from tasks.registry import load_task
+from pfl_tasks.base import DeviceData, PartitionSpec, Task
+from pfl_tasks.registry import load_task
 
 Fit = Callable[..., nn.Module]
 ExportDigits = Callable[..., ExportResult]

@@ -16,6 +16,8 @@ from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.errors import PflError
@@ -27,8 +29,6 @@ from protocols.messages import (
     SharedModel,
 )
 from protocols.transport.inprocess import InProcessBroker
-from tasks.base import PartitionSpec
-from tasks.registry import load_task
 
 FLEET = "default"
 DEVICES = ("dev-0", "dev-1", "dev-2")

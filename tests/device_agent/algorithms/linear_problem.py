@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from device_agent.algorithms.base import LocalContext, LocalResult
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import AlgorithmConfig
-from tasks.base import DeviceData, Split
-from tasks.split import ParamSplit
 
 SHARED = ("hidden.weight", "hidden.bias")
 PERSONAL = ("output.weight", "output.bias")

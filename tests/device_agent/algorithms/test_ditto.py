@@ -9,9 +9,9 @@ from device_agent.algorithms.base import LocalContext
 from device_agent.algorithms.ditto import DittoUpdate
 from device_agent.algorithms.fedavg import FedAvgUpdate
 from device_agent.algorithms.theta import THETA
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import DittoConfig, FedAvgConfig
-from tasks.base import DeviceData, Split
-from tasks.split import ParamSplit
 from tests.device_agent.algorithms.linear_problem import LeastSquares
 
 NAMES = ("output.weight", "output.bias")

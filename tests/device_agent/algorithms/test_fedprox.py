@@ -6,9 +6,9 @@ from torch import nn
 
 from device_agent.algorithms.base import LocalContext
 from device_agent.algorithms.fedprox import FedProxUpdate
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import FedProxConfig
-from tasks.base import DeviceData, Split
-from tasks.split import ParamSplit
 
 
 class _LeastSquares:

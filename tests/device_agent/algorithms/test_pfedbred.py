@@ -8,9 +8,9 @@ from torch import nn
 from device_agent.algorithms.base import LocalContext
 from device_agent.algorithms.pfedbred import MEMORY, PFedBreDUpdate, PFedMeUpdate
 from device_agent.algorithms.theta import THETA
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import PFedBreDConfig, PFedMeConfig
-from tasks.base import DeviceData, Split
-from tasks.split import ParamSplit
 from tests.device_agent.algorithms.linear_problem import LeastSquares
 
 NAMES = ("output.weight", "output.bias")

@@ -20,10 +20,10 @@ from device_agent.algorithms.selffl import (
     step_count,
     update_running_variance,
 )
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.gaussian import GaussianTask
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import SelfFlAugConfig, SelfFlConfig
-from tasks.base import PartitionSpec
-from tasks.gaussian import GaussianTask
-from tasks.split import ParamSplit
 
 
 def _batch_variance(xs: list[np.ndarray]) -> float:

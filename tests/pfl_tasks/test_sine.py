@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.base import PartitionSpec, Task
-from tasks.sine import SineTask
+from pfl_tasks.base import PartitionSpec, Task
+from pfl_tasks.sine import SineTask
 
 EDGE_TOLERANCE = 1e-6
 

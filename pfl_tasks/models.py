@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from tasks.base import MetricName
+from pfl_tasks.base import MetricName
 
 RealBound = Literal["any", "non-negative", "positive"]
 ADAPTER_INIT_STD: Final = 0.01

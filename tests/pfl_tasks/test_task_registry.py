@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.base import Task
-from tasks.digits import DigitsTask
-from tasks.gaussian import GaussianTask
-from tasks.registry import BUILTIN_TASKS, load_task, task_fingerprint
-from tasks.sine import SineTask
-from tasks.synthetic import SyntheticTask
+from pfl_tasks.base import Task
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.gaussian import GaussianTask
+from pfl_tasks.registry import BUILTIN_TASKS, load_task, task_fingerprint
+from pfl_tasks.sine import SineTask
+from pfl_tasks.synthetic import SyntheticTask
 
 USER_MODULE = "pfl_user_tiny_task"
 
@@ -28,7 +28,7 @@ USER_SOURCE = textwrap.dedent(
     import torch
     from torch import nn
 
-    from tasks.base import DeviceData, PartitionSpec, Split
+    from pfl_tasks.base import DeviceData, PartitionSpec, Split
 
 
     class TinyTask:
@@ -192,7 +192,7 @@ def test_bad_user_attributes_are_value_errors(
     [
         ("no_such_module_for_pfl:Task", "cannot import module 'no_such_module_for_pfl'"),
         (":Task", "package.module:attribute"),
-        ("tasks.digits:", "package.module:attribute"),
+        ("pfl_tasks.digits:", "package.module:attribute"),
     ],
 )
 def test_malformed_or_unimportable_specs_are_value_errors(name: str, pattern: str) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.base import PartitionSpec, Task
-from tasks.gaussian import GaussianTask
+from pfl_tasks.base import PartitionSpec, Task
+from pfl_tasks.gaussian import GaussianTask
 
 
 def test_train_means_sit_near_each_devices_theta() -> None:

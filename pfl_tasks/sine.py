@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, MetricName, PartitionSpec, Split
-from tasks.models import build_seeded, check_int, check_real
+from pfl_tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from pfl_tasks.models import build_seeded, check_int, check_real
 
 INIT_STD: Final = 0.1
 

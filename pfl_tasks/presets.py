@@ -8,8 +8,8 @@ turns one into the other for the model at hand, as fnmatch patterns for `ParamSp
     output       the last module that holds parameters (`output` in the built-in MLPs)
     input        the first module that holds parameters, in registration order
     split-input  every module named `private_input`: the branch embedding a private input
-                 chunk, as in `tasks.models.SplitInputMLP` (e.g. digits with model="split-input")
-    adapters     every tensor whose name contains "adapter" (`tasks.models.insert_adapters`,
+                 chunk, as in `pfl_tasks.models.SplitInputMLP` (e.g. digits with model="split-input")
+    adapters     every tensor whose name contains "adapter" (`pfl_tasks.models.insert_adapters`,
                  or a task's `adapters` option)
 
 Configs select a preset with `personal_preset`; `personal` stays for explicit patterns.
@@ -78,7 +78,7 @@ def _split_input(model: nn.Module) -> tuple[str, ...]:
     if not branches:
         msg = (
             "the split-input preset needs a model with a `private_input` branch for the private "
-            "input chunk (e.g. tasks.models.SplitInputMLP; digits with model='split-input')"
+            "input chunk (e.g. pfl_tasks.models.SplitInputMLP; digits with model='split-input')"
         )
         raise ValueError(msg)
     return branches
@@ -88,7 +88,7 @@ def _adapters(model: nn.Module) -> tuple[str, ...]:
     if not any("adapter" in name for name in model.state_dict()):
         msg = (
             "the adapters preset needs a model with adapters (a task's adapters=16 option, "
-            "or tasks.models.insert_adapters)"
+            "or pfl_tasks.models.insert_adapters)"
         )
         raise ValueError(msg)
     return ("*adapter*",)

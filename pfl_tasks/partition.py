@@ -9,7 +9,7 @@ from typing import Final
 
 import numpy as np
 
-from tasks.base import PartitionSpec
+from pfl_tasks.base import PartitionSpec
 
 MIN_DEVICE_SAMPLES: Final = 2
 """Smallest device a partition may produce: one train and one test sample."""

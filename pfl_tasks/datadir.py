@@ -13,7 +13,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from tasks.base import DeviceData, Split
+from pfl_tasks.base import DeviceData, Split
 
 logger = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.base import DeviceData, PartitionSpec, Task
-from tasks.digits import DigitsTask
-from tasks.presets import resolve_preset
-from tasks.split import ParamSplit
+from pfl_tasks.base import DeviceData, PartitionSpec, Task
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.presets import resolve_preset
+from pfl_tasks.split import ParamSplit
 
 # sha256 prefixes of `_fleet_digest(DigitsTask().make_fleet(20, PartitionSpec(scheme=s), 3))`,
 # computed before the "groups" scheme and the groups/fraction fields existed.

@@ -7,8 +7,8 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from tasks.base import PartitionSpec, Task
-from tasks.synthetic import SyntheticTask
+from pfl_tasks.base import PartitionSpec, Task
+from pfl_tasks.synthetic import SyntheticTask
 
 
 def test_a_thousand_devices_generate_with_labels_in_range() -> None:

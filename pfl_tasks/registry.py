@@ -11,11 +11,11 @@ from typing import Final
 
 from torch import nn
 
-from tasks.base import Task
-from tasks.digits import DigitsTask
-from tasks.gaussian import GaussianTask
-from tasks.sine import SineTask
-from tasks.synthetic import SyntheticTask
+from pfl_tasks.base import Task
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.gaussian import GaussianTask
+from pfl_tasks.sine import SineTask
+from pfl_tasks.synthetic import SyntheticTask
 
 BUILTIN_TASKS: Final[dict[str, type]] = {
     task.name: task for task in (DigitsTask, SyntheticTask, GaussianTask, SineTask)

@@ -3,11 +3,11 @@
 import pytest
 from torch import nn
 
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.presets import PRESETS, resolve_preset
+from pfl_tasks.split import ParamSplit, resolve_split
+from pfl_tasks.synthetic import SyntheticTask
 from protocols.algorithms import FedAltConfig, FedAvgConfig, parse_algorithm_config
-from tasks.digits import DigitsTask
-from tasks.presets import PRESETS, resolve_preset
-from tasks.split import ParamSplit, resolve_split
-from tasks.synthetic import SyntheticTask
 
 HIDDEN = ("hidden.weight", "hidden.bias")
 OUTPUT = ("output.weight", "output.bias")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.base import PartitionSpec
-from tasks.partition import (
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.partition import (
     MIN_DEVICE_SAMPLES,
     partition_indices,
     partition_labels,

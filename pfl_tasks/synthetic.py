@@ -9,15 +9,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, PartitionSpec, Split
-from tasks.models import (
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.models import (
     Classification,
     build_mlp,
     build_seeded,
     check_int,
     check_real,
 )
-from tasks.partition import MIN_DEVICE_SAMPLES, split_sizes
+from pfl_tasks.partition import MIN_DEVICE_SAMPLES, split_sizes
 
 DIMENSION: Final = 60
 NUM_CLASSES: Final = 10

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.base import DeviceData, PartitionSpec, Split
-from tasks.datadir import load_device_data, save_device_data
-from tasks.sine import SineTask
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.datadir import load_device_data, save_device_data
+from pfl_tasks.sine import SineTask
 
 
 def _write(directory: Path, split: str, **arrays: np.ndarray) -> None:

@@ -10,15 +10,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, PartitionSpec, Split
-from tasks.models import (
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.models import (
     Classification,
     SplitInputMLP,
     build_mlp,
     build_seeded,
     check_int,
 )
-from tasks.partition import partition_labels, split_device
+from pfl_tasks.partition import partition_labels, split_device
 
 NUM_PIXELS: Final = 64
 NUM_CLASSES: Final = 10

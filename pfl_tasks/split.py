@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from pfl_tasks.presets import resolve_preset
 from protocols.algorithms import AlgorithmConfig
-from tasks.presets import resolve_preset
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def resolve_split(
 
     Raises:
         ValueError: an override pattern matches no tensor of the model (the message lists them),
-            or the preset does not apply to the model (see `tasks.presets.resolve_preset`).
+            or the preset does not apply to the model (see `pfl_tasks.presets.resolve_preset`).
     """
     names = list(model.state_dict().keys())
     if config.personal is not None:

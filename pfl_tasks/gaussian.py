@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import DeviceData, MetricName, PartitionSpec, Split
-from tasks.models import check_int, check_real
+from pfl_tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from pfl_tasks.models import check_int, check_real
 
 
 class ScalarMeanModel(nn.Module):

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.digits import DigitsTask
-from tasks.models import SplitInputMLP, build_mlp, insert_adapters, make_mlp
-from tasks.registry import load_task
-from tasks.synthetic import SyntheticTask
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.models import SplitInputMLP, build_mlp, insert_adapters, make_mlp
+from pfl_tasks.registry import load_task
+from pfl_tasks.synthetic import SyntheticTask
 
 
 def _inputs() -> torch.Tensor:
