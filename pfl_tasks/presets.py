@@ -8,7 +8,7 @@ turns one into the other for the model at hand, as fnmatch patterns for `ParamSp
     output       the last module that holds parameters (`output` in the built-in MLPs)
     input        the first module that holds parameters, in registration order
     split-input  every module named `private_input`: the branch embedding a private input
-                 chunk, as in `pfl_tasks.models.SplitInputMLP` (e.g. digits with model="split-input")
+                 chunk (`pfl_tasks.models.SplitInputMLP`, e.g. digits with model="split-input")
     adapters     every tensor whose name contains "adapter" (`pfl_tasks.models.insert_adapters`,
                  or a task's `adapters` option)
 
