@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-Tensors = dict[str, torch.Tensor]
+from protocols.codec import Tensors
 
 
 def weighted_mean(

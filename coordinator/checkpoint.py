@@ -19,8 +19,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from coordinator.rounds import Coordinator
-from coordinator.strategies.base import RelayStrategy, Tensors
+from coordinator.strategies.base import RelayStrategy
 from protocols.atomic import write_atomically
+from protocols.codec import Tensors
 from protocols.errors import StateError
 
 logger = logging.getLogger(__name__)

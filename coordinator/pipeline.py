@@ -17,10 +17,10 @@ from torch import nn
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
-from coordinator.strategies.base import Tensors
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.codec import Tensors
 from protocols.messages import EvaluationReport
 
 RoundCallback = Callable[[RoundRecord], None]

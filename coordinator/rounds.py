@@ -23,10 +23,10 @@ from coordinator.strategies.base import (
     ReceivedUpdate,
     RelayStrategy,
     Strategy,
-    Tensors,
 )
 from protocols import topics
 from protocols.codec import (
+    Tensors,
     decode_frame,
     describe_tensors,
     encode_frame,

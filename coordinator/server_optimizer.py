@@ -15,8 +15,7 @@ import torch
 
 from coordinator.aggregate import apply_delta
 from protocols.algorithms import FedAvgConfig, ServerOptimizerName
-
-Tensors = dict[str, torch.Tensor]
+from protocols.codec import Tensors
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ from device_agent.exporting import answer_export_command, export_device_model
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
 from device_agent.received import ReceivedFrames
 from device_agent.state_store import StateStore
-from device_agent.training import ModelSlots, StepBudget, Tensors, evaluate, require_finite
+from device_agent.training import ModelSlots, StepBudget, evaluate, require_finite
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
 from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import (
+    Tensors,
     decode_frame,
     describe_tensors,
     encode_frame,

@@ -12,17 +12,16 @@ import logging
 from pathlib import Path
 from typing import Final, Protocol
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from protocols.atomic import write_atomically
+from protocols.codec import Tensors
 from protocols.errors import StateError
 
 logger = logging.getLogger(__name__)
 
-Tensors = dict[str, torch.Tensor]
 STATE_FORMAT_VERSION: Final = 1
 TENSORS_FILE: Final = "personal.safetensors"
 RECORD_FILE: Final = "personal.json"

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from pfl_tasks.base import Split, Task
+from protocols.codec import Tensors
 from protocols.errors import TrainingError
 
-Tensors = dict[str, torch.Tensor]
 ExtraLoss = Callable[[], torch.Tensor]
 
 

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from protocols.algorithms import AlgorithmConfig
+from protocols.codec import Tensors
 from protocols.messages import PeerRequest, RelayedModel, TensorSpec
-
-Tensors = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from coordinator.strategies.base import (
     FleetSnapshot,
     ReceivedUpdate,
     RoundPlan,
-    Tensors,
 )
 from protocols.algorithms import AlgorithmConfig, FedAvgConfig
+from protocols.codec import Tensors
 
 
 class FedAvgStrategy:

@@ -30,7 +30,6 @@ from coordinator.strategies.base import (
     ReceivedUpdate,
     Relay,
     RoundPlan,
-    Tensors,
 )
 from protocols.algorithms import (
     FEDERICO_COLLABORATORS,
@@ -38,7 +37,7 @@ from protocols.algorithms import (
     AlgorithmConfig,
     FedericoConfig,
 )
-from protocols.codec import describe_tensors, join_owners, model_digest, split_owners
+from protocols.codec import Tensors, describe_tensors, join_owners, model_digest, split_owners
 from protocols.errors import RoundError
 from protocols.messages import PeerRequest, RelayedModel
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from coordinator.strategies.base import Aggregate, ReceivedUpdate, Tensors
+from coordinator.strategies.base import Aggregate, ReceivedUpdate
 from coordinator.strategies.fedavg import FedAvgStrategy
 from protocols.algorithms import AlgorithmConfig, LocalConfig
+from protocols.codec import Tensors
 
 
 class LocalStrategy(FedAvgStrategy):

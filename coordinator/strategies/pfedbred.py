@@ -15,9 +15,9 @@ from coordinator.strategies.base import (
     FleetSnapshot,
     ReceivedUpdate,
     RoundPlan,
-    Tensors,
 )
 from protocols.algorithms import AlgorithmConfig, PFedBreDConfig, PFedMeConfig, ProximalPriorConfig
+from protocols.codec import Tensors
 
 
 def aggregate_momentum(

@@ -17,7 +17,6 @@ from coordinator.strategies.base import (
     FleetSnapshot,
     ReceivedUpdate,
     RoundPlan,
-    Tensors,
 )
 from protocols.algorithms import (
     SELFFL_LOCAL_STEPS,
@@ -29,6 +28,7 @@ from protocols.algorithms import (
     SelfFlAugConfig,
     SelfFlConfig,
 )
+from protocols.codec import Tensors
 
 
 def trace_variance(samples: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str]) -> float:

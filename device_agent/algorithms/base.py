@@ -12,7 +12,6 @@ from torch import nn
 from device_agent.training import (
     ExtraLoss,
     StepBudget,
-    Tensors,
     TrainSpec,
     TrainStats,
     difference,
@@ -22,6 +21,7 @@ from device_agent.training import (
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import AlgorithmConfig, PartialConfig
+from protocols.codec import Tensors
 
 
 @dataclass

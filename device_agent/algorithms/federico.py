@@ -35,14 +35,13 @@ from device_agent.algorithms.base import (
 )
 from device_agent.training import (
     ModelSlots,
-    Tensors,
     difference,
     snapshot,
 )
 from export.mixture import MixtureModel
 from pfl_tasks.base import Split
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
-from protocols.codec import join_owners
+from protocols.codec import Tensors, join_owners
 from protocols.errors import StateError
 
 OWNERS = "federico.owners"

@@ -24,7 +24,6 @@ from device_agent.algorithms.theta import (
     with_prefix,
 )
 from device_agent.training import (
-    Tensors,
     TrainStats,
     combine_stats,
     minibatches,
@@ -34,6 +33,7 @@ from device_agent.training import (
 )
 from pfl_tasks.base import Split
 from protocols.algorithms import PFedBreDConfig, ProximalPriorConfig
+from protocols.codec import Tensors
 
 MEMORY = "memory."
 """State-name prefix of w_{i,R}^{(t-1)}, the local model at the end of the last round."""

@@ -18,7 +18,6 @@ from device_agent.algorithms.base import (
     trainable_parameters,
 )
 from device_agent.training import (
-    Tensors,
     TrainSpec,
     TrainStats,
     combine_stats,
@@ -34,6 +33,7 @@ from protocols.algorithms import (
     SelfFlConfig,
     StepRule,
 )
+from protocols.codec import Tensors
 
 PERSONAL = "personal."
 """State prefix of the personal model theta_m (the model this device deploys)."""

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from device_agent.algorithms.base import LocalContext, trainable_parameters
-from device_agent.training import ModelSlots, Tensors
+from device_agent.training import ModelSlots
+from protocols.codec import Tensors
 
 THETA = "theta."
 """State-name prefix of the personal model theta (one tensor per trainable parameter)."""

@@ -23,11 +23,9 @@ from coordinator.strategies import build_strategy
 from coordinator.strategies.base import ReceivedUpdate
 from protocols import topics
 from protocols.algorithms import FedAltConfig, FedAvgConfig
-from protocols.codec import decode_frame, encode_frame, pack_tensors
+from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
 from protocols.messages import Capabilities, DeviceHello, DeviceUpdate, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
-
-Tensors = dict[str, torch.Tensor]
 
 
 def _deltas(*values: list[float]) -> list[Tensors]:

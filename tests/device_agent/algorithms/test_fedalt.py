@@ -6,8 +6,8 @@ import torch
 
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.fedalt import FedAltUpdate
-from device_agent.training import Tensors
 from protocols.algorithms import FedAltConfig, FedSimConfig
+from protocols.codec import Tensors
 
 from .linear_problem import (
     PERSONAL,
