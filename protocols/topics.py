@@ -12,6 +12,7 @@
     pfl/<fleet>/device/<device>/request     PeerRequest (FedeRiCo)             device -> coordinator
     pfl/<fleet>/device/<device>/evaluation  EvaluationReport                   device -> coordinator
     pfl/<fleet>/device/<device>/export-report ExportReport                     device -> coordinator
+    <any topic above>/chunk/<index>         one chunk of a payload too large for one message
 
 A device publishes only under its own `device/<id>/` subtree; everything else is the coordinator's.
 """
@@ -29,6 +30,7 @@ BROADCAST: Final = "all"
 DeviceTopicKind = Literal["hello", "status", "update", "request", "evaluation", "export-report"]
 FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command", "relay"]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
+CHUNK_SEGMENT: Final = "chunk"
 _SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -85,6 +87,46 @@ def device_subscription(fleet: str, kind: DeviceTopicKind) -> str:
 def device_subtree(fleet: str, device_id: str) -> str:
     """Everything a device may publish to (for ACLs)."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_segment(device_id, 'device id')}/#"
+
+
+def fleet_subtree(fleet: str) -> str:
+    """Every topic of a fleet: what the coordinator may publish and read (for ACLs)."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/#"
+
+
+def device_readable(fleet: str, device_id: str) -> tuple[str, ...]:
+    """The coordinator's topics one device may read (for ACLs), without their chunk topics.
+
+    Its own command and relay topics, then what every device reads; never another's relay.
+    """
+    return (
+        command(fleet, device_id),
+        relay(fleet, device_id),
+        coordinator_status(fleet),
+        fleet_status(fleet),
+        round_announcement(fleet),
+        shared_model(fleet),
+        command(fleet),
+    )
+
+
+def chunk_topic(topic: str, index: int) -> str:
+    """The topic chunk `index` of a large payload for `topic` travels on."""
+    return f"{topic}/{CHUNK_SEGMENT}/{index}"
+
+
+def chunk_subscription(pattern: str) -> str:
+    """The filter matching every chunk topic of the topics `pattern` matches."""
+    return f"{pattern}/{CHUNK_SEGMENT}/+"
+
+
+def parse_chunk_topic(topic: str) -> tuple[str, int] | None:
+    """Split a chunk topic into (base topic, index); None for any other topic."""
+    base, _, index = topic.rpartition("/")
+    base, _, segment = base.rpartition("/")
+    if segment != CHUNK_SEGMENT or not base or not index.isdigit():
+        return None
+    return base, int(index)
 
 
 @dataclass(frozen=True)

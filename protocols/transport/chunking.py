@@ -1,8 +1,9 @@
 """Splitting large payloads into broker-sized chunks and putting them back together, verified.
 
-A payload larger than the chunk size travels as chunks published to `<topic>/chunk/<index>`, so
-a retained large message survives on the broker as a set of retained chunk topics and a late
-subscriber receives all of them. Every chunk starts with a fixed header:
+A payload larger than the chunk size travels as chunks published to `<topic>/chunk/<index>`
+(`protocols.topics.chunk_topic`), so a retained large message survives on the broker as a set of
+retained chunk topics and a late subscriber receives all of them. Every chunk starts with a fixed
+header:
 
     magic "PFC" 0x01 | transfer id (16 bytes) | index (u32) | count (u32) | total length (u64)
     | SHA-256 of the whole payload (32 bytes)                                 (big-endian, 68 bytes)
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from protocols.errors import ProtocolError
+from protocols.topics import chunk_topic
 
 logger = logging.getLogger(__name__)
 
 MAGIC: Final = b"PFC\x01"
 HEADER: Final = struct.Struct(">4s16sIIQ32s")
-CHUNK_SEGMENT: Final = "chunk"
 _REMEMBERED_TRANSFERS: Final = 1024
 
 
@@ -41,20 +42,6 @@ class ChunkHeader:
     count: int
     total_length: int
     sha256: bytes
-
-
-def chunk_topic(topic: str, index: int) -> str:
-    """The topic chunk `index` of a payload for `topic` is published to."""
-    return f"{topic}/{CHUNK_SEGMENT}/{index}"
-
-
-def parse_chunk_topic(topic: str) -> tuple[str, int] | None:
-    """Split a chunk topic into (base topic, index); None for any other topic."""
-    base, _, index = topic.rpartition("/")
-    base, _, segment = base.rpartition("/")
-    if segment != CHUNK_SEGMENT or not base or not index.isdigit():
-        return None
-    return base, int(index)
 
 
 def chunk_count(payload_length: int, chunk_size: int) -> int:

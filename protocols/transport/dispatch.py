@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocols.errors import ProtocolError
-from protocols.topics import topic_matches
+from protocols.topics import parse_chunk_topic, topic_matches
 from protocols.transport import chunking
 from protocols.transport.base import MessageHandler, TransportStats
 from protocols.transport.settings import BrokerSettings
@@ -121,7 +121,7 @@ class Dispatcher:
 
     def _deliver(self, topic: str, payload: bytes) -> None:
         self.stats.wire_bytes_received += len(payload)
-        chunk = chunking.parse_chunk_topic(topic)
+        chunk = parse_chunk_topic(topic)
         if chunk is not None:
             if not payload:
                 return  # a publisher clearing a stale retained chunk

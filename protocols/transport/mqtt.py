@@ -23,6 +23,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from protocols.errors import PflError, ProtocolError
+from protocols.topics import chunk_subscription
 from protocols.transport import chunking
 from protocols.transport.base import MessageHandler, Will
 from protocols.transport.dispatch import (
@@ -136,7 +137,7 @@ class MqttTransport:
         Raises:
             ProtocolError: the pattern is invalid or the broker refused the subscription.
         """
-        filters = [pattern] if pattern.endswith("#") else [pattern, f"{pattern}/chunk/+"]
+        filters = [pattern] if pattern.endswith("#") else [pattern, chunk_subscription(pattern)]
         with self._dispatcher.lock:
             self._dispatcher.handlers.append((pattern, handler))
             new = [f for f in filters if f not in self._filters]

@@ -179,13 +179,6 @@ def test_retained_replacement_clears_stale_chunk_topics() -> None:
     assert len(bigger) == 1 + 5
 
 
-def test_chunk_topics_parse_back_and_others_do_not() -> None:
-    assert chunking.parse_chunk_topic("pfl/f/model/chunk/12") == ("pfl/f/model", 12)
-    assert chunking.parse_chunk_topic("pfl/f/model") is None
-    assert chunking.parse_chunk_topic("chunk/1") is None
-    assert chunking.parse_chunk_topic("a/chunk/x") is None
-
-
 # -- through real brokers -----------------------------------------------------------------------
 
 LARGE = 40_000_000  # 10M float32 parameters

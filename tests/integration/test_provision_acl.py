@@ -161,13 +161,13 @@ def test_a_device_cannot_publish_outside_its_subtree(
 ) -> None:
     coordinator, intruder = connect("coordinator"), connect("dev-1")
     seen = Inbox()
-    coordinator.subscribe(f"pfl/{FLEET}/#", seen)
+    coordinator.subscribe(topics.fleet_subtree(FLEET), seen)
     forbidden = [
         topics.device(FLEET, "dev-2", "update"),
         topics.device(FLEET, "dev-2", "status"),
         topics.round_announcement(FLEET),
         topics.shared_model(FLEET),
-        f"{topics.shared_model(FLEET)}/chunk/0",
+        topics.chunk_topic(topics.shared_model(FLEET), 0),
         topics.coordinator_status(FLEET),
         topics.command(FLEET),
         topics.command(FLEET, "dev-2"),
@@ -201,7 +201,7 @@ def test_a_device_does_not_receive_other_devices_messages(
     victim.publish(topics.device(FLEET, "dev-2", "update"), b"private delta")
     coordinator.publish(topics.command(FLEET, "dev-2"), b"for dev-2 only")
     coordinator.publish(topics.relay(FLEET, "dev-2"), b"models relayed to dev-2")
-    coordinator.publish(f"{topics.relay(FLEET, 'dev-2')}/chunk/0", b"a chunk of them")
+    coordinator.publish(topics.chunk_topic(topics.relay(FLEET, "dev-2"), 0), b"a chunk of them")
     coordinator.publish(topics.command(FLEET, "dev-1"), b"for dev-1")
     coordinator.publish(topics.relay(FLEET, "dev-1"), b"models relayed to dev-1")
     assert snoop.wait_until(lambda: len(snooped.topics()) == 2, 5)

@@ -210,3 +210,38 @@ def test_device_subtree_covers_only_that_devices_topics() -> None:
     # Assert
     assert all(topic_matches(subtree, topic) for topic in own)
     assert not any(topic_matches(subtree, topic) for topic in foreign)
+
+
+def test_chunk_topics_parse_back_and_others_do_not() -> None:
+    base = topics.shared_model(FLEET)
+    assert topics.chunk_topic(base, 12) == f"{base}/chunk/12"
+    assert topics.parse_chunk_topic(topics.chunk_topic(base, 12)) == (base, 12)
+    assert topics.parse_chunk_topic(base) is None
+    assert topics.parse_chunk_topic("chunk/1") is None
+    assert topics.parse_chunk_topic("a/chunk/x") is None
+
+
+def test_chunk_subscription_matches_every_chunk_of_the_pattern_only() -> None:
+    pattern = topics.device_subscription(FLEET, "update")
+    chunk = topics.chunk_topic(topics.device(FLEET, DEVICE, "update"), 3)
+    assert topic_matches(topics.chunk_subscription(pattern), chunk)
+    assert not topic_matches(
+        topics.chunk_subscription(pattern), topics.device(FLEET, DEVICE, "update")
+    )
+    assert not topic_matches(pattern, chunk)
+
+
+def test_a_device_reads_its_own_and_the_fleets_topics_but_no_other_devices() -> None:
+    readable = topics.device_readable(FLEET, DEVICE)
+    assert {parse_topic(topic).kind for topic in readable} == {
+        "coordinator-status",
+        "fleet-status",
+        "round",
+        "model",
+        "command",
+        "relay",
+    }
+    assert {parse_topic(topic).device_id for topic in readable} == {None, DEVICE, topics.BROADCAST}
+    assert topics.relay(FLEET, "other") not in readable
+    assert all(topic_matches(topics.fleet_subtree(FLEET), topic) for topic in readable)
+    assert not topic_matches(topics.fleet_subtree(FLEET), topics.shared_model("other-fleet"))
