@@ -5,22 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-import numpy as np
-
-from coordinator.aggregate import robust_combine, weighted_mean
-from coordinator.selection import select_devices
-from coordinator.server_optimizer import ServerOptimizer, ServerSgd, build_server_optimizer
-from coordinator.strategies.base import (
-    Aggregate,
-    FleetSnapshot,
-    ReceivedUpdate,
-    RoundPlan,
-)
+from coordinator.aggregate import robust_combine
+from coordinator.server_optimizer import ServerOptimizer, build_server_optimizer
+from coordinator.strategies.base import Aggregate, ReceivedUpdate
+from coordinator.strategies.sampled import SampledStrategy
 from protocols.algorithms import AlgorithmConfig, FedAvgConfig
 from protocols.codec import Tensors
 
 
-class FedAvgStrategy:
+class FedAvgStrategy(SampledStrategy):
     """u <- u + server_lr * sum_i n_i delta_i / sum_i n_i over the round's devices.
 
     That is the default; `aggregation_weights="uniform"` weights devices equally and
@@ -32,21 +25,12 @@ class FedAvgStrategy:
     config_type: ClassVar[type[AlgorithmConfig]] = FedAvgConfig
 
     def __init__(self, config: AlgorithmConfig, participation: float) -> None:
-        if not isinstance(config, self.config_type):
-            msg = f"{self.name} needs {self.config_type.__name__}, got {type(config).__name__}"
+        super().__init__(config, participation)
+        if not isinstance(config, FedAvgConfig):  # every subclass's config_type is one
+            msg = f"{self.name} needs a FedAvgConfig, got {type(config).__name__}"
             raise TypeError(msg)
-        self.config = config
-        self.participation = participation
-        self.server_optimizer: ServerOptimizer = (
-            build_server_optimizer(config) if isinstance(config, FedAvgConfig) else ServerSgd(1.0)
-        )
-
-    def plan_round(
-        self, round_id: int, fleet: FleetSnapshot, rng: np.random.Generator
-    ) -> RoundPlan:
-        """A uniform sample of the online devices."""
-        del round_id
-        return RoundPlan(select_devices(fleet.online(), self.participation, rng))
+        self.config: FedAvgConfig = config
+        self.server_optimizer: ServerOptimizer = build_server_optimizer(config)
 
     def aggregate(
         self, round_id: int, shared: Tensors, updates: Sequence[ReceivedUpdate]
@@ -55,21 +39,15 @@ class FedAvgStrategy:
         del round_id
         if not shared:
             return Aggregate(dict(shared))
-        uniform = (
-            isinstance(self.config, FedAvgConfig) and self.config.aggregation_weights == "uniform"
-        )
-        weights = [1.0 if uniform else float(u.num_samples) for u in updates]
         config = self.config
-        mean = (
-            robust_combine(
-                [u.shared_delta for u in updates],
-                weights,
-                method=config.robust_aggregation,
-                trim_fraction=config.trim_fraction,
-                clip_norm=config.clip_update_norm,
-            )
-            if isinstance(config, FedAvgConfig)
-            else weighted_mean([u.shared_delta for u in updates], weights)
+        uniform = config.aggregation_weights == "uniform"
+        weights = [1.0 if uniform else float(u.num_samples) for u in updates]
+        mean = robust_combine(
+            [u.shared_delta for u in updates],
+            weights,
+            method=config.robust_aggregation,
+            trim_fraction=config.trim_fraction,
+            clip_norm=config.clip_update_norm,
         )
         return Aggregate(self.server_optimizer.step(shared, mean))
 

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from coordinator.strategies.base import Aggregate, ReceivedUpdate
-from coordinator.strategies.fedavg import FedAvgStrategy
+from coordinator.strategies.sampled import SampledStrategy
 from protocols.algorithms import AlgorithmConfig, LocalConfig
 from protocols.codec import Tensors
 
 
-class LocalStrategy(FedAvgStrategy):
+class LocalStrategy(SampledStrategy):
     """Devices train their own models; there is no shared part to average."""
 
     name: ClassVar[str] = "local"
