@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pfl_tasks.base import PartitionScheme, PartitionSpec
+from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.program_settings import BrokerAccess, TomlSettings
 
@@ -59,17 +59,10 @@ class RunSettings(TomlSettings):
         return parse_algorithm_config(self.algorithm, values)
 
 
-class SimulationSettings(RunSettings):
-    """`pfl-coord simulate`: virtual devices on this machine."""
+class SimulationSettings(RunSettings, PartitionSettings):
+    """`pfl-coord simulate`: virtual devices on this machine, splitting the task's data."""
 
     devices: int = Field(20, ge=1, description="virtual devices")
-    partition: PartitionScheme = "dirichlet"
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
-    labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
-    groups: int = Field(2, ge=1, description="label groups of the groups partition")
-    fraction: float = Field(
-        1.0, gt=0, le=1, description="share of the pooled data drawn before partitioning"
-    )
     stateless: bool = Field(False, description="devices keep no personal state between rounds")
     transport: Literal["inprocess", "mqtt"] = "inprocess"
     broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
@@ -82,16 +75,6 @@ class SimulationSettings(RunSettings):
     export_guard: bool = Field(
         False, description="with export_dir: ship the global model where it validates better"
     )
-
-    def partition_spec(self) -> PartitionSpec:
-        """How the task's data is split across the virtual devices."""
-        return PartitionSpec(
-            scheme=self.partition,
-            alpha=self.alpha,
-            labels_per_device=self.labels_per_device,
-            groups=self.groups,
-            fraction=self.fraction,
-        )
 
 
 class ServeSettings(RunSettings, BrokerAccess):

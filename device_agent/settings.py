@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from pfl_tasks.base import PartitionScheme, PartitionSpec
+from pfl_tasks.partition_settings import PartitionSettings
 from protocols.program_settings import BrokerAccess, TomlSettings
 
 
-class AgentSettings(TomlSettings, BrokerAccess):
+class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
     """`pfl-agent start`: one real device of a fleet.
 
     With `data_shard`, the agent holds exactly the data a simulation device with that index
@@ -25,13 +25,6 @@ class AgentSettings(TomlSettings, BrokerAccess):
     task_options: dict[str, Any] = Field(default_factory=dict)
     data_shard: int | None = Field(None, ge=0, description="index of this device's data shard")
     num_shards: int = Field(20, ge=1, description="shards the task's data is split into")
-    partition: PartitionScheme = "dirichlet"
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
-    labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
-    groups: int = Field(2, ge=1, description="label groups of the groups partition")
-    fraction: float = Field(
-        1.0, gt=0, le=1, description="share of the pooled data drawn before partitioning"
-    )
     seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
     data: Path | None = Field(None, description="directory with train/test/val.npz")
     state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
@@ -56,13 +49,3 @@ class AgentSettings(TomlSettings, BrokerAccess):
             msg = f"data_shard {self.data_shard} must be below num_shards {self.num_shards}"
             raise ValueError(msg)
         return self
-
-    def partition_spec(self) -> PartitionSpec:
-        """The split shared with the simulation (and every other agent of the fleet)."""
-        return PartitionSpec(
-            scheme=self.partition,
-            alpha=self.alpha,
-            labels_per_device=self.labels_per_device,
-            groups=self.groups,
-            fraction=self.fraction,
-        )

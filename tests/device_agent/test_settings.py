@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coordinator.settings import SimulationSettings
 from device_agent.runner import load_data
 from device_agent.settings import AgentSettings
 from pfl_tasks.base import PartitionSpec
+from pfl_tasks.partition_settings import PartitionSettings
 from pfl_tasks.registry import load_task
 
 
@@ -36,3 +38,20 @@ def test_a_data_source_is_required() -> None:
         AgentSettings.load(None, device_id="dev-1")
     with pytest.raises(ValueError, match="below num_shards"):
         AgentSettings.load(None, device_id="dev-1", data_shard=20)
+
+
+def test_the_agent_splits_data_exactly_as_the_simulation_from_one_config(
+    tmp_path, monkeypatch
+) -> None:
+    # Prepare: one TOML and environment both programs read
+    config = tmp_path / "fleet.toml"
+    config.write_text('partition = "shards"\nlabels_per_device = 3\ngroups = 4\nfraction = 0.5\n')
+    monkeypatch.setenv("PFL_ALPHA", "0.25")
+    # Execute
+    agent = AgentSettings.load(config, device_id="dev-0001", data_shard=1)
+    simulation = SimulationSettings.load(config)
+    # Assert
+    assert isinstance(agent, PartitionSettings)
+    assert isinstance(simulation, PartitionSettings)
+    expected = PartitionSpec("shards", alpha=0.25, labels_per_device=3, groups=4, fraction=0.5)
+    assert agent.partition_spec() == simulation.partition_spec() == expected
