@@ -160,30 +160,29 @@ def _run_with_progress(
 
 def _print_summary(result: SimulationResult | ServeResult) -> None:
     summary = result.summary
-    metric = summary["metric_name"]
     table = Table(
         title=(
-            f"{summary['algorithm']} on {summary['task']}: {summary['devices']} devices, "
-            f"{summary['rounds']} rounds ({metric})"
+            f"{summary.algorithm} on {summary.task}: {summary.devices} devices, "
+            f"{summary.rounds} rounds ({summary.metric_name})"
         )
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key, value in (summary["metrics"] or {}).items():
+    for key, value in (summary.metrics or {}).items():
         table.add_row(key, "n/a" if value is None else f"{value:.4f}")
-    table.add_row("bytes up", f"{summary['bytes_up']:,}")
-    table.add_row("bytes down", f"{summary['bytes_down']:,}")
-    table.add_row("wall seconds", f"{summary['wall_seconds']:.2f}")
-    if summary.get("export"):
-        exported = summary["export"]
+    table.add_row("bytes up", f"{summary.bytes_up:,}")
+    table.add_row("bytes down", f"{summary.bytes_down:,}")
+    table.add_row("wall seconds", f"{summary.wall_seconds:.2f}")
+    if summary.export:
+        exported = summary.export
         table.add_row(
             "exported",
             f"{exported['ok']} ok, {exported['failed']} failed, {exported['total_bytes']:,} bytes",
         )
     Console().print(table)
-    if summary.get("rejected_messages"):
+    if summary.rejected_messages:
         console.print(
-            f"[yellow]{summary['rejected_messages']} messages were rejected (see log)[/yellow]"
+            f"[yellow]{summary.rejected_messages} messages were rejected (see log)[/yellow]"
         )
 
 

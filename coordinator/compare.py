@@ -49,10 +49,14 @@ class RunSpec:
 
 @dataclass
 class RunOutcome:
-    """What one run reported: its summary and the per-run values of COLUMNS."""
+    """What one run reported: its summary and the per-run values of COLUMNS.
+
+    `summary` reads as summary.json does: a live `RunSummary`, or a summary.json loaded from a
+    cache (benchmarks), so `run_values` reads both by the file's keys.
+    """
 
     spec: RunSpec
-    summary: dict[str, Any]
+    summary: Mapping[str, Any]
     values: dict[str, float | None]
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from coordinator.summary import RunSummary
 from protocols.messages import EvaluationReport
 
 
@@ -96,8 +97,8 @@ class RunRecorder:
         ]
         (self.out_dir / "devices.jsonl").write_text("".join(line + "\n" for line in lines))
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
+    def write_summary(self, summary: RunSummary) -> None:
         """Write the run's summary."""
         if self.out_dir is None:
             return
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        summary.write(self.out_dir)

@@ -17,6 +17,7 @@ from torch import nn
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
+from coordinator.summary import RunSummary
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
@@ -30,7 +31,7 @@ RoundCallback = Callable[[RoundRecord], None]
 class RunResult:
     """A run's summary (as in summary.json), round records, final device reports and model."""
 
-    summary: dict[str, Any]
+    summary: RunSummary
     records: list[RoundRecord] = field(default_factory=list)
     reports: list[EvaluationReport] = field(default_factory=list)
     final_shared: Tensors = field(default_factory=dict)

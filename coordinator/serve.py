@@ -21,6 +21,7 @@ from coordinator.pipeline import (
 )
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
+from coordinator.summary import RunSummary
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.transport.broker import EmbeddedBroker
@@ -66,7 +67,6 @@ def run_serve(
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
     stages = plan_stages(settings, task, workspace)
-    config = stages.final.config
     embedded: EmbeddedBroker | None = None
     url = settings.broker
     if url is None:
@@ -94,25 +94,19 @@ def run_serve(
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
         transport.on_reconnect = coordinator.republish
         try:
-            result = _serve(coordinator, stages, settings, on_round, say)
+            return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
         finally:
             transport.close()
     finally:
         if embedded is not None:
             embedded.stop()
-    result.summary["metric_name"] = task.metric_name
-    result.summary["config"] = config.model_dump(mode="json")
-    if settings.out is not None:
-        (settings.out / "summary.json").write_text(
-            json.dumps(result.summary, indent=2, sort_keys=True)
-        )
-    return result
 
 
 def _serve(
     coordinator: Coordinator,
     stages: Stages,
     settings: ServeSettings,
+    metric_name: str,
     on_round: RoundCallback | None,
     say: Notify,
 ) -> ServeResult:
@@ -122,7 +116,6 @@ def _serve(
     recorder = RunRecorder(settings.out)
     for line in kept_lines:
         recorder.record_round(json.loads(line))
-    result = ServeResult(summary={})
     coordinator.start()
     _wait_for_fleet(coordinator, settings, say)
 
@@ -136,7 +129,7 @@ def _serve(
         if on_round is not None:
             on_round(record)
 
-    result.records, result.reports = drive_rounds(
+    records, reports = drive_rounds(
         coordinator,
         stages,
         eval_every=settings.eval_every,
@@ -144,25 +137,27 @@ def _serve(
         after_round=after_round,
     )
     coordinator.publish_status("finished")
-    result.final_shared = coordinator.shared
-    metrics = result.records[-1].evaluation if result.records else None
-    result.summary = {
-        "algorithm": coordinator.strategy.name,
-        "task": coordinator.settings.task,
-        "devices": len(coordinator.registry.records()),
-        "rounds": stages.total_rounds,
-        "pretrain_rounds": settings.pretrain_rounds,
-        "seed": settings.seed,
-        "participation": settings.participation,
-        "metrics": metrics,
-        "personalization": personalization_effect(result.reports),
-        "wall_seconds": time.perf_counter() - started,
-        "bytes_up": coordinator.bytes_up,
-        "bytes_down": coordinator.bytes_down,
-        "rejected_messages": coordinator.rejected,
-    }
-    recorder.write_devices(result.reports)
-    return result
+    final_shared = coordinator.shared
+    summary = RunSummary(
+        algorithm=coordinator.strategy.name,
+        task=coordinator.settings.task,
+        metric_name=metric_name,
+        devices=len(coordinator.registry.records()),
+        rounds=stages.total_rounds,
+        pretrain_rounds=settings.pretrain_rounds,
+        seed=settings.seed,
+        participation=settings.participation,
+        metrics=records[-1].evaluation if records else None,
+        personalization=personalization_effect(reports),
+        wall_seconds=time.perf_counter() - started,
+        bytes_up=coordinator.bytes_up,
+        bytes_down=coordinator.bytes_down,
+        rejected_messages=coordinator.rejected,
+        config=stages.final.config.model_dump(mode="json"),
+    )
+    recorder.write_devices(reports)
+    recorder.write_summary(summary)
+    return ServeResult(summary, records, reports, final_shared)
 
 
 def _resume(

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.metrics import RunRecorder, personalization_effect
 from coordinator.pipeline import (
@@ -23,6 +23,7 @@ from coordinator.pipeline import (
 )
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
+from coordinator.summary import RunSummary
 from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import export_fleet
@@ -47,9 +48,13 @@ class SimulationResult(RunResult):
 
     def device_bytes(self) -> tuple[int, int]:
         """Payload bytes all devices sent and received, as their transports counted them."""
-        sent = sum(agent.transport.stats.bytes_sent for agent in self.agents)
-        received = sum(agent.transport.stats.bytes_received for agent in self.agents)
-        return sent, received
+        return _device_bytes(self.agents)
+
+
+def _device_bytes(agents: list[DeviceAgent]) -> tuple[int, int]:
+    sent = sum(agent.transport.stats.bytes_sent for agent in agents)
+    received = sum(agent.transport.stats.bytes_received for agent in agents)
+    return sent, received
 
 
 def device_name(index: int) -> str:
@@ -129,7 +134,7 @@ def _run(
     )
     # Over MQTT every device handles messages on its own thread: each needs its own workspace.
     threaded = settings.transport != "inprocess"
-    result = SimulationResult(summary={})
+    agents: list[DeviceAgent] = []
     capabilities = probe_capabilities()
     model_cache = DecodedModelCache()
     for index, data in enumerate(fleet_data):
@@ -149,24 +154,24 @@ def _run(
             model_cache=DecodedModelCache() if threaded else model_cache,
         )
         agent.start()
-        result.agents.append(agent)
+        agents.append(agent)
     coordinator.start()
     if not coordinator.wait_for_devices(settings.devices, timeout_s=60.0):
         msg = f"only {coordinator.registry.online_count()} of {settings.devices} devices joined"
         raise RoundError(msg)
 
     recorder = RunRecorder(settings.out)
-    moved = [result.device_bytes()]
+    moved = [_device_bytes(agents)]
 
     def after_round(record: RoundRecord) -> None:
-        (sent_before, received_before), (sent, received) = moved[-1], result.device_bytes()
+        (sent_before, received_before), (sent, received) = moved[-1], _device_bytes(agents)
         record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
         moved.append((sent, received))
         recorder.record_round(record.as_json())
         if on_round is not None:
             on_round(record)
 
-    result.records, result.reports = drive_rounds(
+    records, reports = drive_rounds(
         coordinator,
         stages,
         eval_every=settings.eval_every,
@@ -174,36 +179,37 @@ def _run(
         after_round=after_round,
     )
     coordinator.publish_status("finished")
-    result.final_shared = coordinator.shared
-    bytes_up, bytes_down = result.device_bytes()
+    final_shared = coordinator.shared
+    bytes_up, bytes_down = _device_bytes(agents)
     config = stages.final.config
-    result.summary = {
-        "algorithm": config.name,
-        "task": task.name,
-        "devices": settings.devices,
-        "rounds": stages.total_rounds,
-        "pretrain_rounds": settings.pretrain_rounds,
-        "stateless": settings.stateless,
-        "seed": settings.seed,
-        "participation": settings.participation,
-        "partition": settings.partition,
-        "alpha": settings.alpha,
-        "metric_name": task.metric_name,
-        "metrics": result.records[-1].evaluation,
-        "personalization": personalization_effect(result.reports),
-        "wall_seconds": time.perf_counter() - started,
-        "bytes_up": bytes_up,
-        "bytes_down": bytes_down,
-        "rejected_messages": coordinator.rejected,
-        "config": config.model_dump(mode="json"),
-    }
+    summary = RunSummary(
+        algorithm=config.name,
+        task=task.name,
+        metric_name=task.metric_name,
+        devices=settings.devices,
+        rounds=stages.total_rounds,
+        pretrain_rounds=settings.pretrain_rounds,
+        seed=settings.seed,
+        participation=settings.participation,
+        metrics=records[-1].evaluation,
+        personalization=personalization_effect(reports),
+        wall_seconds=time.perf_counter() - started,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        rejected_messages=coordinator.rejected,
+        config=config.model_dump(mode="json"),
+        stateless=settings.stateless,
+        partition=settings.partition,
+        alpha=settings.alpha,
+    )
     if settings.export_dir is not None:  # every device's personalized model, verified
-        result.summary["export"] = export_fleet(
-            result.agents,
+        exported = export_fleet(
+            agents,
             settings.export_dir,
             quantize=settings.export_quantize,
             guard=settings.export_guard,
         )
-    recorder.write_devices(result.reports)
-    recorder.write_summary(result.summary)
-    return result
+        summary = replace(summary, export=exported)
+    recorder.write_devices(reports)
+    recorder.write_summary(summary)
+    return SimulationResult(summary, records, reports, final_shared, agents)

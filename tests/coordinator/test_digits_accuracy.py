@@ -30,7 +30,7 @@ def _mean_accuracy(
             if algorithm == "fedavg-ft"
             else {},
         )
-        scores.append(run_simulation(settings).summary["metrics"]["personalized_mean"])
+        scores.append(run_simulation(settings).summary.metrics["personalized_mean"])
     return scores
 
 

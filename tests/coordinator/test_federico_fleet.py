@@ -177,7 +177,7 @@ def _sine_mse(algorithm: str, seed: int, **values: object) -> float:
     settings = SimulationSettings.load(
         None, task="sine", algorithm=algorithm, devices=8, rounds=300, seed=seed, **values
     )
-    return run_simulation(settings).summary["metrics"]["personalized_mean"]
+    return run_simulation(settings).summary.metrics["personalized_mean"]
 
 
 def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:

@@ -26,7 +26,7 @@ def _personalized(algorithm: str, seed: int) -> float:
         labels_per_device=3,
         seed=seed,
     )
-    return float(run_simulation(settings).summary["metrics"]["personalized_mean"])
+    return float(run_simulation(settings).summary.metrics["personalized_mean"])
 
 
 def test_pfedbred_mh_beats_pfedme_on_mean_personalized_accuracy() -> None:

@@ -80,7 +80,7 @@ def test_selffl_converges_to_the_bayes_posterior(
     assert np.abs(personal - fl).mean() < fl_tol
     assert abs(glob - g_bayes) < g_tol
     # the personalized evaluation uses the personal model: its test MSE beats the global one's
-    metrics = result.summary["metrics"]
+    metrics = result.summary.metrics
     if case == 2:
         assert metrics["personalized_mean"] < metrics["global"]
 

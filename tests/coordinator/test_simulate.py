@@ -20,7 +20,7 @@ def test_a_run_is_deterministic_for_its_seed() -> None:
     second = run_simulation(_settings(algorithm="fedavg-ft", participation=0.5))
     other = run_simulation(_settings(algorithm="fedavg-ft", participation=0.5, seed=1))
     # Assert
-    assert first.summary["metrics"] == second.summary["metrics"]
+    assert first.summary.metrics == second.summary.metrics
     assert [r.train_loss for r in first.records] == [r.train_loss for r in second.records]
     for name, tensor in first.final_shared.items():
         assert torch.equal(tensor, second.final_shared[name]), name
@@ -101,8 +101,8 @@ def agent_split(agent, algorithm: str, personal):
 def test_byte_counts_are_what_the_devices_moved() -> None:
     result = run_simulation(_settings(algorithm="fedavg"))
     sent, received = result.device_bytes()
-    assert result.summary["bytes_up"] == sent > 0
-    assert result.summary["bytes_down"] == received > 0
+    assert result.summary.bytes_up == sent > 0
+    assert result.summary.bytes_down == received > 0
     model_bytes = sum(t.numel() * t.element_size() for t in result.final_shared.values())
     first = result.records[0]
     # each of 8 devices received at least the new model and sent at least its delta

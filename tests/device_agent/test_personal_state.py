@@ -132,4 +132,4 @@ def test_stateless_devices_keep_nothing_and_stateful_ones_keep_their_part() -> N
     assert all(agent.store._tensors is None for agent in stateless.agents)
     for agent in stateful.agents:
         assert set(agent.store._tensors) == {"output.weight", "output.bias"}
-    assert stateless.summary["metrics"] != stateful.summary["metrics"]
+    assert stateless.summary.metrics != stateful.summary.metrics

@@ -66,7 +66,7 @@ def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
     # Assert: the same losses, metrics and fleet scalars as the in-process relay
     assert [r.train_loss for r in served.records] == [r.train_loss for r in simulated.records]
     assert [r.scalars for r in served.records] == [r.scalars for r in simulated.records]
-    assert served.summary["metrics"] == simulated.summary["metrics"]
+    assert served.summary.metrics == simulated.summary.metrics
     # Assert: every device wrote a verified mixture
     assert exported.returncode == 0, exported.stdout + exported.stderr
     rows = {row["device"]: row for row in json.loads(exported.stdout)["devices"]}
@@ -111,4 +111,4 @@ def test_a_killed_coordinator_resumes_every_device_model(mosquitto, processes, t
     assert resumed.records[0].round_id == killed_at + 1
     tail = simulated.records[killed_at:]
     assert [r.train_loss for r in resumed.records] == [r.train_loss for r in tail]
-    assert resumed.summary["metrics"] == simulated.summary["metrics"]
+    assert resumed.summary.metrics == simulated.summary.metrics

@@ -67,7 +67,7 @@ def test_three_agent_processes_reproduce_the_simulation(mosquitto, processes, tm
     view = collect_fleet_view(BrokerSettings(url=mosquitto.url), "default", listen_s=1.0)
     # Assert
     assert [r.train_loss for r in served.records] == [r.train_loss for r in simulated.records]
-    assert served.summary["metrics"] == simulated.summary["metrics"]
+    assert served.summary.metrics == simulated.summary.metrics
     for name, tensor in simulated.final_shared.items():
         assert torch.equal(served.final_shared[name], tensor), name
     assert _round_ids(tmp_path / "run") == [1, 2, 3]
@@ -143,7 +143,7 @@ def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
     assert resumed.records[0].round_id == killed_at + 1
     for name, tensor in simulated.final_shared.items():
         assert torch.equal(resumed.final_shared[name], tensor), name
-    assert resumed.summary["metrics"] == simulated.summary["metrics"]
+    assert resumed.summary.metrics == simulated.summary.metrics
 
 
 def test_serve_without_broker_starts_an_embedded_one(processes, tmp_path) -> None:

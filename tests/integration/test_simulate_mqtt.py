@@ -25,18 +25,18 @@ def test_virtual_devices_over_mosquitto_match_the_in_process_run(mosquitto) -> N
     # Assert: same model, same metrics; the bytes are real MQTT payloads
     for name, tensor in hub.final_shared.items():
         assert torch.equal(tensor, wire.final_shared[name]), name
-    assert wire.summary["metrics"] == hub.summary["metrics"]
-    assert wire.summary["bytes_up"] > 0
+    assert wire.summary.metrics == hub.summary.metrics
+    assert wire.summary.bytes_up > 0
     assert (
-        abs(wire.summary["bytes_down"] - hub.summary["bytes_down"])
-        < 0.01 * hub.summary["bytes_down"]
+        abs(wire.summary.bytes_down - hub.summary.bytes_down)
+        < 0.01 * hub.summary.bytes_down
     )
 
 
 def test_without_a_broker_simulate_mqtt_serves_an_embedded_one() -> None:
     hub = run_simulation(_settings(devices=3, rounds=1))
     wire = run_simulation(_settings(devices=3, rounds=1, transport="mqtt"))
-    assert wire.summary["metrics"] == hub.summary["metrics"]
+    assert wire.summary.metrics == hub.summary.metrics
 
 
 @pytest.mark.mosquitto
@@ -53,7 +53,7 @@ def test_algorithms_with_scalars_and_device_state_match_over_mosquitto(
     )
     for name, tensor in hub.final_shared.items():
         assert torch.equal(tensor, wire.final_shared[name]), name
-    assert wire.summary["metrics"] == hub.summary["metrics"]
+    assert wire.summary.metrics == hub.summary.metrics
     assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
 
 
@@ -64,7 +64,7 @@ def test_federico_relay_over_mosquitto_matches_the_in_process_run(mosquitto) -> 
     values = {"task": "sine", "algorithm": "federico", "devices": 5, "rounds": 4, "lr": 0.03}
     hub = run_simulation(_settings(**values))
     wire = run_simulation(_settings(**values, transport="mqtt", broker=mosquitto.url))
-    assert wire.summary["metrics"] == hub.summary["metrics"]
+    assert wire.summary.metrics == hub.summary.metrics
     assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
     for at_hub, over_wire in zip(hub.agents, wire.agents, strict=True):
         assert at_hub.relayed.keys() == over_wire.relayed.keys()
