@@ -8,12 +8,14 @@ fine-tuning, happens on the devices when they evaluate or export).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
+from coordinator.metrics import personalization_effect
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
@@ -161,3 +163,40 @@ def drive_rounds(
         stages.enter(coordinator, total)
         reports, _ = coordinator.evaluate(final=True)
     return records, reports
+
+
+def summarize_run(
+    coordinator: Coordinator,
+    stages: Stages,
+    settings: RunSettings,
+    records: list[RoundRecord],
+    reports: list[EvaluationReport],
+    *,
+    metric_name: str,
+    devices: int,
+    traffic: tuple[int, int],
+    started: float,
+) -> RunSummary:
+    """The summary of a finished run: what it trained, its final metrics and its cost.
+
+    `traffic` is (bytes up, bytes down) as the caller measured them; `started` is the run's
+    `time.perf_counter()` at its start.
+    """
+    config = stages.final.config
+    return RunSummary(
+        algorithm=config.name,
+        task=coordinator.settings.task,
+        metric_name=metric_name,
+        devices=devices,
+        rounds=stages.total_rounds,
+        pretrain_rounds=settings.pretrain_rounds,
+        seed=settings.seed,
+        participation=settings.participation,
+        metrics=records[-1].evaluation if records else None,
+        personalization=personalization_effect(reports),
+        wall_seconds=time.perf_counter() - started,
+        bytes_up=traffic[0],
+        bytes_down=traffic[1],
+        rejected_messages=coordinator.rejected,
+        config=config.model_dump(mode="json"),
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
-from coordinator.metrics import RunRecorder, personalization_effect
+from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
     RunResult,
@@ -18,10 +18,10 @@ from coordinator.pipeline import (
     build_coordinator,
     drive_rounds,
     plan_stages,
+    summarize_run,
 )
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
-from coordinator.summary import RunSummary
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.transport.broker import EmbeddedBroker
@@ -138,22 +138,16 @@ def _serve(
     )
     coordinator.publish_status("finished")
     final_shared = coordinator.shared
-    summary = RunSummary(
-        algorithm=coordinator.strategy.name,
-        task=coordinator.settings.task,
+    summary = summarize_run(
+        coordinator,
+        stages,
+        settings,
+        records,
+        reports,
         metric_name=metric_name,
         devices=len(coordinator.registry.records()),
-        rounds=stages.total_rounds,
-        pretrain_rounds=settings.pretrain_rounds,
-        seed=settings.seed,
-        participation=settings.participation,
-        metrics=records[-1].evaluation if records else None,
-        personalization=personalization_effect(reports),
-        wall_seconds=time.perf_counter() - started,
-        bytes_up=coordinator.bytes_up,
-        bytes_down=coordinator.bytes_down,
-        rejected_messages=coordinator.rejected,
-        config=stages.final.config.model_dump(mode="json"),
+        traffic=(coordinator.bytes_up, coordinator.bytes_down),
+        started=started,
     )
     recorder.write_devices(reports)
     recorder.write_summary(summary)

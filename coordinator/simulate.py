@@ -13,17 +13,17 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from coordinator.metrics import RunRecorder, personalization_effect
+from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
     RunResult,
     build_coordinator,
     drive_rounds,
     plan_stages,
+    summarize_run,
 )
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from coordinator.summary import RunSummary
 from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import export_fleet
@@ -180,24 +180,18 @@ def _run(
     )
     coordinator.publish_status("finished")
     final_shared = coordinator.shared
-    bytes_up, bytes_down = _device_bytes(agents)
-    config = stages.final.config
-    summary = RunSummary(
-        algorithm=config.name,
-        task=task.name,
-        metric_name=task.metric_name,
-        devices=settings.devices,
-        rounds=stages.total_rounds,
-        pretrain_rounds=settings.pretrain_rounds,
-        seed=settings.seed,
-        participation=settings.participation,
-        metrics=records[-1].evaluation,
-        personalization=personalization_effect(reports),
-        wall_seconds=time.perf_counter() - started,
-        bytes_up=bytes_up,
-        bytes_down=bytes_down,
-        rejected_messages=coordinator.rejected,
-        config=config.model_dump(mode="json"),
+    summary = replace(
+        summarize_run(
+            coordinator,
+            stages,
+            settings,
+            records,
+            reports,
+            metric_name=task.metric_name,
+            devices=settings.devices,
+            traffic=_device_bytes(agents),
+            started=started,
+        ),
         stateless=settings.stateless,
         partition=settings.partition,
         alpha=settings.alpha,
