@@ -31,10 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from tasks.presets import resolve_preset
-from tasks.registry import load_task
-from tasks.split import ParamSplit
-
 from benchmarks.simulation_overhead import write_section
 from coordinator.compare import (
     COLUMNS,
@@ -48,6 +44,9 @@ from coordinator.compare import (
     run_values,
 )
 from coordinator.report import RunData, load_run, plot_accuracy, plot_gain_vs_samples
+from pfl_tasks.presets import resolve_preset
+from pfl_tasks.registry import load_task
+from pfl_tasks.split import ParamSplit
 from protocols.algorithms import algorithm_names
 
 logger = logging.getLogger(__name__)
