@@ -66,7 +66,7 @@ def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
         msg = f"max_norm must be positive, got {max_norm}"
         raise ValueError(msg)
     floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
-    norm = float(torch.sqrt(sum((t * t).sum() for t in floating))) if floating else 0.0
+    norm = float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
     scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return {
         name: (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t.clone()

@@ -189,7 +189,9 @@ def _title(runs: Sequence[RunData]) -> str:
     summary = runs[0].summary
     if not summary:
         return ""
-    seeds = sorted({run.summary.get("seed") for run in runs if run.summary.get("seed") is not None})
+    seeds = sorted(
+        {int(run.summary["seed"]) for run in runs if run.summary.get("seed") is not None}
+    )
     seed_text = f", mean over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
     return f"{summary.get('task', '')}, {summary.get('devices', '?')} devices{seed_text}"
 

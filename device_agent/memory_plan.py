@@ -119,7 +119,7 @@ def activation_bytes_per_sample(
         loss = task.loss(outputs, data.targets[:count])
     saved += outputs.numel() * outputs.element_size() + loss.numel() * loss.element_size()
     del loss, outputs
-    return math.ceil(saved / count)
+    return math.ceil(float(saved) / count)
 
 
 _CLEAR_REFS: Final = Path("/proc/self/clear_refs")

@@ -25,6 +25,9 @@ class MixtureModel(nn.Module):
             non-finite or all zero.
     """
 
+    weights: torch.Tensor
+    log_weights: torch.Tensor
+
     def __init__(
         self, components: Sequence[nn.Module], weights: Sequence[float], kind: MixtureKind
     ) -> None:

@@ -33,7 +33,7 @@ def load_digits_pool() -> tuple[torch.Tensor, torch.Tensor]:
     scikit-learn is imported here rather than at module import so that devices running other
     tasks never pay for it.
     """
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits
 
     bunch = load_digits()
     pixels = torch.from_numpy((bunch.data / PIXEL_MAX).astype(np.float32))

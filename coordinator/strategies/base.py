@@ -70,7 +70,11 @@ class Strategy(Protocol):
 
     name: ClassVar[str]
     config_type: ClassVar[type[AlgorithmConfig]]
-    config: AlgorithmConfig
+
+    @property
+    def config(self) -> AlgorithmConfig:
+        """The algorithm's typed configuration (each strategy narrows it to its own)."""
+        ...
 
     def __init__(self, config: AlgorithmConfig, participation: float) -> None: ...
 

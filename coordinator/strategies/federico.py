@@ -39,7 +39,7 @@ from protocols.algorithms import (
 )
 from protocols.codec import Tensors, describe_tensors, join_owners, model_digest, split_owners
 from protocols.errors import RoundError
-from protocols.messages import PeerRequest, RelayedModel
+from protocols.messages import PeerRequest, RelayedModel, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class FedericoStrategy:
                 device_id,
                 ", ".join(missing),
             )
-        expected = ()
+        expected: tuple[TensorSpec, ...] = ()
         if request.phase == "train":
             contributions = join_owners(
                 {

@@ -60,7 +60,7 @@ def precision_weights(sigma0_sq: float, sigma_sq: Sequence[float]) -> list[float
         raise ValueError(msg)
     log_weights = -np.log(totals)
     weights = np.exp(log_weights - log_weights.max())
-    return (weights / weights.sum()).tolist()
+    return [float(w) for w in weights / weights.sum()]
 
 
 def others_precision(
@@ -84,7 +84,7 @@ def impute_variances(
 
     Returns None when some value is missing and nothing can impute it.
     """
-    valid = {k: v for k, v in reported.items() if _valid(v, eps)}
+    valid = {k: float(v) for k, v in reported.items() if v is not None and _valid(v, eps)}
     fill = math.fsum(valid.values()) / len(valid) if valid else None
     result: dict[str, float] = {}
     for key in reported:

@@ -38,7 +38,7 @@ from device_agent.training import (
     difference,
     snapshot,
 )
-from export.mixture import MixtureModel
+from export.mixture import MixtureKind, MixtureModel
 from pfl_tasks.base import Split
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
 from protocols.codec import Tensors, join_owners
@@ -121,7 +121,8 @@ class Collaborators:
             logits = np.where(self.seen, logits, -np.inf)
         logits = logits - logits.max()
         exp = np.exp(logits)
-        return exp / exp.sum()
+        weights: np.ndarray = exp / exp.sum()
+        return weights
 
     def mixture_weights(self, config: FedericoConfig) -> np.ndarray:
         """The weights prediction uses: over evaluated models only (spec §6.2), renormalized.
@@ -133,7 +134,8 @@ class Collaborators:
             return np.zeros(len(self.owners))
         logits = np.where(self.seen, -self.average_loss / config.tau, -np.inf)
         exp = np.exp(logits - logits.max())
-        return exp / exp.sum()
+        weights: np.ndarray = exp / exp.sum()
+        return weights
 
     def members(self, config: FedericoConfig) -> list[str]:
         """The mixture: evaluated models with w >= min_weight, heaviest first, at most top_k."""
@@ -193,11 +195,10 @@ def summed_loss_and_gradient(
         loss.backward()
         total += loss.detach().double()
     parameters = dict(model.named_parameters())
+    gradients = {name: p.grad for name, p in parameters.items() if p.grad is not None}
     gradient = {
         name: (
-            parameters[name].grad.detach().clone()
-            if name in parameters and parameters[name].grad is not None
-            else torch.zeros_like(value)
+            gradients[name].detach().clone() if name in gradients else torch.zeros_like(value)
         )
         for name, value in model.state_dict().items()
         if value.is_floating_point()
@@ -340,5 +341,5 @@ class FedericoUpdate:
             component = ctx.task.build_model(0)
             ModelSlots(component).load(ctx.peer_models[owner])
             components.append(component)
-        kind = "probabilities" if ctx.task.metric_name == "accuracy" else "outputs"
+        kind: MixtureKind = "probabilities" if ctx.task.metric_name == "accuracy" else "outputs"
         return MixtureModel(components, [weights[owner] for owner in members], kind)

@@ -37,7 +37,11 @@ class Transport(Protocol):
     """A connected client of a publish/subscribe broker."""
 
     client_id: str
-    stats: TransportStats
+
+    @property
+    def stats(self) -> TransportStats:
+        """Bytes and messages this end has moved (a transport may count more)."""
+        ...
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Send `payload` to `topic` at QoS 1; `retain` keeps it for late subscribers."""

@@ -14,6 +14,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+from typing import Final, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -36,6 +37,7 @@ from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
 _paho_logger = logging.getLogger(f"{__name__}.paho")
+_PAHO_LOG_LEVELS: Final[dict[int, int]] = {int(k): v for k, v in paho.LOGGING_LEVEL.items()}
 
 _QOS = 1
 _PUBLISH_OVERHEAD = 16  # fixed header, topic length and packet id of a PUBLISH, upper bound
@@ -187,9 +189,10 @@ class MqttTransport:
         self._closed = True
         sock = self._client.socket()
         self._client.loop_stop()
-        if sock is not None:
+        if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        if sock is not None:
             sock.close()
         self._dispatcher.stop(self.settings.close_timeout_s)
 
@@ -218,7 +221,7 @@ class MqttTransport:
 
     def _subscribe_filters(self, pattern: str, filters: list[str]) -> None:
         try:
-            result, mid = self._client.subscribe([(f, self._options()) for f in filters])
+            result, mid = self._client.subscribe(self._subscriptions(filters))
         except ValueError as error:
             msg = f"invalid subscription pattern: {error}"
             raise ProtocolError(msg, topic=pattern) from error
@@ -235,9 +238,12 @@ class MqttTransport:
             msg = f"broker refused the subscription: {', '.join(map(str, codes))}"
             raise ProtocolError(msg, topic=pattern)
 
-    def _options(self) -> int | SubscribeOptions:
-        # MQTT 5 can skip re-sending retained messages for a subscription the session kept.
-        return SubscribeOptions(qos=_QOS, retainHandling=1) if self._v5 else _QOS
+    def _subscriptions(
+        self, filters: list[str]
+    ) -> list[tuple[str, SubscribeOptions]] | list[tuple[str, int]]:
+        if self._v5:  # MQTT 5 can skip re-sending retained messages a kept session had
+            return [(f, SubscribeOptions(qos=_QOS, retainHandling=1)) for f in filters]
+        return [(f, _QOS) for f in filters]
 
     def _new_client(self, *, clean_session: bool, will: Will | None) -> paho.Client:
         settings = self.settings
@@ -248,7 +254,11 @@ class MqttTransport:
             clean_session=None if self._v5 else clean_session,
         )
         client.connect_timeout = settings.connect_timeout_s
-        client.reconnect_delay_set(settings.reconnect_min_delay_s, settings.reconnect_max_delay_s)
+        # paho annotates whole seconds but sleeps for any float; tests reconnect within 0.1 s
+        client.reconnect_delay_set(
+            settings.reconnect_min_delay_s,  # type: ignore[arg-type]
+            settings.reconnect_max_delay_s,  # type: ignore[arg-type]
+        )
         client.on_log = self._on_log
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
@@ -268,13 +278,13 @@ class MqttTransport:
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
-        options: dict[str, object] = {}
         if self._v5:
             properties = Properties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = settings.session_expiry_s
             start = paho.MQTT_CLEAN_START_FIRST_ONLY if clean_start else False
-            options = {"clean_start": start, "properties": properties}
-        self._open(client, **options)
+            self._open(client, clean_start=start, properties=properties)
+        else:
+            self._open(client)
         answered = self._connack.wait(settings.connect_timeout_s)
         if answered and self._refusal is None:
             return
@@ -297,10 +307,21 @@ class MqttTransport:
         client.loop_stop()
         self._connack.clear()
 
-    def _open(self, client: paho.Client, **options: object) -> None:
+    def _open(
+        self,
+        client: paho.Client,
+        clean_start: bool | Literal[3] = paho.MQTT_CLEAN_START_FIRST_ONLY,
+        properties: Properties | None = None,
+    ) -> None:
         settings = self.settings
         try:
-            client.connect(settings.host, settings.port, settings.keepalive_s, **options)
+            client.connect(
+                settings.host,
+                settings.port,
+                settings.keepalive_s,
+                clean_start=clean_start,
+                properties=properties,
+            )
         except (OSError, ValueError) as error:
             msg = f"cannot reach the MQTT broker at {settings.url}: {error}"
             raise BrokerConnectionError(msg) from error
@@ -331,7 +352,7 @@ class MqttTransport:
             with self._dispatcher.lock:
                 filters = list(self._filters)
             if filters:  # a broker that lost the session (restart) has lost them too
-                client.subscribe([(f, self._options()) for f in filters])
+                client.subscribe(self._subscriptions(filters))
             hook = self.on_reconnect
             if hook is not None and self._connack.is_set():
                 self._dispatcher.put(Reconnected(hook))
@@ -365,14 +386,14 @@ class MqttTransport:
         )
 
     def _on_log(self, _c: paho.Client, _u: object, level: int, text: str) -> None:
-        severity = paho.LOGGING_LEVEL.get(level, logging.DEBUG)
+        severity = _PAHO_LOG_LEVELS.get(level, logging.DEBUG)
         if self._closed:  # paho's loop thread may trip over the socket close() just closed
             severity = min(severity, logging.DEBUG)
         _paho_logger.log(severity, "%s: %s", self.client_id, text)
 
     def _on_message(self, _c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
         try:
-            self._dispatcher.put((message.topic, message.payload))
+            self._dispatcher.put((message.topic, bytes(message.payload)))
         except Exception:
             logger.exception("%s dropped an undecodable message", self.client_id)
 
