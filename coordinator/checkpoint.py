@@ -19,7 +19,6 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from coordinator.rounds import Coordinator
-from coordinator.strategies.base import RelayStrategy
 from protocols.atomic import write_atomically
 from protocols.codec import Tensors
 from protocols.errors import StateError
@@ -77,9 +76,9 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
     blob = save_safetensors({k: v.detach().contiguous() for k, v in coordinator.model.items()})
     write_atomically(directory / tensors_file, blob)
     strategy_file = ""
-    if isinstance(coordinator.strategy, RelayStrategy):  # one model per device: not JSON
+    state = coordinator.relay.state_tensors()  # a relay's model per device: not JSON
+    if state:
         strategy_file = f"strategy-{coordinator.round_id:06d}.safetensors"
-        state = coordinator.strategy.state_tensors()
         write_atomically(
             directory / strategy_file,
             save_safetensors({k: v.detach().contiguous() for k, v in state.items()}),
@@ -154,8 +153,7 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
     coordinator.round_id = record.round_id
     coordinator.bytes_up, coordinator.bytes_down = record.bytes_up, record.bytes_down
     coordinator.strategy.load_state_dict(record.strategy_state)
-    if isinstance(coordinator.strategy, RelayStrategy):
-        coordinator.strategy.load_state_tensors(checkpoint.strategy_tensors)
+    coordinator.relay.load_state_tensors(checkpoint.strategy_tensors)
     coordinator.rng.bit_generator.state = record.rng_state
     for device in record.fleet:
         coordinator.registry.restore(device.device_id, device.num_train_samples)

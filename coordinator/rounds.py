@@ -18,12 +18,8 @@ import numpy as np
 
 from coordinator.metrics import summarize_evaluations
 from coordinator.registry import FleetRegistry
-from coordinator.strategies.base import (
-    ModelBuilder,
-    ReceivedUpdate,
-    RelayStrategy,
-    Strategy,
-)
+from coordinator.relay import RelayHook, relay_for
+from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.codec import (
     Tensors,
@@ -44,11 +40,9 @@ from protocols.messages import (
     EvaluationReport,
     FleetDevice,
     FleetStatus,
-    PeerModels,
     PeerRequest,
     RoundAnnouncement,
     SharedModel,
-    TensorSpec,
 )
 from protocols.transport.base import Transport, Will
 
@@ -176,8 +170,7 @@ class Coordinator:
         self._train: _Collector[ReceivedUpdate] | None = None
         self._evaluation: _Collector[EvaluationReport] | None = None
         self._build_model = build_model
-        self._relay_layouts: dict[tuple[int, str], tuple[TensorSpec, ...]] = {}
-        self._bind(strategy)
+        self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
 
     @property
     def shared(self) -> Tensors:
@@ -197,12 +190,7 @@ class Coordinator:
         self.strategy = strategy
         self.shared_names = tuple(shared_names)
         self._specs = describe_tensors(self.shared)
-        self._bind(strategy)
-
-    def _bind(self, strategy: Strategy) -> None:
-        """A relay strategy starts each device's model from the task's (or the current) model."""
-        if isinstance(strategy, RelayStrategy):
-            strategy.bind(self.model, self._build_model, self.settings.seed)
+        self.relay = relay_for(strategy, self.model, self._build_model, self.settings.seed)
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -256,7 +244,7 @@ class Coordinator:
     def publish_model(self, *, force: bool = True) -> None:
         """Retain the current model so devices (and late joiners) hold it.
 
-        With force=False an unchanged model (a relay algorithm's template) is not sent again.
+        With force=False an unchanged model is not sent again.
         """
         manifest, blob = pack_tensors(self.model)
         if not force and manifest.sha256 == self._model_sha:
@@ -307,8 +295,7 @@ class Coordinator:
             raise RoundError(msg, round_id=round_id)
         collector: _Collector[ReceivedUpdate] = _Collector(round_id, "train", set(plan.devices))
         self._train = collector
-        # a retried round keeps its layouts: devices re-send the answer to their earlier relay
-        self._relay_layouts = {k: v for k, v in self._relay_layouts.items() if k[0] == round_id}
+        self.relay.start_round(round_id)
         assignments = {
             d: DeviceAssignment(scalars=dict(plan.scalars.get(d, {}))) for d in plan.devices
         }
@@ -333,8 +320,7 @@ class Coordinator:
         self.shared = aggregate.shared
         self.last_scalars = dict(aggregate.scalars)
         self.round_id = round_id
-        # a relay strategy's models live in it: its template never changes, so is not resent
-        self.publish_model(force=not isinstance(self.strategy, RelayStrategy))
+        self.publish_model(force=self.relay.resends_model)
         self.publish_fleet_status()
         samples = sum(u.num_samples for u in updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
@@ -388,17 +374,12 @@ class Coordinator:
             deadline_s=self.settings.round_timeout_s,
             assignments=assignments,
             final=final,
-            peers=self._peers(),
+            peers=self.relay.peers(self.registry.snapshot()),
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
-
-    def _peers(self) -> tuple[str, ...]:
-        if isinstance(self.strategy, RelayStrategy):
-            return self.strategy.candidates(self.registry.snapshot())
-        return ()
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
@@ -462,13 +443,7 @@ class Coordinator:
                 f"update from algorithm {update.algorithm!r}, the fleet runs {self.strategy.name!r}"
             )
             raise ProtocolError(msg, device_id=update.device_id, topic=topic)
-        expected = self._specs
-        if isinstance(self.strategy, RelayStrategy):
-            layout = self._relay_layouts.get((update.round_id, update.device_id))
-            if layout is None:
-                msg = "update before its relayed models"
-                raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
-            expected = layout
+        expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
         delta = unpack_tensors(update.manifest, blob, expected=expected)
         received = ReceivedUpdate(
             update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
@@ -485,7 +460,6 @@ class Coordinator:
         """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""
         request, _ = self._device_message(topic, payload, PeerRequest)
         collector = self._train if request.phase == "train" else self._evaluation
-        strategy = self.strategy
         if (
             collector is None
             or request.round_id != collector.round_id
@@ -493,22 +467,7 @@ class Coordinator:
         ):
             msg = f"stale or unexpected {request.phase} request"
             raise RoundError(msg, device_id=request.device_id, round_id=request.round_id)
-        if not isinstance(strategy, RelayStrategy):
-            msg = f"{strategy.name} relays no models"
-            raise ProtocolError(msg, device_id=request.device_id, topic=topic)
-        relay = strategy.relay(request.round_id, request)
-        if request.phase == "train":
-            self._relay_layouts[(request.round_id, request.device_id)] = relay.expected
-        manifest, blob = pack_tensors(relay.tensors)
-        answer = PeerModels(
-            round_id=request.round_id,
-            phase=request.phase,
-            device_id=request.device_id,
-            models=relay.models,
-            missing=relay.missing,
-            manifest=manifest,
-        )
-        frame = encode_frame(answer, blob)
+        frame = self.relay.answer(request)
         self.transport.publish(topics.relay(self.settings.fleet, request.device_id), frame)
         self.bytes_down += len(frame)
 
