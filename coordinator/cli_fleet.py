@@ -25,8 +25,9 @@ from coordinator.cli_options import (
 from coordinator.export_command import FleetExport, request_exports
 from coordinator.provision import provision as provision_fleet
 from coordinator.status import collect_fleet_view
-from device_agent.exporting import ExportRequest
+from export.quantize import check_quantization
 from protocols.errors import PflError
+from protocols.messages import ExportArguments
 from protocols.program_settings import BrokerAccess
 
 
@@ -113,12 +114,10 @@ def export(
     configure_logging(verbose)
     try:
         access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
-        request = ExportRequest.from_arguments(
-            {
-                "out_dir": "" if out_dir is None else str(out_dir),
-                "quantize": quantize or "",
-                "guard": "true" if guard else "false",
-            }
+        request = ExportArguments(
+            out_dir="" if out_dir is None else str(out_dir),
+            quantize=check_quantization(quantize),
+            guard=guard,
         )
         result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
     except (PflError, ValueError) as error:

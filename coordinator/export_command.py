@@ -8,11 +8,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from device_agent.exporting import ExportRequest
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
 from protocols.errors import PflError
-from protocols.messages import Command, ExportReport, FleetStatus
+from protocols.messages import Command, ExportArguments, ExportReport, FleetStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
@@ -82,7 +81,7 @@ class FleetExport:
 def request_exports(
     broker: BrokerSettings,
     fleet: str,
-    request: ExportRequest,
+    request: ExportArguments,
     *,
     timeout_s: float = 60.0,
     listen_s: float = 1.5,
@@ -122,7 +121,7 @@ def request_exports(
             if status:
                 result.listed = {d.device_id: d.online for d in status[-1].devices}
         waiting = {device_id for device_id, online in result.listed.items() if online}
-        command = Command(action="export", arguments=request.as_arguments())
+        command = Command(action="export", export=request)
         transport.publish(topics.command(fleet), encode_frame(command))
         logger.info("export requested from fleet %s; waiting for %d device(s)", fleet, len(waiting))
 

@@ -24,9 +24,10 @@ from coordinator.pipeline import (
 )
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from device_agent.agent import DecodedModelCache, DeviceAgent, device_will
+from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.exporting import export_fleet
+from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
@@ -198,7 +199,7 @@ def _run(
     )
     if settings.export_dir is not None:  # every device's personalized model, verified
         exported = export_fleet(
-            agents,
+            [agent.export_source() for agent in agents],
             settings.export_dir,
             quantize=settings.export_quantize,
             guard=settings.export_guard,

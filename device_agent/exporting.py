@@ -12,88 +12,76 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from torch import nn
 
-from device_agent.algorithms.base import is_relay, relay_update
+from device_agent.algorithms.base import LocalContext, LocalUpdate
+from device_agent.relay import relay_mixture
 from device_agent.state_store import DiskStateStore, StateStore
 from device_agent.training import ModelSlots, evaluate
 from export import ExportProvenance, ExportResult, choose_model, export_model
 from export.metadata import Chosen
-from export.quantize import Quantization, check_quantization
-from pfl_tasks.base import Task
+from export.quantize import check_quantization
+from pfl_tasks.base import DeviceData, Task
+from protocols.codec import Tensors
 from protocols.errors import PflError, StateError
-from protocols.messages import Command, ExportReport
-
-if TYPE_CHECKING:
-    from device_agent.agent import DeviceAgent
+from protocols.messages import Command, ExportArguments, ExportReport
 
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS: Final = 4096
-_TRUE: Final = ("true", "1", "yes")
-_FALSE: Final = ("false", "0", "no", "")
 
 
 @dataclass(frozen=True)
-class ExportRequest:
-    """The export command's arguments, validated: where to write, int8 or not, guard or not."""
+class ExportSource:
+    """What an export reads of a device, and nothing more (no transport, no agent).
 
-    out_dir: Path | None = None
-    quantize: Quantization | None = None
-    guard: bool = False
+    `context` gives the round the export stems from and the latest round's local update and
+    context with the personal state loaded (raising StateError before any round).
+    """
 
-    @classmethod
-    def from_arguments(cls, arguments: Mapping[str, str]) -> ExportRequest:
-        """Parse `Command.arguments` ("out_dir", "quantize": "int8" or "", "guard": "true"/"false").
-
-        Raises:
-            ValueError: an unknown argument or value, naming the valid ones.
-        """
-        unknown = sorted(set(arguments) - {"out_dir", "quantize", "guard"})
-        if unknown:
-            msg = f"unknown export argument(s) {', '.join(unknown)}; use out_dir, quantize, guard"
-            raise ValueError(msg)
-        guard_text = arguments.get("guard", "").strip().lower()
-        if guard_text not in (*_TRUE, *_FALSE):
-            msg = f"guard must be 'true' or 'false', got {arguments['guard']!r}"
-            raise ValueError(msg)
-        out_dir = arguments.get("out_dir", "")
-        return cls(
-            out_dir=Path(out_dir) if out_dir else None,
-            quantize=check_quantization(arguments.get("quantize") or None),
-            guard=guard_text in _TRUE,
-        )
-
-    def as_arguments(self) -> dict[str, str]:
-        """The command arguments that parse back to this request."""
-        return {
-            "out_dir": "" if self.out_dir is None else str(self.out_dir),
-            "quantize": self.quantize or "",
-            "guard": "true" if self.guard else "false",
-        }
+    device_id: str
+    task: Task
+    data: DeviceData
+    seed: int
+    initial_state: Tensors
+    latest_round_id: int
+    context: Callable[[], tuple[int, LocalUpdate, LocalContext]]
 
 
-def answer_export_command(agent: DeviceAgent, command: Command) -> ExportReport:
+class StatusPublisher(Protocol):
+    """How the device tells the fleet it is exporting (its retained status)."""
+
+    def __call__(self, state: str, *, round_id: int | None = None, detail: str = "") -> None:
+        """Publish `state` as the device's retained status."""
+        ...
+
+
+def answer_export_command(
+    source: ExportSource, command: Command, store: StateStore, publish_status: StatusPublisher
+) -> ExportReport:
     """Handle Command(action="export"): write `<out_dir or state dir>/<device_id>.onnx`.
 
     The device's retained status reads "exporting" meanwhile, then "online" with the error, if
     any, as its detail, so `pfl-coord status` shows a failed export too.
     """
+    arguments = command.export or ExportArguments()
     try:
-        request = ExportRequest.from_arguments(command.arguments)
-        directory = request.out_dir or state_directory(agent.store)
-    except (PflError, ValueError) as error:
-        return failed_report(agent.device_id, 0, error)
-    agent.publish_status("exporting")
-    report = agent.export(
-        directory / f"{agent.device_id}.onnx", quantize=request.quantize, guard=request.guard
+        directory = Path(arguments.out_dir) if arguments.out_dir else state_directory(store)
+    except PflError as error:
+        return failed_report(source.device_id, 0, error)
+    publish_status("exporting")
+    report = export_device_model(
+        source,
+        directory / f"{source.device_id}.onnx",
+        quantize=arguments.quantize,
+        guard=arguments.guard,
     )
-    agent.publish_status("online", round_id=report.round_id, detail=report.error)
+    publish_status("online", round_id=report.round_id, detail=report.error)
     return report
 
 
@@ -110,7 +98,7 @@ def state_directory(store: StateStore) -> Path:
 
 
 def export_device_model(
-    agent: DeviceAgent,
+    source: ExportSource,
     out_path: Path,
     *,
     quantize: str | None = None,
@@ -118,7 +106,7 @@ def export_device_model(
 ) -> ExportReport:
     """Personalize, optionally guard, export and verify; report the outcome, never raise.
 
-    The model is a fresh `task.build_model(seed)` holding the agent's assembled state, so a
+    The model is a fresh `task.build_model(seed)` holding the device's assembled state, so a
     workspace shared by virtual devices is neither exported by reference nor changed by the
     stage-c fine-tune. The generator is the one the last round's context derives, so after a
     final evaluation the exported model is exactly the one that evaluation scored.
@@ -127,57 +115,58 @@ def export_device_model(
         ok=True with the file's path, size, SHA-256, parity and metrics; or ok=False with the
         error (no round seen, personal state for another architecture, failed parity, ...).
     """
-    round_id = agent.latest_round_id()
+    round_id = source.latest_round_id
     try:
         checked = check_quantization(quantize)
-        round_id, update, ctx = agent.export_context()
-        if is_relay(update):  # a mixture of relayed models: there is no global model to guard
+        round_id, update, ctx = source.context()
+        mixture = relay_mixture(update, ctx)
+        chosen: Chosen = "personalized"
+        if mixture is None:
+            personalized = fresh_model(source.task, source.seed, [ctx.model.state_dict()])
+            ctx = dataclasses.replace(ctx, model=personalized)
+            update.personalize(ctx)
+            global_model = fresh_model(
+                source.task, source.seed, [source.initial_state, ctx.global_shared]
+            )
+            model, chosen, scores = _decide(personalized, global_model, source, guard)
+            shared = ctx.global_shared
+        else:  # a mixture of relayed models: there is no global model to guard
             if guard:
                 msg = (
                     f"{update.name} has no global model: the guard cannot choose; export without it"
                 )
                 raise ValueError(msg)
-            model = relay_update(update).deployable(ctx)
+            model = mixture
             shared = model.state_dict()  # the mixture's models: what the metadata hashes
-            chosen: Chosen = "personalized"
             scores = {
-                "personalized": evaluate(model, agent.task, agent.data.val),
+                "personalized": evaluate(model, source.task, source.data.val),
                 "global": math.nan,
             }
-        else:
-            personalized = fresh_model(agent.task, agent.seed, [ctx.model.state_dict()])
-            ctx = dataclasses.replace(ctx, model=personalized)
-            update.personalize(ctx)
-            global_model = fresh_model(
-                agent.task, agent.seed, [agent.initial_state, ctx.global_shared]
-            )
-            model, chosen, scores = _decide(personalized, global_model, agent, guard)
-            shared = ctx.global_shared
         result = export_model(
             model,
-            agent.task,
+            source.task,
             out_path,
             provenance=ExportProvenance(
                 algorithm=ctx.config.name,
                 round_id=round_id,
-                device_id=agent.device_id,
+                device_id=source.device_id,
                 chosen=chosen,
                 personalized_metric=scores["personalized"],
                 global_metric=scores["global"],
             ),
             shared=shared,
-            heldout=agent.data.test,
+            heldout=source.data.test,
             quantize=checked,
         )
     except (PflError, ValueError, TypeError) as error:
-        logger.warning("device %s: export failed: %s", agent.device_id, error)
-        return failed_report(agent.device_id, round_id, error)
+        logger.warning("device %s: export failed: %s", source.device_id, error)
+        return failed_report(source.device_id, round_id, error)
     except Exception as error:  # never into the transport: the coordinator waits for an answer
-        logger.exception("device %s: export failed unexpectedly", agent.device_id)
-        return failed_report(agent.device_id, round_id, error)
+        logger.exception("device %s: export failed unexpectedly", source.device_id)
+        return failed_report(source.device_id, round_id, error)
     return ExportReport(
         round_id=round_id,
-        device_id=agent.device_id,
+        device_id=source.device_id,
         ok=True,
         path=str(result.path),
         size_bytes=result.size_bytes,
@@ -229,26 +218,26 @@ def failed_report(device_id: str, round_id: int | None, error: BaseException) ->
 
 
 def _decide(
-    personalized: nn.Module, global_model: nn.Module, agent: DeviceAgent, guard: bool
+    personalized: nn.Module, global_model: nn.Module, source: ExportSource, guard: bool
 ) -> tuple[nn.Module, Chosen, dict[str, float]]:
     """The guard's choice, or the personalized model with both validation scores for the record."""
     if guard:
-        return choose_model(personalized, global_model, agent.task, agent.data.val)
+        return choose_model(personalized, global_model, source.task, source.data.val)
     scores = {
-        "personalized": evaluate(personalized, agent.task, agent.data.val),
-        "global": evaluate(global_model, agent.task, agent.data.val),
+        "personalized": evaluate(personalized, source.task, source.data.val),
+        "global": evaluate(global_model, source.task, source.data.val),
     }
     return personalized, "personalized", scores
 
 
 def export_fleet(
-    agents: Iterable[DeviceAgent],
+    sources: Iterable[ExportSource],
     directory: Path,
     *,
     quantize: str | None = None,
     guard: bool = False,
 ) -> dict[str, Any]:
-    """Export every agent's model to `directory/<device_id>.onnx` (simulate --export-dir).
+    """Export every device's model to `directory/<device_id>.onnx` (simulate --export-dir).
 
     `quantize` and `guard` are the export command's options (an int8 file beside each; the
     personalization guard), so a simulation can try what a fleet export would ship.
@@ -258,8 +247,10 @@ def export_fleet(
         their total size, each failed device's error, and how many shipped the global model.
     """
     reports = [
-        agent.export(directory / f"{agent.device_id}.onnx", quantize=quantize, guard=guard)
-        for agent in agents
+        export_device_model(
+            source, directory / f"{source.device_id}.onnx", quantize=quantize, guard=guard
+        )
+        for source in sources
     ]
     failures = {r.device_id: r.error for r in reports if not r.ok}
     for device_id, error in failures.items():

@@ -62,8 +62,7 @@ def export_offline(
         initial_state=initial_state,
         stateful=not settings.stateless,
     )
-    agent.load_received(received.model_frame, received.announcement)
-    agent.load_mixture(received.relayed)
+    agent.load_received(received.model_frame, received.announcement, received.relayed)
     logger.info(
         "exporting %s from round %d (%s) kept in %s",
         settings.device_id,

@@ -1,4 +1,8 @@
-"""The last shared model and round announcement a device received, kept in its state directory.
+"""What a device received: the models it holds in memory, and the frames it keeps on disk.
+
+A round works on the latest shared model, decoded once (`DecodedModelCache`: virtual devices in
+one process share one). The last shared model and round announcement are kept in the state
+directory too:
 
 `pfl-agent export` runs offline, after the agent stopped: the personalized model needs the shared
 model of the last round and the algorithm and config that announced it, and only the broker held
@@ -22,9 +26,9 @@ from safetensors.torch import save as save_safetensors
 
 from device_agent.state_store import DiskStateStore, StateStore
 from protocols.atomic import write_atomically
-from protocols.codec import decode_frame, join_owners, split_owners
-from protocols.errors import PflError, StateError
-from protocols.messages import RoundAnnouncement, SharedModel
+from protocols.codec import Tensors, decode_frame, join_owners, split_owners, unpack_tensors
+from protocols.errors import PflError, ProtocolError, StateError
+from protocols.messages import AnyMessage, RoundAnnouncement, SharedModel, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,61 @@ MODEL_FILE: Final = "shared-model.frame"
 ROUND_FILE: Final = "round.frame"
 RELAYED_FILE: Final = "relayed.safetensors"
 RECORD_FILE: Final = "received.json"
+
+
+@dataclass
+class ReceivedModel:
+    """A shared-model frame as received; `decoded` once validated against the model's layout."""
+
+    header: SharedModel
+    blob: bytes
+    decoded: Tensors | None = None
+
+    @classmethod
+    def from_frame(cls, frame: bytes) -> ReceivedModel:
+        """A kept shared-model frame (offline export), decoded when first used.
+
+        Raises:
+            ProtocolError: the frame is malformed or not a shared model.
+        """
+        message, blob = decode_frame(frame)
+        if not isinstance(message, SharedModel):
+            msg = f"expected a shared model, got {message.kind}"
+            raise ProtocolError(msg)
+        return cls(message, blob)
+
+
+class DecodedModelCache:
+    """Broadcast frames and shared models decoded once: virtual devices in one process share one.
+
+    A broadcast reaches every virtual device as the same bytes object, so its parsed header is
+    reused by identity; tensors are keyed by the manifest's SHA-256 and the expected layout, so
+    equal keys mean equal tensors. Consumers only read them (loading copies).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, tuple[TensorSpec, ...]] | None = None
+        self._tensors: Tensors = {}
+        self._frames: list[tuple[bytes, tuple[AnyMessage, bytes]]] = []
+
+    def frame(self, payload: bytes) -> tuple[AnyMessage, bytes]:
+        """`decode_frame(payload)`, parsed once per broadcast payload object."""
+        for seen, decoded in self._frames:
+            if seen is payload:
+                return decoded
+        decoded = decode_frame(payload)
+        self._frames = [(payload, decoded), *self._frames[:3]]
+        return decoded
+
+    def decode(self, model: ReceivedModel, expected: tuple[TensorSpec, ...]) -> Tensors:
+        """The model's tensors, validated against `expected` on first use (kept on `model`)."""
+        if model.decoded is None:
+            key = (model.header.manifest.sha256, expected)
+            if key != self._key:
+                self._tensors = unpack_tensors(model.header.manifest, model.blob, expected=expected)
+                self._key = key
+            model.decoded = self._tensors
+        return model.decoded
 
 
 @dataclass(frozen=True)

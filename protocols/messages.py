@@ -281,13 +281,24 @@ class EvaluationReport(Message):
     num_train_samples: NonNegativeInt
 
 
+class ExportArguments(WireModel):
+    """What an export command asks of each device: where to write, int8 beside it, the guard."""
+
+    out_dir: str = Field(default="", max_length=4096)
+    """The folder on the device for `<device_id>.onnx`; empty for its state directory."""
+    quantize: Literal["int8"] | None = None
+    guard: bool = False
+    """Ship the global model where it validates better than the personalized one."""
+
+
 class Command(Message):
     """An instruction to one device (or all) outside the round flow."""
 
     kind: Literal["command"] = "command"
     action: Literal["export", "reset-state", "shutdown", "hello"]
     round_id: NonNegativeInt | None = None
-    arguments: dict[str, str] = Field(default_factory=dict)
+    export: ExportArguments | None = None
+    """The options of action="export" (None: every default)."""
 
 
 class ExportReport(Message):

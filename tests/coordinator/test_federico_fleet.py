@@ -38,7 +38,7 @@ def _settings(**values: object) -> SimulationSettings:
 
 
 def _memory(agent) -> Collaborators:
-    stored = agent.store.load(agent._plan(agent.last_announcement).fingerprint)
+    stored = agent.store.load(agent.contexts.plan(agent.last_announcement).fingerprint)
     state = {k.removeprefix("state:"): v for k, v in stored.items()}
     return Collaborators.from_state(state, [])
 
@@ -60,10 +60,10 @@ def test_m_zero_is_exactly_local_full_batch_adam_training() -> None:
             optimizer.zero_grad()
             (task.loss(model(inputs), targets) * len(inputs)).backward()
             optimizer.step()
-        final = agent.relayed[agent.device_id][1]
+        final = agent.relay.relayed[agent.device_id][1]
         for name, value in model.state_dict().items():
             torch.testing.assert_close(final[name], value, rtol=0, atol=1e-6)
-        assert list(agent.relayed) == [agent.device_id]
+        assert list(agent.relay.relayed) == [agent.device_id]
         assert _memory(agent).weights(FedericoConfig(neighbours=0)).tolist() == [1.0] + [0.0] * 3
     requests = [r for r in result.records]
     assert all(r.participants == 4 for r in requests)
@@ -231,12 +231,12 @@ def test_one_round_with_every_peer_sampled_is_one_step_of_centralized_em() -> No
         measured = [memory.last_loss[memory.owners.index(b)] for b in owners]
         np.testing.assert_allclose(measured, losses.detach().numpy(), rtol=1e-6)
     for agent in result.agents:
-        assert sorted(agent.relayed) == owners
+        assert sorted(agent.relay.relayed) == owners
         for b in owners:
             for name, value in start[b].named_parameters():
                 step = lr * totals[b][name] / (totals[b][name].abs() + 1e-8)  # Adam's first step
                 torch.testing.assert_close(
-                    agent.relayed[b][1][name], (value - step).detach(), rtol=0, atol=1e-6
+                    agent.relay.relayed[b][1][name], (value - step).detach(), rtol=0, atol=1e-6
                 )
 
 
@@ -278,5 +278,5 @@ def test_delta_mode_sends_weighted_deltas_of_local_sgd() -> None:
                 moved[b][name] += expected
     for b in owners:
         for name, value in start[b].named_parameters():
-            final = result.agents[0].relayed[b][1][name]
+            final = result.agents[0].relay.relayed[b][1][name]
             torch.testing.assert_close(final, (value + moved[b][name]).detach())

@@ -84,7 +84,8 @@ def test_no_update_carries_a_personal_tensor_name_or_bytes() -> None:
         # coordinator's broadcast holds only the global starting point of personal parts)
         wire = b"".join(p for _, p in payloads)
         for agent in result.agents:
-            stored = agent.store.load(agent._fingerprint(agent_split(agent, algorithm, personal)))
+            split = agent_split(agent, algorithm, personal)
+            stored = agent.store.load(agent.contexts.fingerprint(split))
             assert stored, (algorithm, agent.device_id)
             for tensor in stored.values():
                 assert tensor.numpy().tobytes() not in wire, algorithm

@@ -29,7 +29,13 @@ from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.algorithms import ALGORITHM_CONFIGS
 from protocols.codec import decode_frame, encode_frame, pack_tensors
-from protocols.messages import Command, DeviceAssignment, ExportReport, RoundAnnouncement
+from protocols.messages import (
+    Command,
+    DeviceAssignment,
+    ExportArguments,
+    ExportReport,
+    RoundAnnouncement,
+)
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
 from tests.e2e.conftest import child_env
@@ -205,7 +211,8 @@ def test_an_agent_with_state_for_another_architecture_refuses_clearly(tmp_path) 
         lambda _t, payload: reports.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
     )
     agent.start()
-    command = encode_frame(Command(action="export", arguments={"out_dir": str(tmp_path / "out")}))
+    arguments = ExportArguments(out_dir=str(tmp_path / "out"))
+    command = encode_frame(Command(action="export", export=arguments))
     # Execute: an export before any round, then after a round
     coordinator.publish(topics.command(FLEET), command)
     coordinator.wait_until(lambda: len(reports) == 1, 5.0)

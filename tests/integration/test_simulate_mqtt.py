@@ -67,6 +67,6 @@ def test_federico_relay_over_mosquitto_matches_the_in_process_run(mosquitto) -> 
     assert wire.summary.metrics == hub.summary.metrics
     assert [r.scalars for r in wire.records] == [r.scalars for r in hub.records]
     for at_hub, over_wire in zip(hub.agents, wire.agents, strict=True):
-        assert at_hub.relayed.keys() == over_wire.relayed.keys()
-        for owner, (digest, _) in at_hub.relayed.items():
-            assert over_wire.relayed[owner][0] == digest, owner
+        assert at_hub.relay.relayed.keys() == over_wire.relay.relayed.keys()
+        for owner, (digest, _) in at_hub.relay.relayed.items():
+            assert over_wire.relay.relayed[owner][0] == digest, owner

@@ -19,6 +19,7 @@ from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
+    ExportArguments,
     ExportReport,
     FleetDevice,
     FleetStatus,
@@ -109,7 +110,7 @@ EVALUATION = EvaluationReport(
     num_test_samples=50,
     num_train_samples=97,
 )
-COMMAND = Command(action="export", round_id=5, arguments={"opset": "17"})
+COMMAND = Command(action="export", round_id=5, export=ExportArguments(quantize="int8", guard=True))
 EXPORT = ExportReport(
     round_id=5,
     device_id="pi-3",

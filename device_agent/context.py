@@ -1,0 +1,236 @@
+"""What a device's round starts from: the algorithm's plan and the local context it trains in.
+
+A round's context is the received shared model plus this device's personal part (stored when
+stateful, else the coordinator's starting point), loaded into the workspace, with a seed derived
+from the run, the device and the round, and the micro-batch the memory budget allows. The same
+assembly serves training, evaluation and export, so an exported model is the one evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from device_agent.algorithms import build_local_update
+from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
+from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
+from device_agent.received import DecodedModelCache, ReceivedModel
+from device_agent.state_store import StateStore
+from device_agent.training import ModelSlots, StepBudget, require_finite
+from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.split import ParamSplit, resolve_split
+from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
+from protocols.codec import Tensors, describe_tensors
+from protocols.errors import MemoryBudgetError, ProtocolError, StateError
+from protocols.messages import MemoryPlan, RoundAnnouncement
+
+logger = logging.getLogger(__name__)
+
+STATE_PREFIX = "state:"
+"""Stored names of algorithm state, apart from the model's own tensor names."""
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from the run seed and a context, identical in every process."""
+    text = "/".join(str(part) for part in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An announced algorithm as this device runs it: config, local update, split, state key."""
+
+    config: AlgorithmConfig
+    update: LocalUpdate
+    split: ParamSplit
+    fingerprint: str
+
+
+class RoundContexts:
+    """Builds each round's `LocalContext` in the device's workspace and keeps what must stay.
+
+    Args:
+        workspace: the nn.Module training happens in; virtual devices share one.
+        initial_state: the task model's initial tensors, where personal state starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_id: str,
+        task: Task,
+        data: DeviceData,
+        seed: int,
+        store: StateStore,
+        workspace: nn.Module,
+        initial_state: Tensors,
+        stateful: bool,
+        budget: StepBudget,
+        model_cache: DecodedModelCache,
+        memory_budget_bytes: int | None,
+    ) -> None:
+        self.device_id = device_id
+        self.task = task
+        self.data = data
+        self.seed = seed
+        self.store = store
+        self.workspace = workspace
+        self.initial_state = initial_state
+        # the coordinator sends the whole model: shared tensors and personal starting points
+        self.model_layout = describe_tensors(initial_state)
+        self.stateful = stateful
+        self.budget = budget
+        self.model_cache = model_cache
+        self.memory_budget_bytes = memory_budget_bytes
+        self._slots = ModelSlots(workspace)
+        self._memory: MemoryModel | None = None
+        self._plans: dict[tuple[str, str], Plan] = {}
+
+    def plan_memory_at_start(self) -> MemoryPlan | None:
+        """Measure once, then plan plain training at the default batch for the hello.
+
+        A budget too small for a micro-batch of one is logged now and refused at each round.
+        """
+        if self.memory_budget_bytes is None:
+            return None
+        everything_shared = ParamSplit.for_model(self.workspace, ())
+        self._memory = memory_model(self.workspace, self.task, self.data.train, everything_shared)
+        try:
+            return plan_training(
+                self._memory,
+                self.memory_budget_bytes,
+                AlgorithmConfig.model_fields["batch_size"].default,
+            )
+        except MemoryBudgetError as error:
+            logger.error("device %s: %s", self.device_id, error)
+            return None
+
+    def plan(self, announcement: RoundAnnouncement) -> Plan:
+        """The parsed config, its local update and split; the same every round, so cached.
+
+        Raises:
+            ProtocolError: an unknown algorithm or an invalid config.
+        """
+        key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                config = parse_algorithm_config(announcement.algorithm, announcement.config)
+                update = build_local_update(announcement.algorithm)
+            except ValueError as error:
+                raise ProtocolError(str(error), round_id=announcement.round_id) from None
+            split = resolve_split(self.workspace, self.task.personal_patterns, config)
+            plan = Plan(config, update, split, self.fingerprint(split))
+            self._plans = {key: plan}
+        return plan
+
+    def plan_work(self, announcement: RoundAnnouncement) -> Plan:
+        """`plan`, refused when the algorithm needs state this stateless device does not keep.
+
+        Raises:
+            StateError: a stateful-only algorithm on a stateless device.
+        """
+        plan = self.plan(announcement)
+        if not self.stateful and plan.config.stateful_only:
+            msg = (
+                f"{announcement.algorithm} keeps per-device state between rounds: "
+                "run the agent stateful (without --stateless)"
+            )
+            raise StateError(msg, device_id=self.device_id)
+        return plan
+
+    def build(
+        self,
+        announcement: RoundAnnouncement,
+        model: ReceivedModel,
+        peer_models: dict[str, Tensors] | None = None,
+    ) -> tuple[LocalUpdate, LocalContext]:
+        """The round's local update and its context, with the workspace loaded.
+
+        Raises:
+            PflError: a malformed model, personal state that does not fit, or no memory.
+        """
+        plan = self.plan(announcement)
+        received = self.model_cache.decode(model, self.model_layout)
+        global_shared = {name: received[name] for name in plan.split.shared}
+        personal, state = self._load_personal(plan, received)
+        self._slots.load(global_shared)
+        self._slots.load(personal)
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
+        )
+        scalars = announcement.assignments.get(self.device_id)
+        context = LocalContext(
+            model=self.workspace,
+            task=self.task,
+            data=self.data,
+            split=plan.split,
+            config=plan.config,
+            global_shared=global_shared,
+            personal=personal,
+            generator=generator,
+            budget=self._step_budget(plan),
+            assignment=dict(scalars.scalars) if scalars is not None else {},
+            state=state,
+            device_id=self.device_id,
+            peers=announcement.peers,
+            peer_models=peer_models or {},
+        )
+        return plan.update, context
+
+    def keep(self, announcement: RoundAnnouncement, result: LocalResult) -> None:
+        """Persist the round's personal part and algorithm state (stateful devices only).
+
+        Raises:
+            TrainingError: a non-finite tensor (the stored state stays as it was).
+            StateError: the write failed; the previous state is intact.
+        """
+        plan = self.plan(announcement)
+        if not self.stateful or not (plan.split.personal or result.state):
+            return
+        kept = {**result.personal, **{STATE_PREFIX + k: v for k, v in result.state.items()}}
+        require_finite(kept, "personal state")
+        self.store.save(plan.fingerprint, kept)
+
+    def _step_budget(self, plan: Plan) -> StepBudget:
+        """The micro-batch this round's split and batch size allow under the memory budget.
+
+        Raises:
+            MemoryBudgetError: not even a micro-batch of one fits; the round is refused.
+        """
+        if self._memory is None or self.memory_budget_bytes is None:
+            return self.budget
+        terms = for_split(
+            self._memory,
+            self.workspace,
+            plan.split,
+            momentum=plan.config.momentum > 0,
+            relayed_models=plan.config.relayed_models(),
+        )
+        memory_plan = plan_training(terms, self.memory_budget_bytes, plan.config.batch_size)
+        return StepBudget(memory_plan.micro_batch_size)
+
+    def fingerprint(self, split: ParamSplit) -> str:
+        """The key personal state is stored under: the task and the personal tensors' shapes."""
+        layout = ";".join(
+            f"{name}:{tuple(self.initial_state[name].shape)}" for name in split.personal
+        )
+        return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
+
+    def _load_personal(self, plan: Plan, received: Tensors) -> tuple[Tensors, Tensors]:
+        """Stored personal part and algorithm state, else the coordinator's starting point."""
+        stored = self.store.load(plan.fingerprint) if self.stateful else None
+        if stored is not None:
+            personal = {k: v for k, v in stored.items() if not k.startswith(STATE_PREFIX)}
+            state = {
+                k.removeprefix(STATE_PREFIX): v
+                for k, v in stored.items()
+                if k.startswith(STATE_PREFIX)
+            }
+            return personal, state
+        return {name: received[name] for name in plan.split.personal}, {}
