@@ -25,7 +25,6 @@ from coordinator.cli_options import (
 from coordinator.export_command import FleetExport, request_exports
 from coordinator.provision import provision as provision_fleet
 from coordinator.status import collect_fleet_view
-from export.quantize import check_quantization
 from protocols.errors import PflError
 from protocols.messages import ExportArguments
 from protocols.program_settings import BrokerAccess
@@ -114,10 +113,8 @@ def export(
     configure_logging(verbose)
     try:
         access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
-        request = ExportArguments(
-            out_dir="" if out_dir is None else str(out_dir),
-            quantize=check_quantization(quantize),
-            guard=guard,
+        request = ExportArguments.checked(
+            out_dir="" if out_dir is None else str(out_dir), quantize=quantize, guard=guard
         )
         result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
     except (PflError, ValueError) as error:

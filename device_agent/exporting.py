@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from torch import nn
 
@@ -23,13 +23,18 @@ from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.relay import relay_mixture
 from device_agent.state_store import DiskStateStore, StateStore
 from device_agent.training import ModelSlots, evaluate
-from export import ExportProvenance, ExportResult, choose_model, export_model
-from export.metadata import Chosen
-from export.quantize import check_quantization
 from pfl_tasks.base import DeviceData, Task
 from protocols.codec import Tensors
 from protocols.errors import PflError, StateError
 from protocols.messages import Command, ExportArguments, ExportReport
+from protocols.own_packages import own_module
+
+if TYPE_CHECKING:  # at run time, our export package even where a user's export.py shadows it
+    import export
+    import export.quantize
+    from export.metadata import Chosen
+else:
+    export = own_module("export")
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +122,7 @@ def export_device_model(
     """
     round_id = source.latest_round_id
     try:
-        checked = check_quantization(quantize)
+        checked = export.quantize.check_quantization(quantize)
         round_id, update, ctx = source.context()
         mixture = relay_mixture(update, ctx)
         chosen: Chosen = "personalized"
@@ -142,11 +147,11 @@ def export_device_model(
                 "personalized": evaluate(model, source.task, source.data.val),
                 "global": math.nan,
             }
-        result = export_model(
+        result = export.export_model(
             model,
             source.task,
             out_path,
-            provenance=ExportProvenance(
+            provenance=export.ExportProvenance(
                 algorithm=ctx.config.name,
                 round_id=round_id,
                 device_id=source.device_id,
@@ -185,7 +190,7 @@ def fresh_model(task: Task, seed: int, states: Iterable[Mapping[str, Any]]) -> n
     return model
 
 
-def report_metrics(result: ExportResult, scores: Mapping[str, float]) -> dict[str, float]:
+def report_metrics(result: export.ExportResult, scores: Mapping[str, float]) -> dict[str, float]:
     """The report's scalars (finite values only; a missing score is left out).
 
     personalized / global: the guard's validation scores; exported: the file's held-out metric
@@ -222,7 +227,7 @@ def _decide(
 ) -> tuple[nn.Module, Chosen, dict[str, float]]:
     """The guard's choice, or the personalized model with both validation scores for the record."""
     if guard:
-        return choose_model(personalized, global_model, source.task, source.data.val)
+        return export.choose_model(personalized, global_model, source.task, source.data.val)
     scores = {
         "personalized": evaluate(personalized, source.task, source.data.val),
         "global": evaluate(global_model, source.task, source.data.val),

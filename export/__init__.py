@@ -7,20 +7,20 @@ global model on the validation split, `export_model` writes and verifies the fil
 
 from __future__ import annotations
 
-from export.errors import ExportError
-from export.guard import choose_model
-from export.metadata import (
+from .errors import ExportError
+from .guard import choose_model
+from .metadata import (
     ExportProvenance,
     read_metadata,
     shared_parameters_hash,
 )
-from export.onnx_export import (
+from .onnx_export import (
     DEFAULT_QUANTIZED_TOLERANCE,
     DEFAULT_TOLERANCE,
     OPSET,
     export_model,
 )
-from export.result import ExportResult, QuantizedExport, quantized_path
+from .result import ExportResult, QuantizedExport, quantized_path
 
 __all__ = [
     "DEFAULT_QUANTIZED_TOLERANCE",

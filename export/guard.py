@@ -7,9 +7,10 @@ import math
 
 from torch import nn
 
-from export.metadata import Chosen
-from export.parity import metric_of, torch_predictor
 from pfl_tasks.base import Split, Task
+
+from .metadata import Chosen
+from .parity import metric_of, torch_predictor
 
 logger = logging.getLogger(__name__)
 

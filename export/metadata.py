@@ -16,9 +16,10 @@ import torch
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from export.errors import ExportError
 from pfl_tasks.base import Task
 from pfl_tasks.registry import task_fingerprint
+
+from .errors import ExportError
 
 Chosen = Literal["personalized", "global"]
 CHOICES: Final = ("personalized", "global")

@@ -17,15 +17,19 @@ import onnx
 import torch
 from torch import nn
 
-from export.errors import ExportError
-from export.metadata import (
+from pfl_tasks.base import Split, Task
+from protocols.atomic import write_atomically
+from protocols.errors import StateError
+
+from .errors import ExportError
+from .metadata import (
     KEY_QUANTIZATION,
     KEY_SOURCE_SHA256,
     ExportProvenance,
     build_metadata,
     embed_metadata,
 )
-from export.parity import (
+from .parity import (
     OnnxPredictor,
     Outputs,
     as_outputs,
@@ -37,11 +41,8 @@ from export.parity import (
     record_outputs,
     torch_predictor,
 )
-from export.quantize import Quantization, check_quantization, quantize_int8
-from export.result import ExportResult, QuantizedExport, quantized_path
-from pfl_tasks.base import Split, Task
-from protocols.atomic import write_atomically
-from protocols.errors import StateError
+from .quantize import Quantization, check_quantization, quantize_int8
+from .result import ExportResult, QuantizedExport, quantized_path
 
 logger = logging.getLogger(__name__)
 

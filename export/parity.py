@@ -12,8 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.errors import ExportError
 from pfl_tasks.base import Split, Task
+
+from .errors import ExportError
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from export.errors import ExportError
+from .errors import ExportError
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from export.metadata import Chosen
+from .metadata import Chosen
 
 
 @dataclass(frozen=True)

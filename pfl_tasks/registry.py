@@ -6,7 +6,10 @@ import hashlib
 import importlib
 import inspect
 import json
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Final
 
 from torch import nn
@@ -86,11 +89,7 @@ def _import_attribute(spec: str) -> object:
     if not module_name or not attribute:
         msg = f"task {spec!r} must have the form 'package.module:attribute'"
         raise ValueError(msg)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        msg = f"cannot import module {module_name!r} for task {spec!r}: {error}"
-        raise ValueError(msg) from error
+    module = _import_user_module(module_name, spec)
     target: object = module
     for part in attribute.split("."):
         try:
@@ -99,6 +98,36 @@ def _import_attribute(spec: str) -> object:
             msg = f"module {module_name!r} has no attribute {attribute!r} (task {spec!r})"
             raise ValueError(msg) from error
     return target
+
+
+def _import_user_module(module_name: str, spec: str) -> ModuleType:
+    """The user's module, found in the working directory too.
+
+    An installed `pfl-coord` does not put the working directory on `sys.path`; it is appended
+    (never prepended, so a user's file cannot shadow one of our packages) when the plain import
+    fails.
+
+    Raises:
+        ValueError: the module is found nowhere, naming the working directory searched.
+    """
+    cwd = str(Path.cwd())
+    try:
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name.partition(".")[0] or cwd in sys.path:
+                raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        msg = (
+            f"cannot import module {module_name!r} for task {spec!r} from the installed packages "
+            f"or the working directory {cwd}: {error}"
+        )
+        raise ValueError(msg) from error
+    except Exception as error:  # the user's module failed while running: say which
+        msg = f"importing {module_name!r} for task {spec!r} failed: {error!r}"
+        raise ValueError(msg) from error
 
 
 def _instantiate(factory: Callable[..., object], options: dict[str, object], name: str) -> object:

@@ -290,6 +290,15 @@ class ExportArguments(WireModel):
     guard: bool = False
     """Ship the global model where it validates better than the personalized one."""
 
+    @classmethod
+    def checked(cls, **values: Any) -> ExportArguments:
+        """The options from a command line, or one ValueError line naming the bad option."""
+        try:
+            return cls(**values)
+        except ValidationError as error:
+            msg = f"export option {first_problem(error)}"
+            raise ValueError(msg) from None
+
 
 class Command(Message):
     """An instruction to one device (or all) outside the round flow."""
@@ -357,10 +366,15 @@ def parse_header(raw: bytes | str) -> AnyMessage:
     try:
         return MESSAGE_ADAPTER.validate_json(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "message"
-        msg = f"malformed message: {where}: {first['msg']} ({error.error_count()} problem(s))"
+        msg = f"malformed message: {first_problem(error)} ({error.error_count()} problem(s))"
         raise ProtocolError(msg) from None
+
+
+def first_problem(error: ValidationError) -> str:
+    """The first of a validation's problems in one line: the field, then what is wrong."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "message"
+    return f"{where}: {first['msg']}"
 
 
 def dump_header(message: Message) -> bytes:

@@ -20,7 +20,7 @@ import logging
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -38,11 +38,16 @@ from device_agent.training import (
     difference,
     snapshot,
 )
-from export.mixture import MixtureKind, MixtureModel
 from pfl_tasks.base import Split
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
 from protocols.codec import Tensors, join_owners
 from protocols.errors import StateError
+from protocols.own_packages import own_module
+
+if TYPE_CHECKING:  # at run time, our export package even where a user's export.py shadows it
+    from export.mixture import MixtureKind, MixtureModel
+else:
+    MixtureModel = own_module("export.mixture").MixtureModel
 
 OWNERS = "federico.owners"
 LAST_LOSS = "federico.last_loss"
