@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import init_worker, markdown_table, mean_std_cell, write_section
 
 MARKER = "<!-- federico -->"
 COMMAND = "OMP_NUM_THREADS=1 nice -n 5 python -m benchmarks.federico_compare"
@@ -121,25 +120,19 @@ NOTES = """Notes on the setting:
   The SGD lr 0.5 was picked on seeds 0 and 1 (FedAvg at 0.1 reached 79–89%, at 0.5 91–92%)."""
 
 
-def _quiet() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
-
-
 def simulate(kwargs: dict[str, Any]) -> dict[str, float]:
     """One simulation's final personalized metric, bytes per round and wall seconds."""
+    from coordinator.compare import run_values
     from coordinator.settings import SimulationSettings
     from coordinator.simulate import run_simulation
 
-    summary = run_simulation(SimulationSettings.load(None, **kwargs)).summary
+    values = run_values(run_simulation(SimulationSettings.load(None, **kwargs)).summary)
     return {
-        "mean": summary["metrics"]["personalized_mean"],
-        "worst": summary["metrics"]["personalized_worst10"],
-        "up": summary["bytes_up"] / summary["rounds"],
-        "down": summary["bytes_down"] / summary["rounds"],
-        "seconds": summary["wall_seconds"],
+        "mean": values["personalized_mean"],
+        "worst": values["personalized_worst10"],
+        "up": values["bytes_up_per_round"],
+        "down": values["bytes_down_per_round"],
+        "seconds": values["wall_seconds"],
     }
 
 
@@ -197,14 +190,8 @@ class Runs:
         return self.done[key]
 
 
-def _spread(values: Sequence[float], scale: float, digits: int) -> str:
-    scaled = [scale * v for v in values]
-    spread = statistics.stdev(scaled) if len(scaled) > 1 else 0.0
-    return f"{statistics.fmean(scaled):.{digits}f} ± {spread:.{digits}f}"
-
-
 def _stat(cells: Sequence[dict[str, float]], key: str, scale: float = 1.0, digits: int = 4) -> str:
-    return _spread([c[key] for c in cells], scale, digits)
+    return mean_std_cell([c[key] for c in cells], scale=scale, digits=digits)
 
 
 def _traffic(cells: Sequence[dict[str, float]]) -> str:
@@ -268,7 +255,7 @@ def sine_section(runs: Runs, seeds: int, sweep_seeds: int, rounds: int) -> list[
         f"- Spec §7 check 6 (FedeRiCo < Local < FedAvg, FedeRiCo ≲ 0.025): FedeRiCo "
         f"{federico:.4f}, local {local:.4f}, FedAvg {fedavg:.4f}; FedeRiCo < local: "
         f"{'yes' if federico < local else 'no'} (ahead in {wins} of {seeds} seeds; local minus "
-        f"FedeRiCo, paired by seed: {_spread(paired, 1.0, 4)}), local < FedAvg: "
+        f"FedeRiCo, paired by seed: {mean_std_cell(paired, digits=4)}), local < FedAvg: "
         f"{'yes' if local < fedavg else 'no'}, "
         f"FedeRiCo ≤ 0.025: {'yes' if federico <= 0.025 else 'no'}. FedeRiCo is "
         f"{federico / _mean(best):.2f}x the oracle's MSE (prototype: 1.23x).",
@@ -314,20 +301,14 @@ def digits_section(runs: Runs, seeds: int, rounds: int) -> list[str]:
             baseline = cells[(row.label, d)]
             paired = [f["mean"] - b["mean"] for f, b in zip(federico, baseline, strict=True)]
             wins = sum(gain > 0 for gain in paired)
-            gains.append(
-                f"{row.label.split(' (')[0]} {_spread(paired, 100, 1)} (ahead in {wins}/{seeds})"
-            )
+            gain = mean_std_cell(paired, scale=100, digits=1)
+            gains.append(f"{row.label.split(' (')[0]} {gain} (ahead in {wins}/{seeds})")
         lines.append(
             f"- D={d}: FedeRiCo (defaults) minus each baseline, points paired by seed: "
             + ", ".join(gains)
             + f"; best row: {max(means, key=lambda label: means[label])}."
         )
     return lines
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def render(sine: list[str], digits: list[str], wall_s: float, readings: str) -> str:
@@ -352,12 +333,14 @@ def render(sine: list[str], digits: list[str], wall_s: float, readings: str) -> 
             "The methods compared here (the paper also has Clustered FL, FedEM and FedFomo; "
             "FedeRiCo is best in every column):",
             "",
-            *_table(("paper Table 1 (%)", *PAPER_COLUMNS), PAPER_TABLE1),
+            *markdown_table(("paper Table 1 (%)", *PAPER_COLUMNS), PAPER_TABLE1),
             "",
             "Spec §5.6 prototype on digits (numpy, its own FedAvg with a server Adam, pooled "
             "accuracy, 5 seeds):",
             "",
-            *_table(("prototype (%)", "FedAvg", "FedAvg+", "Local", "FedeRiCo"), PROTOTYPE_DIGITS),
+            *markdown_table(
+                ("prototype (%)", "FedAvg", "FedAvg+", "Local", "FedeRiCo"), PROTOTYPE_DIGITS
+            ),
             "",
             NOTES,
             "",
@@ -418,7 +401,7 @@ def main() -> None:
     parser.add_argument("--load", type=Path, help="render these saved runs; simulate no more")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     args = parser.parse_args()
-    _quiet()
+    init_worker()
     saved = json.loads(args.load.read_text()) if args.load else {}
     runs = Runs(saved.get("runs", {}), simulate_missing=args.load is None)
     seeds = (1, 1, 1) if args.quick else (args.sine_seeds, args.digits_seeds, args.sweep_seeds)

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 import psutil
-import torch
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import one_thread, write_section
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
@@ -47,7 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    one_thread()
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
         port = free_port()

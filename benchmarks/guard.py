@@ -14,8 +14,7 @@ import argparse
 import copy
 import statistics
 
-import torch
-
+from benchmarks.common import one_thread
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from device_agent.training import evaluate
@@ -54,7 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    one_thread()
     print("| devices state | personalized | global | guarded | devices shipping global |")
     print("|---|---:|---:|---:|---:|")
     for stateless in (False, True):

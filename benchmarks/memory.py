@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import write_section
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext
 from device_agent.memory_plan import memory_model, plan_training

@@ -29,11 +29,11 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from benchmarks.common import write_section
 from export import ExportProvenance, ExportResult, export_model
 from export.parity import make_session
 from pfl_tasks.base import PartitionSpec, Split, Task
 from pfl_tasks.registry import load_task
-from protocols.atomic import write_atomically
 
 MARKER = "<!-- onnx-latency -->"
 CASES: list[tuple[str, str, dict[str, object]]] = [
@@ -218,22 +218,6 @@ def metadata_bytes(result: ExportResult) -> int:
     return sum(len(key) + len(value) for key, value in result.metadata.items())
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of `path` (between markers), keeping everything else.
-
-    The file is shared with other benchmarks and edited by hand, so it is read right before the
-    atomic write, not at start-up.
-    """
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if text.count(MARKER) >= 2:
-        before, _, rest = text.partition(MARKER)
-        _, _, after = rest.partition(MARKER)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    write_atomically(path, text.encode("utf-8"))
-
-
 def main() -> None:
     """Export every built-in task's model, time all three runtimes, write the tables."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -256,7 +240,7 @@ def main() -> None:
             sizes.append((label, result))
             rows += measure(label, model, result, heldout, args.threads, args.repeats)
     section = render(rows, sizes, args.repeats, args.threads)
-    write_section(args.out, section)
+    write_section(args.out, section, MARKER)
     print(section)
 
 

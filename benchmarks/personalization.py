@@ -24,7 +24,6 @@ The tables are written between markers in docs/results.md (the readings around t
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import statistics
 import time
@@ -35,7 +34,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import init_worker, mean_std, mean_std_cell, write_section
 
 ROUNDS = 30
 PRETRAIN = 15
@@ -123,15 +122,13 @@ def small_device_rows() -> list[Row]:
     ]
 
 
-def _init_worker() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
+RUN_COLUMNS = ("personalized_mean", "personalized_worst10", "global", "helped", "hurt")
+"""The columns of `coordinator.compare.run_values` a cell keeps."""
 
 
 def run_one(base: dict[str, Any], row: Row, seed: int, rounds: int) -> dict[str, Any]:
     """One simulation; the numbers a table cell needs."""
+    from coordinator.compare import run_values
     from coordinator.settings import SimulationSettings
     from coordinator.simulate import run_simulation
 
@@ -152,15 +149,10 @@ def run_one(base: dict[str, Any], row: Row, seed: int, rounds: int) -> dict[str,
     started = time.perf_counter()
     result = run_simulation(SimulationSettings.load(None, **kwargs))
     seconds = time.perf_counter() - started
-    summary = result.summary
+    values = run_values(result.summary)
     stage_records = result.records[-stage_b:]
-    effect = summary["personalization"]
     return {
-        "personalized_mean": summary["metrics"]["personalized_mean"],
-        "personalized_worst10": summary["metrics"]["personalized_worst10"],
-        "global": summary["metrics"].get("global"),
-        "helped": effect["helped"] if effect else None,
-        "hurt": effect["hurt"] if effect else None,
+        **{key: values[key] for key in RUN_COLUMNS},
         "up": statistics.median(r.bytes_up for r in stage_records),
         "down": statistics.median(r.bytes_down for r in stage_records),
         "seconds": seconds,
@@ -184,19 +176,8 @@ def personal_fraction(base: dict[str, Any], row: Row) -> float | None:
     return personal / sum(p.numel() for p in params.values())
 
 
-def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
-    present = [v for v in values if v is not None]
-    if not present:
-        return None
-    spread = statistics.stdev(present) if len(present) > 1 else 0.0
-    return statistics.fmean(present), spread
-
-
 def _cell(values: Sequence[float | None], std: bool = True) -> str:
-    stats = _mean_std(values)
-    if stats is None:
-        return "-"
-    return f"{stats[0]:.3f} ± {stats[1]:.3f}" if std else f"{stats[0]:.3f}"
+    return mean_std_cell(values, std=std)
 
 
 def _row_name(row: Row) -> str:
@@ -221,8 +202,8 @@ def render(
     for row in rows:
         cells = runs[row]
         fraction = personal_fraction(setting.base, row)
-        helped = _mean_std([c["helped"] for c in cells])
-        hurt = _mean_std([c["hurt"] for c in cells])
+        helped = mean_std([c["helped"] for c in cells])
+        hurt = mean_std([c["hurt"] for c in cells])
         effect = "-" if helped is None or hurt is None else f"{helped[0]:.1f} / {hurt[0]:.1f}"
         up = statistics.fmean(c["up"] for c in cells) / 1000
         down = statistics.fmean(c["down"] for c in cells) / 1000
@@ -324,7 +305,7 @@ def main() -> None:
         plan.append((SETTINGS[2], small_device_rows(), small_seeds))
     started = time.perf_counter()
     with ProcessPoolExecutor(
-        args.jobs, mp_context=get_context("spawn"), initializer=_init_worker
+        args.jobs, mp_context=get_context("spawn"), initializer=init_worker
     ) as pool:
         futures = {
             (setting.key, row, seed): pool.submit(run_one, setting.base, row, seed, rounds)

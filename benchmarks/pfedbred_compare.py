@@ -18,7 +18,6 @@ seed, 10 rounds) prints without writing.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import init_worker, mean_std_cell, write_section
 
 MARKER = "<!-- pfedbred -->"
 STEPS = {"local_epochs": 20, "max_steps": 20, "batch_size": 20, "lr": 0.01}
@@ -77,15 +76,9 @@ READINGS = """Readings of the 3-seed, T = 60 run (what reproduced, what did not)
 * **Reporting:** P and G are final-round values, not the code's best-over-rounds (§6 A12)."""
 
 
-def _init_worker() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
-
-
 def run_one(task: str, algorithm: str, options: dict[str, Any], seed: int, rounds: int) -> dict:
     """One simulation's final personalized and global accuracy (device means)."""
+    from coordinator.compare import run_values
     from coordinator.settings import SimulationSettings
     from coordinator.simulate import run_simulation
 
@@ -102,17 +95,16 @@ def run_one(task: str, algorithm: str, options: dict[str, Any], seed: int, round
         algorithm_options=options,
     )
     started = time.perf_counter()
-    metrics = run_simulation(settings).summary["metrics"]
+    values = run_values(run_simulation(settings).summary)
     return {
-        "personalized": metrics["personalized_mean"],
-        "global": metrics.get("global") or metrics["personalized_mean"],
+        "personalized": values["personalized_mean"],
+        "global": values["global"] or values["personalized_mean"],
         "seconds": time.perf_counter() - started,
     }
 
 
 def _cell(values: Sequence[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.fmean(values):.1f} ± {100 * spread:.1f}"
+    return mean_std_cell(values, scale=100, digits=1)
 
 
 def render(
@@ -168,7 +160,7 @@ def main() -> None:
         for seed in range(seeds)
     }
     started = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs, get_context("spawn"), _init_worker) as pool:
+    with ProcessPoolExecutor(args.jobs, get_context("spawn"), init_worker) as pool:
         futures = {key: pool.submit(run_one, *job) for key, job in jobs.items()}
         results: dict[tuple[str, str], list[dict]] = {}
         for (task, label, _), future in futures.items():

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import write_section
 from coordinator.compare import (
     COLUMNS,
     RunOutcome,

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from benchmarks.simulation_overhead import write_section
+from benchmarks.common import one_thread, write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 
@@ -276,7 +275,7 @@ def digits_table(rounds: int) -> list[str]:
 
 def main() -> None:
     """Run everything (a few minutes on one thread) and write docs/results.md's section."""
-    torch.set_num_threads(1)
+    one_thread()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     reps = int(os.environ.get("SELFFL_REPS", "200"))
     sections = {

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from pfl_tasks.registry import load_task
@@ -140,20 +141,8 @@ def main() -> None:
             MARKER,
         ]
     )
-    write_section(args.out, table)
+    write_section(args.out, table, MARKER)
     print(table)
-
-
-def write_section(path: Path, section: str, marker: str = MARKER) -> None:
-    """Replace one benchmark's section of `path` (between its markers), keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if marker in text:
-        before, _, rest = text.partition(marker)
-        _, _, after = rest.partition(marker)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":
