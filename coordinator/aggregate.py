@@ -52,6 +52,12 @@ def apply_delta(
     return result
 
 
+def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm over every floating tensor together (integer tensors are counters)."""
+    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
+    return float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
+
+
 def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
     """Scale one update so its L2 norm over all floating tensors is at most `max_norm`.
 
@@ -65,8 +71,7 @@ def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
     if not max_norm > 0:
         msg = f"max_norm must be positive, got {max_norm}"
         raise ValueError(msg)
-    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
-    norm = float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
+    norm = update_norm(delta)
     scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return {
         name: (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t.clone()

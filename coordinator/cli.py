@@ -29,6 +29,9 @@ from coordinator.cli_options import (
     LabelsOption,
     LocalEpochsOption,
     LrOption,
+    MaxSamplesOption,
+    MaxWeightShareOption,
+    NormBoundOption,
     OutOption,
     ParticipationOption,
     PartitionOption,
@@ -86,6 +89,9 @@ def simulate(
     fraction: FractionOption = None,
     personal: PersonalOption = None,
     eval_every: EvalEveryOption = None,
+    max_weight_share: MaxWeightShareOption = None,
+    norm_bound: NormBoundOption = None,
+    max_samples: MaxSamplesOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -200,6 +206,9 @@ def serve(
     personal_preset: PresetOption = None,
     pretrain_rounds: PretrainOption = None,
     eval_every: EvalEveryOption = None,
+    max_weight_share: MaxWeightShareOption = None,
+    norm_bound: NormBoundOption = None,
+    max_samples: MaxSamplesOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

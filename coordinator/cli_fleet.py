@@ -63,7 +63,7 @@ def status(
         )
     )
     table = Table(title=title)
-    for column in ("device", "online", "last seen", "round", "last loss", "detail"):
+    for column in ("device", "online", "last seen", "round", "last loss", "dropped", "detail"):
         table.add_column(column)
     for row in view.rows():
         seen = (
@@ -78,6 +78,7 @@ def status(
             seen,
             "-" if row["round"] is None else str(row["round"]),
             loss,
+            str(row["dropped"]) if row["dropped"] else "-",
             row["detail"],
         )
     Console().print(table)

@@ -53,6 +53,18 @@ PretrainOption = Annotated[
 EvalEveryOption = Annotated[
     int | None, typer.Option(help="evaluate every N rounds, 0 = at the end (default: 0)")
 ]
+MaxWeightShareOption = Annotated[
+    float | None,
+    typer.Option(help="no device weighs more than this share of a round, 1 = off (default: 0.5)"),
+]
+NormBoundOption = Annotated[
+    float | None,
+    typer.Option(help="clip updates to this x the round's median norm, 0 = off (default: 10)"),
+]
+MaxSamplesOption = Annotated[
+    int | None,
+    typer.Option(help="most training samples a device may declare (default: 100000000)"),
+]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 ConfigOption = Annotated[
     Path | None,

@@ -75,6 +75,12 @@ class FleetRegistry:
             record = self._devices.get(device_id)
             return record is not None and record.hello is not None
 
+    def declared_samples(self, device_id: str) -> int | None:
+        """The training samples the device declared in its hello (None before any hello)."""
+        with self._lock:
+            record = self._devices.get(device_id)
+            return record.hello.num_train_samples if record and record.hello else None
+
     def online_count(self) -> int:
         """How many devices can take part now."""
         with self._lock:

@@ -16,7 +16,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
 from coordinator.metrics import summarize_evaluations
+from coordinator.offences import Offences
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
@@ -61,6 +63,7 @@ class EngineSettings:
     quorum: float = 0.5
     eval_every: int = 0
     seed: int = 0
+    guard: GuardSettings = field(default_factory=GuardSettings)
 
 
 class _Collector(Generic[Answer]):
@@ -162,6 +165,7 @@ class Coordinator:
         self.bytes_up = 0
         self.bytes_down = 0
         self.rejected = 0
+        self.offences = Offences()
         self.last_scalars: dict[str, float] = {}
         self._model_sha = ""
         self._state = "online"
@@ -255,6 +259,7 @@ class Coordinator:
 
     def publish_fleet_status(self) -> None:
         """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
+        dropped = self.offences.counts()
         devices = tuple(
             FleetDevice(
                 device_id=r.device_id,
@@ -265,6 +270,7 @@ class Coordinator:
                 num_train_samples=r.num_train_samples,
                 memory_plan=r.hello.memory_plan if r.hello is not None else None,
                 detail=r.detail,
+                dropped=dropped.get(r.device_id, 0),
             )
             for r in self.registry.records()
         )
@@ -316,9 +322,25 @@ class Coordinator:
         if len(updates) < len(plan.devices):
             missing = sorted(set(plan.devices) - {u.device_id for u in updates})
             logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
-        aggregate = self.strategy.aggregate(round_id, self.shared, updates)
-        self.shared = aggregate.shared
-        self.last_scalars = dict(aggregate.scalars)
+        guarded = guarded_aggregate(
+            self.strategy,
+            round_id,
+            self.shared,
+            updates,
+            self.settings.guard,
+            restorable=self.relay.resends_model,
+        )
+        for device_id, reason in guarded.cut.items():
+            logger.warning("round %d: %s: %s", round_id, device_id, reason)
+        scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
+        if guarded.aggregate is not None:
+            self.shared = guarded.aggregate.shared
+        else:
+            logger.error("round %d skipped, the model is unchanged: %s", round_id, guarded.rejected)
+            scalars["aggregate_rejected"] = 1.0
+        if guarded.cut:
+            scalars["guard_cut"] = float(len(guarded.cut))
+        self.last_scalars = scalars
         self.round_id = round_id
         self.publish_model(force=self.relay.resends_model)
         self.publish_fleet_status()
@@ -332,7 +354,7 @@ class Coordinator:
             bytes_up=self.bytes_up - up_before,
             bytes_down=self.bytes_down - down_before,
             wall_seconds=time.perf_counter() - started,
-            scalars=dict(aggregate.scalars),
+            scalars=scalars,
             skipped=len(collector.declined),
         )
 
@@ -388,15 +410,27 @@ class Coordinator:
     # -- handlers ---------------------------------------------------------------------------
 
     def _guarded(self, handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
+        """Nothing a device sends raises out of a handler: a failure drops that one message."""
+
         def guarded(topic: str, payload: bytes) -> None:
             self.bytes_up += len(payload)
             try:
                 handler(topic, payload)
             except PflError as error:
-                self.rejected += 1
-                logger.warning("dropped message on %s: %s", topic, error)
+                self._drop(topic, str(error))
+            except Exception as error:  # an input no validator caught: count it, stay up
+                logger.debug("handler failure on %s", topic, exc_info=True)
+                self._drop(topic, f"{type(error).__name__}: {error}")
 
         return guarded
+
+    def _drop(self, topic: str, reason: str) -> None:
+        self.rejected += 1
+        try:
+            sender = topics.parse_topic(topic).device_id or "?"
+        except PflError:
+            sender = "?"
+        self.offences.record(sender, topic, reason)
 
     def _device_message(self, topic: str, payload: bytes, expected: type[Any]) -> tuple[Any, bytes]:
         reference = topics.parse_topic(topic)
@@ -414,6 +448,10 @@ class Coordinator:
         if hello.task != self.settings.task and self.settings.task:
             msg = f"device runs task {hello.task!r}, the fleet runs {self.settings.task!r}"
             raise RoundError(msg, device_id=hello.device_id, topic=topic)
+        limit = self.settings.guard.max_samples
+        if hello.num_train_samples > limit:
+            msg = f"declares {hello.num_train_samples} training samples, over the limit {limit}"
+            raise ProtocolError(msg, device_id=hello.device_id, topic=topic)
         self.registry.on_hello(hello)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
@@ -442,6 +480,10 @@ class Coordinator:
             msg = (
                 f"update from algorithm {update.algorithm!r}, the fleet runs {self.strategy.name!r}"
             )
+            raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+        declared = self.registry.declared_samples(update.device_id)
+        if declared is None or update.num_samples > declared:
+            msg = f"update claims {update.num_samples} samples, its hello declared {declared}"
             raise ProtocolError(msg, device_id=update.device_id, topic=topic)
         expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
         delta = unpack_tensors(update.manifest, blob, expected=expected)

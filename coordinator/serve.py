@@ -90,6 +90,7 @@ def run_serve(
             quorum=settings.quorum,
             eval_every=settings.eval_every,
             seed=settings.seed,
+            guard=settings.guard_settings(),
         )
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
         transport.on_reconnect = coordinator.republish

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from coordinator.aggregate_guard import GuardSettings
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.program_settings import BrokerAccess, TomlSettings
@@ -36,10 +37,27 @@ class RunSettings(TomlSettings):
         0, ge=0, description="FedAvg rounds before the algorithm; personal parts warm-start"
     )
     eval_every: int = Field(0, ge=0, description="evaluate every N rounds (0: at the end only)")
+    max_weight_share: float = Field(
+        0.5, gt=0, le=1, description="no device weighs more than this share of a round"
+    )
+    norm_bound: float = Field(
+        10.0, ge=0, description="clip updates to this x the round's lower median norm (0: off)"
+    )
+    max_samples: int = Field(
+        100_000_000, ge=1, description="most training samples a device may declare"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
     task_options: dict[str, Any] = Field(default_factory=dict)
+
+    def guard_settings(self) -> GuardSettings:
+        """The bounds on one device's influence (coordinator/aggregate_guard.py)."""
+        return GuardSettings(
+            max_samples=self.max_samples,
+            max_weight_share=self.max_weight_share,
+            norm_bound=self.norm_bound,
+        )
 
     def algorithm_config(self) -> AlgorithmConfig:
         """The typed algorithm config; `[algorithm_options]` values win over the common flags.

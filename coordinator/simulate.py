@@ -125,6 +125,7 @@ def _run(
         rounds=stages.total_rounds,
         eval_every=settings.eval_every,
         seed=settings.seed,
+        guard=settings.guard_settings(),
     )
     coordinator = build_coordinator(
         lambda: connect("coordinator", coordinator_will(settings.fleet)),

@@ -52,6 +52,7 @@ class FleetView:
                     else (status.last_loss if status else None),
                     "num_train_samples": known.num_train_samples if known else None,
                     "detail": (status.detail if status else "") or (known.detail if known else ""),
+                    "dropped": known.dropped if known else 0,
                 }
             )
         return rows

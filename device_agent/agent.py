@@ -255,7 +255,10 @@ class DeviceAgent:
                 self._train(announcement, model, peer_models)
             else:
                 self._evaluate(announcement, model, peer_models)
-        except PflError as error:
+        except Exception as error:  # any local failure declines the round, never hangs it
+            if not isinstance(error, PflError):
+                logger.debug("device %s: local failure", self.device_id, exc_info=True)
+                error = TrainingError(f"{type(error).__name__}: {error}", device_id=self.device_id)
             logger.warning(
                 "device %s: %s round %d failed: %s",
                 self.device_id,

@@ -43,10 +43,16 @@ def _require_finite(value: float) -> float:
 
 
 FiniteFloat = Annotated[float, AfterValidator(_require_finite)]
+MAX_MAGNITUDE = 1e30
+"""The largest absolute value a device's loss or scalar may have (float32 tops out at 3.4e38)."""
+BoundedFloat = Annotated[FiniteFloat, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+MAX_COUNT = 10**12
+"""The largest sample count a message may carry; the coordinator's own limit is lower."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 MAX_PEERS = 100_000
 """Most model owners one message may name (the candidate list of a relay round)."""
-Scalars = dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], FiniteFloat]
+Scalars = dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], BoundedFloat]
 """An algorithm's named scalars (e.g. Self-FL's sigma_m^2): finite numbers only."""
 
 
@@ -112,7 +118,7 @@ class DeviceHello(Message):
     kind: Literal["hello"] = "hello"
     device_id: DeviceId
     task: str = Field(max_length=256)
-    num_train_samples: NonNegativeInt
+    num_train_samples: Count
     capabilities: Capabilities
     memory_plan: MemoryPlan | None = None
     stateful: bool = True
@@ -125,7 +131,7 @@ class DeviceStatus(Message):
     device_id: DeviceId
     state: Literal["online", "training", "evaluating", "exporting", "skipped", "offline"]
     round_id: NonNegativeInt | None = None
-    last_loss: FiniteFloat | None = None
+    last_loss: BoundedFloat | None = None
     detail: str = Field(default="", max_length=1024)
 
 
@@ -148,10 +154,12 @@ class FleetDevice(WireModel):
     online: bool
     last_seen: float
     round_id: NonNegativeInt | None = None
-    last_loss: FiniteFloat | None = None
+    last_loss: BoundedFloat | None = None
     num_train_samples: NonNegativeInt = 0
     memory_plan: MemoryPlan | None = None
     detail: str = Field(default="", max_length=1024)
+    dropped: NonNegativeInt = 0
+    """Messages from this device the coordinator dropped (malformed, stale, over a limit)."""
 
 
 class FleetStatus(Message):
@@ -262,8 +270,8 @@ class DeviceUpdate(Message):
     round_id: NonNegativeInt
     device_id: DeviceId
     algorithm: str = Field(max_length=64)
-    num_samples: NonNegativeInt
-    train_loss: FiniteFloat
+    num_samples: Count
+    train_loss: BoundedFloat
     scalars: Scalars = Field(default_factory=dict)
     manifest: TensorManifest
 
@@ -275,10 +283,10 @@ class EvaluationReport(Message):
     round_id: NonNegativeInt
     device_id: DeviceId
     metric_name: Literal["accuracy", "mse"]
-    personalized: FiniteFloat
-    global_model: FiniteFloat | None = None
-    num_test_samples: NonNegativeInt
-    num_train_samples: NonNegativeInt
+    personalized: BoundedFloat
+    global_model: BoundedFloat | None = None
+    num_test_samples: Count
+    num_train_samples: Count
 
 
 class ExportArguments(WireModel):
