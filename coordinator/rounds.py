@@ -18,7 +18,6 @@ import numpy as np
 
 from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
 from coordinator.metrics import summarize_evaluations
-from coordinator.offences import Offences
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
@@ -46,6 +45,7 @@ from protocols.messages import (
     RoundAnnouncement,
     SharedModel,
 )
+from protocols.offences import Offences
 from protocols.transport.base import Transport, Will
 
 logger = logging.getLogger(__name__)

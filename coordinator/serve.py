@@ -24,6 +24,7 @@ from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordin
 from coordinator.settings import ServeSettings
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
+from protocols.offences import Offences
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
 
@@ -76,11 +77,13 @@ def run_serve(
         logger.info("no --broker given: started an embedded MQTT broker on %s", url)
         say(f"embedded MQTT broker listening on {url}")
     try:
+        offences = Offences()  # the transport's drops and the engine's, per device, in one count
         transport = MqttTransport(
             settings.broker_settings(url),
             f"pfl-coord-{settings.fleet}",
             will=coordinator_will(settings.fleet),
             clean_start=True,
+            offences=offences,
         )
         engine = EngineSettings(
             fleet=settings.fleet,
@@ -93,6 +96,7 @@ def run_serve(
             guard=settings.guard_settings(),
         )
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
+        coordinator.offences = offences
         transport.on_reconnect = coordinator.republish
         try:
             return _serve(coordinator, stages, settings, task.metric_name, on_round, say)

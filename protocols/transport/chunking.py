@@ -19,7 +19,8 @@ import logging
 import os
 import struct
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -31,6 +32,14 @@ logger = logging.getLogger(__name__)
 MAGIC: Final = b"PFC\x01"
 HEADER: Final = struct.Struct(">4s16sIIQ32s")
 _REMEMBERED_TRANSFERS: Final = 1024
+_EXPIRE_EVERY_S: Final = 1.0
+
+DropReporter = Callable[[str, str, str], object]
+"""Told (sender, topic, reason) of each dropped transfer; rate-limits its own logging."""
+
+
+def _log_drop(sender: str, topic: str, reason: str) -> None:
+    logger.warning("dropping a chunked message from %s on %s: %s", sender or "-", topic, reason)
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,7 @@ def _body_size(chunk_size: int) -> int:
 @dataclass
 class _PartialSet:
     header: ChunkHeader
+    sender: str
     started: float
     touched: float
     parts: dict[int, bytes] = field(default_factory=dict)
@@ -150,18 +160,35 @@ class _PartialSet:
 class Reassembler:
     """Collects chunks per (base topic, transfer id) and returns each payload once complete.
 
-    Built for QoS 1: duplicates are harmless, order does not matter. Memory held in partial
-    sets is capped, so a flood of chunks that never complete cannot exhaust a device; sets idle
-    for longer than `timeout_s` are dropped with a warning.
+    Built for QoS 1: duplicates are harmless, order does not matter. A flood of chunks that
+    never complete can neither exhaust memory nor slow the rest: each sender (`sender_of` the
+    base topic) holds at most `max_transfers_per_sender` incomplete sets and `max_payload_bytes`
+    of chunk data, a new set or byte over either drops that sender's own oldest set, the total
+    is capped by dropping from the largest holder, and idle sets are swept at most once a
+    second, so the work per chunk does not grow with the number of open sets.
     """
 
-    def __init__(self, max_payload_bytes: int, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        max_payload_bytes: int,
+        timeout_s: float = 120.0,
+        *,
+        max_transfers_per_sender: int = 4,
+        sender_of: Callable[[str], str] = lambda topic: "",
+        on_drop: DropReporter = _log_drop,
+    ) -> None:
         self.max_payload_bytes = max_payload_bytes
         self.timeout_s = timeout_s
+        self.max_transfers_per_sender = max_transfers_per_sender
+        self._sender_of = sender_of
+        self._on_drop = on_drop
         self._sets: OrderedDict[tuple[str, bytes], _PartialSet] = OrderedDict()
         self._finished: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._refused: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._held = 0
+        self._held_by: Counter[str] = Counter()
+        self._open_by: Counter[str] = Counter()
+        self._last_expire = float("-inf")
 
     @property
     def held_bytes(self) -> int:
@@ -188,9 +215,11 @@ class Reassembler:
             return None
         partial = self._sets.get(key)
         if partial is None:
-            if not self._admit(key, header):
+            sender = self._sender_of(base_topic)
+            if not self._admit(key, header, sender):
                 return None
-            partial = self._sets[key] = _PartialSet(header, started=now, touched=now)
+            partial = self._sets[key] = _PartialSet(header, sender, started=now, touched=now)
+            self._open_by[sender] += 1
         elif _differs(partial.header, header):
             self._drop(key)
             msg = f"chunk {header.index} contradicts earlier chunks of its transfer"
@@ -206,53 +235,71 @@ class Reassembler:
         partial.parts[header.index] = body
         partial.held += len(body)
         self._held += len(body)
+        self._held_by[partial.sender] += len(body)
         if len(partial.parts) < header.count:
             return None
         return self._complete(key, partial)
 
+    def expire_due(self, now: float | None = None) -> list[str]:
+        """`expire`, at most once a second: constant work per chunk during a flood."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_expire < _EXPIRE_EVERY_S:
+            return []
+        return self.expire(now)
+
     def expire(self, now: float | None = None) -> list[str]:
         """Drop sets that received nothing for `timeout_s`; return their base topics."""
         now = time.monotonic() if now is None else now
+        self._last_expire = now
         stale = [key for key, part in self._sets.items() if now - part.touched > self.timeout_s]
         for key in stale:
             partial = self._sets[key]
+            reason = (
+                f"incomplete: {len(partial.parts)} of {partial.header.count} chunks after "
+                f"{now - partial.started:.0f} s"
+            )
             # A chunk redelivered after its transfer completed (QoS 1) opens a set that can never
             # finish; that is expected, so it is not worth a warning.
-            log = logger.debug if key in self._finished else logger.warning
-            log(
-                "dropping incomplete chunked message on %s: %d of %d chunks after %.0f s",
-                key[0],
-                len(partial.parts),
-                partial.header.count,
-                now - partial.started,
-            )
+            if key in self._finished:
+                logger.debug("dropping %s on %s", reason, key[0])
+            else:
+                self._on_drop(partial.sender, key[0], reason)
             self._drop(key)
         return [key[0] for key in stale]
 
-    def _admit(self, key: tuple[str, bytes], header: ChunkHeader) -> bool:
-        if header.total_length <= self.max_payload_bytes:
-            return True
-        _remember(self._refused, key)
-        logger.warning(
-            "dropping chunked message on %s: %d bytes exceed the %d-byte limit",
-            key[0],
-            header.total_length,
-            self.max_payload_bytes,
-        )
-        return False
+    def _admit(self, key: tuple[str, bytes], header: ChunkHeader, sender: str) -> bool:
+        if header.total_length > self.max_payload_bytes:
+            _remember(self._refused, key)
+            reason = f"{header.total_length} bytes exceed the {self.max_payload_bytes}-byte limit"
+            self._on_drop(sender, key[0], reason)
+            return False
+        # the fleet's own channel (sender "") is the coordinator: trusted, not capped per sender
+        if sender and self._open_by[sender] >= self.max_transfers_per_sender:
+            oldest = next(k for k, part in self._sets.items() if part.sender == sender)
+            reason = f"more than {self.max_transfers_per_sender} incomplete transfers"
+            self._on_drop(sender, oldest[0], f"{reason} (its oldest dropped)")
+            self._drop(oldest)
+        return True
 
     def _make_room(self, size: int, keep: tuple[str, bytes]) -> None:
+        sender = self._sets[keep].sender
+        while self._held_by[sender] + size > self.max_payload_bytes:
+            own = next((k for k, p in self._sets.items() if p.sender == sender and k != keep), None)
+            if own is None:
+                break  # only `keep` is left, and _admit bounded it by its declared length
+            self._on_drop(sender, own[0], "its partial messages would exceed the byte limit")
+            self._drop(own)
         while self._held + size > self.max_payload_bytes:
-            oldest = next((key for key in self._sets if key != keep), None)
-            if oldest is None:
-                return  # only `keep` is left, and _admit bounded it by its declared length
-            logger.warning(
-                "dropping incomplete chunked message on %s: partial messages would hold more "
-                "than %d bytes",
-                oldest[0],
-                self.max_payload_bytes,
-            )
-            self._drop(oldest)
+            holders: Counter[str] = Counter()
+            for key, partial in self._sets.items():
+                if key != keep:
+                    holders[partial.sender] += partial.held
+            if not holders:
+                return
+            largest = holders.most_common(1)[0][0]
+            victim = next(k for k, p in self._sets.items() if p.sender == largest and k != keep)
+            self._on_drop(largest, victim[0], "partial messages of all senders exceed the limit")
+            self._drop(victim)
 
     def _complete(self, key: tuple[str, bytes], partial: _PartialSet) -> bytes:
         self._drop(key)
@@ -270,6 +317,12 @@ class Reassembler:
         partial = self._sets.pop(key, None)
         if partial is not None:
             self._held -= partial.held
+            self._held_by[partial.sender] -= partial.held
+            if self._held_by[partial.sender] <= 0:
+                del self._held_by[partial.sender]
+            self._open_by[partial.sender] -= 1
+            if self._open_by[partial.sender] <= 0:
+                del self._open_by[partial.sender]
 
 
 def _differs(first: ChunkHeader, other: ChunkHeader) -> bool:

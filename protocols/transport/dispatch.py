@@ -7,7 +7,6 @@ never stalls keep-alives and an exception in one never stops the transport.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -15,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocols.errors import ProtocolError
+from protocols.offences import Offences
 from protocols.topics import parse_chunk_topic, topic_matches
 from protocols.transport import chunking
 from protocols.transport.base import MessageHandler, TransportStats
+from protocols.transport.inbound import FLEET_CHANNEL, FairInbox, sender_of
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
@@ -59,16 +60,31 @@ class Dispatcher:
     the first subscription that matches them.
     """
 
-    def __init__(self, client_id: str, settings: BrokerSettings, stats: MqttTransportStats) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        settings: BrokerSettings,
+        stats: MqttTransportStats,
+        offences: Offences | None = None,
+    ) -> None:
         self.client_id = client_id
         self.stats = stats
+        self.offences = offences or Offences()
         self.handlers: list[tuple[str, MessageHandler]] = []
         self.lock = threading.Lock()
         self._max_bytes = settings.max_payload_bytes
         self._reassembler = chunking.Reassembler(
-            settings.max_payload_bytes, settings.reassembly_timeout_s
+            settings.max_payload_bytes,
+            settings.reassembly_timeout_s,
+            max_transfers_per_sender=settings.max_transfers_per_sender,
+            sender_of=sender_of,
+            on_drop=self.offences.record,
         )
-        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._inbox: FairInbox[_Item] = FairInbox(
+            per_sender=settings.max_queued_per_sender,
+            rate=settings.max_messages_per_s,
+            burst=settings.max_burst_messages,
+        )
         self._unclaimed: deque[tuple[str, bytes]] = deque()
         self._delivered = threading.Condition()
         self.thread = threading.Thread(
@@ -76,8 +92,14 @@ class Dispatcher:
         )
 
     def put(self, item: _Item) -> None:
-        """Queue a message, a replay request, or None to stop the thread."""
-        self._inbox.put(item)
+        """Queue a message (charged to its sender), a replay request, or None to stop."""
+        if isinstance(item, tuple):
+            sender = sender_of(item[0])
+            dropped = self._inbox.put(sender, item)
+            if dropped:
+                self.offences.record(sender, item[0], dropped)
+        else:
+            self._inbox.put(FLEET_CHANNEL, item)
 
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Re-check `predicate` after each message and every 0.1 s until it holds or time is up."""
@@ -100,9 +122,8 @@ class Dispatcher:
 
     def _run(self) -> None:
         while True:
-            try:
-                item = self._inbox.get(timeout=0.5)
-            except queue.Empty:
+            got, item = self._inbox.get(0.5)
+            if not got:
                 self._reassembler.expire()
                 continue
             if item is None:
@@ -128,9 +149,9 @@ class Dispatcher:
             try:
                 whole = self._reassembler.add(chunk[0], payload)
             except ProtocolError as error:
-                logger.warning("%s dropped a bad chunk on %s: %s", self.client_id, topic, error)
+                self.offences.record(sender_of(topic), topic, f"bad chunk: {error}")
                 return
-            self._reassembler.expire()
+            self._reassembler.expire_due()
             if whole is None:
                 return
             topic, payload = chunk[0], whole

@@ -24,6 +24,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from protocols.errors import PflError, ProtocolError
+from protocols.offences import Offences
 from protocols.topics import chunk_subscription
 from protocols.transport import chunking
 from protocols.transport.base import MessageHandler, Will
@@ -65,6 +66,7 @@ class MqttTransport:
         *,
         will: Will | None = None,
         clean_start: bool = False,
+        offences: Offences | None = None,
     ) -> None:
         if will is not None and len(will.payload) > settings.chunk_size_bytes:
             msg = f"a will of {len(will.payload)} bytes exceeds chunk_size_bytes"
@@ -73,7 +75,9 @@ class MqttTransport:
         self.settings = settings
         self.stats = MqttTransportStats()
         self.on_reconnect: Callable[[], None] | None = None
-        self._dispatcher = Dispatcher(client_id, settings, self.stats)
+        self.offences = offences or Offences()
+        """Messages dropped at intake, per sender (over a rate, queue or transfer limit)."""
+        self._dispatcher = Dispatcher(client_id, settings, self.stats, self.offences)
         self._filters: list[str] = []
         self._retained_chunks: dict[str, int] = {}
         self._publishing = threading.Lock()

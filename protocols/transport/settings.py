@@ -39,6 +39,14 @@ class BrokerSettings(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     session_expiry_s: int = Field(default=3600, ge=0)
     reassembly_timeout_s: float = Field(default=120.0, gt=0)
+    max_transfers_per_sender: int = Field(default=4, ge=1)
+    """Incomplete chunked messages one device may have open; more drop its oldest."""
+    max_queued_per_sender: int = Field(default=4096, ge=1)
+    """Inbound messages of one device waiting for the handlers; more drop its oldest."""
+    max_messages_per_s: float = Field(default=1000.0, gt=0)
+    """One device's sustained inbound rate; the excess is dropped before it is queued."""
+    max_burst_messages: int = Field(default=4096, ge=1)
+    """Messages one device may send at once (a chunked 256 MiB model is 1024 chunks)."""
     close_timeout_s: float = Field(default=30.0, ge=0)
 
     @field_validator("url")

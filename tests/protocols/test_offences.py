@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from coordinator.offences import Offences
+from protocols.offences import Offences
 
 
 def test_a_flood_writes_one_line_per_interval_with_its_count(
@@ -14,7 +14,7 @@ def test_a_flood_writes_one_line_per_interval_with_its_count(
 ) -> None:
     now = [0.0]
     offences = Offences(interval_s=10.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="coordinator.offences"):
+    with caplog.at_level(logging.WARNING, logger="protocols.offences"):
         logged = [offences.record("evil", "t", f"bad {i}") for i in range(1000)]
         now[0] = 10.5
         logged.append(offences.record("evil", "t", "bad last"))
