@@ -233,6 +233,10 @@ def serve(
     resume: Annotated[
         bool | None, typer.Option("--resume", help="continue from the last checkpoint")
     ] = None,
+    fresh: Annotated[
+        bool | None,
+        typer.Option("--fresh", help="start over, replacing an earlier run's checkpoint"),
+    ] = None,
     username: UserOption = None,
     password: PasswordOption = None,
     ca_file: CaOption = None,

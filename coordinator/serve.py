@@ -9,7 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from coordinator.checkpoint import (
+    RECORD_FILE,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -65,6 +70,7 @@ def run_serve(
         StateError: a checkpoint could not be read or written.
     """
     say = notify or (lambda text: None)
+    refuse_overwrite(settings)
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
     stages = plan_stages(settings, task, workspace)
@@ -157,6 +163,34 @@ def _serve(
     recorder.write_devices(reports)
     recorder.write_summary(summary)
     return ServeResult(summary, records, reports, final_shared)
+
+
+def refuse_overwrite(settings: ServeSettings) -> None:
+    """An earlier run's checkpoint or metrics are never silently replaced.
+
+    Raises:
+        ValueError: they exist and neither --resume (continue them) nor --fresh (replace them)
+            was given, or both were.
+    """
+    if settings.resume and settings.fresh:
+        msg = "--resume continues the earlier run and --fresh replaces it: give one of them"
+        raise ValueError(msg)
+    if settings.resume or settings.fresh:
+        return
+    found = [
+        str(path)
+        for path in (
+            settings.checkpoint_dir / RECORD_FILE,
+            None if settings.out is None else settings.out / "metrics.jsonl",
+        )
+        if path is not None and path.exists()
+    ]
+    if found:
+        msg = (
+            f"an earlier run left {' and '.join(found)}: pass --resume to continue it or "
+            "--fresh to start over and replace it (or use another --checkpoint-dir / --out)"
+        )
+        raise ValueError(msg)
 
 
 def _resume(

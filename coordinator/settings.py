@@ -108,3 +108,6 @@ class ServeSettings(RunSettings, BrokerAccess):
     round_retries: int = Field(3, ge=0, description="retries of a round that missed its quorum")
     checkpoint_dir: Path = Field(Path("pfl-coord-state"), description="checkpoint directory")
     resume: bool = Field(False, description="continue from the last checkpoint")
+    fresh: bool = Field(
+        False, description="start over, replacing an earlier run's checkpoint and metrics"
+    )
