@@ -29,10 +29,15 @@ from protocols.errors import PflError
 from protocols.messages import ExportArguments
 from protocols.program_settings import BrokerAccess
 
+BrokerUrlOption = Annotated[
+    str, typer.Option(help="mqtt(s):// URL of the fleet's broker", envvar="PFL_BROKER")
+]
+FleetNameOption = Annotated[str, typer.Option(help="fleet name", envvar="PFL_FLEET")]
+
 
 def status(
-    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
-    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    broker: BrokerUrlOption,
+    fleet: FleetNameOption = "default",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     listen: Annotated[float, typer.Option(help="seconds to collect retained messages")] = 1.5,
     username: UserOption = None,
@@ -88,8 +93,8 @@ def status(
 
 
 def export(
-    broker: Annotated[str, typer.Option(help="mqtt(s):// URL of the fleet's broker")],
-    fleet: Annotated[str, typer.Option(help="fleet name")] = "default",
+    broker: BrokerUrlOption,
+    fleet: FleetNameOption = "default",
     out_dir: Annotated[
         Path | None,
         typer.Option(help="directory on each device for <device>.onnx (default: its state dir)"),

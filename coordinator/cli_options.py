@@ -87,11 +87,17 @@ FractionOption = Annotated[
     float | None,
     typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
 ]
-UserOption = Annotated[str | None, typer.Option(help="broker user name")]
-PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
-CaOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
-CertOption = Annotated[str | None, typer.Option(help="client certificate (with --key-file)")]
-KeyOption = Annotated[str | None, typer.Option(help="client certificate's private key")]
+UserOption = Annotated[str | None, typer.Option(help="broker user name", envvar="PFL_USERNAME")]
+PasswordOption = Annotated[str | None, typer.Option(help="broker password", envvar="PFL_PASSWORD")]
+CaOption = Annotated[
+    str | None, typer.Option(help="CA file for mqtts:// brokers", envvar="PFL_CA_FILE")
+]
+CertOption = Annotated[
+    str | None, typer.Option(help="client certificate (with --key-file)", envvar="PFL_CERT_FILE")
+]
+KeyOption = Annotated[
+    str | None, typer.Option(help="client certificate's private key", envvar="PFL_KEY_FILE")
+]
 InsecureOption = Annotated[
     bool | None, typer.Option("--tls-insecure", help="skip the broker host name check")
 ]

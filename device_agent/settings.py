@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pfl_tasks.partition_settings import PartitionSettings
+from protocols import topics
 from protocols.program_settings import BrokerAccess, TomlSettings
 
 
@@ -39,6 +40,14 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
     memory_budget: str | None = Field(
         None, description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"
     )
+
+    @field_validator("device_id")
+    @classmethod
+    def _not_reserved(cls, device_id: str) -> str:
+        problem = topics.device_id_problem(device_id)
+        if problem is not None:
+            raise ValueError(problem)
+        return device_id
 
     @model_validator(mode="after")
     def _check_data_source(self) -> AgentSettings:

@@ -27,6 +27,8 @@ from protocols.errors import ProtocolError
 
 ROOT: Final = "pfl"
 BROADCAST: Final = "all"
+RESERVED_PREFIX: Final = "pfl-"
+"""The coordinator's and the operator commands' broker accounts and client ids start with it."""
 DeviceTopicKind = Literal["hello", "status", "update", "request", "evaluation", "export-report"]
 FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command", "relay"]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
@@ -39,6 +41,32 @@ def _segment(value: str, what: str) -> str:
         msg = f"invalid {what} {value!r}: use letters, digits, '_', '.', '-' (at most 64)"
         raise ProtocolError(msg)
     return value
+
+
+def device_id_problem(device_id: str) -> str | None:
+    """Why `device_id` cannot name a device, or None.
+
+    Besides the topic-segment rule, `all` is the broadcast command topic's last segment and
+    `pfl-...` names the coordinator's and operators' accounts: a device with such an id would
+    receive every device's commands or could take over the coordinator's MQTT session.
+    """
+    if not _SEGMENT.match(device_id):
+        return f"invalid device id {device_id!r}: use letters, digits, '_', '.', '-' (at most 64)"
+    if device_id == BROADCAST:
+        return f"device id {BROADCAST!r} is reserved: it addresses every device"
+    if device_id.lower().startswith(RESERVED_PREFIX):
+        return (
+            f"device id {device_id!r} is reserved: ids starting with {RESERVED_PREFIX!r} belong "
+            "to the coordinator and operator accounts"
+        )
+    return None
+
+
+def _device_segment(device_id: str) -> str:
+    problem = device_id_problem(device_id)
+    if problem is not None:
+        raise ProtocolError(problem)
+    return device_id
 
 
 def coordinator_status(fleet: str) -> str:
@@ -66,9 +94,14 @@ def command(fleet: str, device_id: str = BROADCAST) -> str:
     return f"{ROOT}/{_segment(fleet, 'fleet')}/command/{_segment(device_id, 'device id')}"
 
 
+def command_subscription(fleet: str) -> str:
+    """Every command topic: one device's or the broadcast one (for ACLs)."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/command/+"
+
+
 def relay(fleet: str, device_id: str) -> str:
     """The models the coordinator relays to one device (FedeRiCo); only that device reads it."""
-    return f"{ROOT}/{_segment(fleet, 'fleet')}/relay/{_segment(device_id, 'device id')}"
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/relay/{_device_segment(device_id)}"
 
 
 def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
@@ -76,7 +109,7 @@ def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
     if kind not in DEVICE_TOPIC_KINDS:
         msg = f"unknown device topic {kind!r}; expected one of {', '.join(DEVICE_TOPIC_KINDS)}"
         raise ProtocolError(msg)
-    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_segment(device_id, 'device id')}/{kind}"
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_device_segment(device_id)}/{kind}"
 
 
 def device_subscription(fleet: str, kind: DeviceTopicKind) -> str:
@@ -86,7 +119,7 @@ def device_subscription(fleet: str, kind: DeviceTopicKind) -> str:
 
 def device_subtree(fleet: str, device_id: str) -> str:
     """Everything a device may publish to (for ACLs)."""
-    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_segment(device_id, 'device id')}/#"
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/device/{_device_segment(device_id)}/#"
 
 
 def fleet_subtree(fleet: str) -> str:
@@ -107,6 +140,16 @@ def device_readable(fleet: str, device_id: str) -> tuple[str, ...]:
         round_announcement(fleet),
         shared_model(fleet),
         command(fleet),
+    )
+
+
+def operator_readable(fleet: str) -> tuple[str, ...]:
+    """What `pfl-coord status` and `export` read (for ACLs): statuses and export reports only."""
+    return (
+        coordinator_status(fleet),
+        fleet_status(fleet),
+        device_subscription(fleet, "status"),
+        device_subscription(fleet, "export-report"),
     )
 
 
@@ -156,10 +199,12 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, "fleet-status")
     if rest in (["round"], ["model"]):
         return TopicRef(fleet, rest[0])
-    if len(rest) == 2 and rest[0] in ("command", "relay"):
+    if len(rest) == 2 and rest[0] == "command":
         return TopicRef(fleet, rest[0], _segment(rest[1], "device id"))
+    if len(rest) == 2 and rest[0] == "relay":
+        return TopicRef(fleet, rest[0], _device_segment(rest[1]))
     if len(rest) == 3 and rest[0] == "device" and rest[2] in DEVICE_TOPIC_KINDS:
-        return TopicRef(fleet, rest[2], _segment(rest[1], "device id"))
+        return TopicRef(fleet, rest[2], _device_segment(rest[1]))
     msg = f"unknown pfl-edge topic: {topic!r}"
     raise ProtocolError(msg, topic=topic)
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,14 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from coordinator.cli import app
-from coordinator.provision import ProvisionResult, provision, verify_password
+from coordinator.provision import ProvisionError, provision, verify_password
+from device_agent.settings import AgentSettings
 from protocols import topics
+from protocols.errors import ProtocolError
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.settings import BrokerSettings
-from tests.conftest import free_port, mosquitto_binary, wait_for_port
+from tests.provisioned import ProvisionedBroker, start_provisioned
 
 pytestmark = pytest.mark.mosquitto
 FLEET = "lab"
@@ -42,60 +43,8 @@ class Inbox:
             return [topic for topic, _ in self.messages]
 
 
-class ProvisionedBroker:
-    """mosquitto started from the generated mosquitto.conf, on free loopback ports."""
-
-    def __init__(self, result: ProvisionResult, tls_port: int, plain_port: int) -> None:
-        self.result = result
-        self.tls_port = tls_port
-        self.plain_port = plain_port
-        self.log = result.directory / "mosquitto.log"
-        config = result.files["mosquitto.conf"].read_text()
-        # As root, mosquitto would drop to its own user, who cannot read pytest's 0700 tmp dirs.
-        config += "user root\n" if os.geteuid() == 0 else ""
-        config += "persistence false\nlog_dest stderr\nlog_type all\n"
-        self.config = result.directory / "mosquitto-test.conf"
-        self.config.write_text(config)
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [mosquitto_binary(), "-c", str(self.config)], stdout=subprocess.DEVNULL, stderr=log
-            )
-        if not (wait_for_port(tls_port) and wait_for_port(plain_port)):
-            self.stop()
-            pytest.fail(f"provisioned mosquitto did not start; its log:\n{self.log.read_text()}")
-
-    def settings(self, username: str | None, password: str | None, **extra: Any) -> BrokerSettings:
-        """Settings for the TLS listener with the generated CA."""
-        return BrokerSettings(
-            url=f"mqtts://127.0.0.1:{self.tls_port}",
-            ca_file=str(self.result.files["ca.crt"]),
-            username=username,
-            password=password,
-            connect_timeout_s=5,
-            **extra,
-        )
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
-
-
 def _start(tmp_path: Path, **options: Any) -> ProvisionedBroker:
-    tls_port, plain_port = free_port(), free_port()
-    result = provision(
-        ["dev-1", "dev-2"],
-        tmp_path / "deploy",
-        fleet=FLEET,
-        host="127.0.0.1",
-        tls_port=tls_port,
-        plain_port=plain_port,
-        **options,
-    )
-    return ProvisionedBroker(result, tls_port, plain_port)
+    return start_provisioned(tmp_path / "deploy", ["dev-1", "dev-2"], FLEET, **options)
 
 
 @pytest.fixture
@@ -106,15 +55,14 @@ def broker(tmp_path: Path) -> Iterator[ProvisionedBroker]:
 
 
 @pytest.fixture
-def connect(broker: ProvisionedBroker) -> Iterator[Callable[[str], MqttTransport]]:
+def connect(broker: ProvisionedBroker) -> Iterator[Callable[..., MqttTransport]]:
     """Connect as the coordinator or a device, with its provisioned password, over TLS."""
     opened: list[MqttTransport] = []
 
-    def open_as(user: str) -> MqttTransport:
-        result = broker.result
-        credential = result.coordinator if user == "coordinator" else result.devices[user]
+    def open_as(user: str, client_id: str | None = None) -> MqttTransport:
+        credential = broker.account(user)
         transport = MqttTransport(
-            broker.settings(credential.username, credential.password), f"{user}-test"
+            broker.settings(credential.username, credential.password), client_id or f"{user}-test"
         )
         opened.append(transport)
         return transport
@@ -142,7 +90,7 @@ def test_provision_writes_a_consistent_deployment(broker: ProvisionedBroker) -> 
 
 
 def test_a_device_publishes_its_update_and_reads_the_round(
-    broker: ProvisionedBroker, connect: Callable[[str], MqttTransport]
+    broker: ProvisionedBroker, connect: Callable[..., MqttTransport]
 ) -> None:
     coordinator, device = connect("coordinator"), connect("dev-1")
     updates, rounds = Inbox(), Inbox()
@@ -157,7 +105,7 @@ def test_a_device_publishes_its_update_and_reads_the_round(
 
 
 def test_a_device_cannot_publish_outside_its_subtree(
-    broker: ProvisionedBroker, connect: Callable[[str], MqttTransport]
+    broker: ProvisionedBroker, connect: Callable[..., MqttTransport]
 ) -> None:
     coordinator, intruder = connect("coordinator"), connect("dev-1")
     seen = Inbox()
@@ -183,13 +131,13 @@ def test_a_device_cannot_publish_outside_its_subtree(
     log = broker.log.read_text()
     for topic in forbidden:
         assert (
-            f"Denied PUBLISH from dev-1-test (d0, q1, r0, m{forbidden.index(topic) + 1}, '{topic}'"
+            f"Denied PUBLISH from dev-1 (d0, q1, r0, m{forbidden.index(topic) + 1}, '{topic}'"
             in log
         )
 
 
 def test_a_device_does_not_receive_other_devices_messages(
-    connect: Callable[[str], MqttTransport],
+    connect: Callable[..., MqttTransport],
 ) -> None:
     # mosquitto 2 grants any subscription and filters what it delivers by the ACL
     coordinator, snoop, victim = connect("coordinator"), connect("dev-1"), connect("dev-2")
@@ -251,3 +199,99 @@ def test_the_cli_provisions_and_refuses_to_overwrite(tmp_path: Path) -> None:
     again = runner.invoke(app, arguments)
     assert again.exit_code == 2
     assert "--force" in again.output
+
+
+def test_no_account_can_take_another_clients_session(
+    broker: ProvisionedBroker, connect: Callable[..., MqttTransport]
+) -> None:
+    # mosquitto alone lets any user connect with any client id and drops the older session;
+    # the generated config makes every client id its user name, so the id a client asks for
+    # is ignored and an intruder only ever displaces its own account
+    coordinator = connect("coordinator", f"pfl-coord-{FLEET}")
+    victim = connect("dev-2", "dev-2")
+    reconnects: list[str] = []
+    coordinator.on_reconnect = lambda: reconnects.append("coordinator")
+    victim.on_reconnect = lambda: reconnects.append("dev-2")
+    updates = Inbox()
+    coordinator.subscribe(topics.device_subscription(FLEET, "update"), updates)
+    for stolen in (f"pfl-coord-{FLEET}", "pfl-coordinator", "dev-2"):
+        connect("dev-1", stolen)
+    victim.publish(topics.device(FLEET, "dev-2", "update"), b"still here")
+    assert coordinator.wait_until(lambda: len(updates.topics()) == 1, 5)
+    time.sleep(QUIET_S)
+    assert reconnects == []
+    assert coordinator.connected
+    assert victim.connected
+    log = broker.log.read_text()
+    assert "as pfl-coordinator" in log
+    assert "as dev-2" in log
+    takeovers = [line for line in log.splitlines() if "closing old connection" in line]
+    assert takeovers  # the intruder's own connections displace each other, and only those
+    assert all("Client dev-1 already connected" in line for line in takeovers), takeovers
+
+
+def test_the_operator_reads_statuses_and_sends_commands_only(
+    broker: ProvisionedBroker, connect: Callable[..., MqttTransport]
+) -> None:
+    coordinator, device, operator = connect("coordinator"), connect("dev-1"), connect("operator")
+    seen, commands = Inbox(), Inbox()
+    operator.subscribe(topics.fleet_subtree(FLEET), seen)
+    device.subscribe(topics.command(FLEET), commands)
+    private = [
+        topics.round_announcement(FLEET),
+        topics.shared_model(FLEET),
+        topics.relay(FLEET, "dev-1"),
+    ]
+    for topic in private:
+        coordinator.publish(topic, b"not for operators")
+    device.publish(topics.device(FLEET, "dev-1", "update"), b"a private delta")
+    readable = [
+        topics.coordinator_status(FLEET),
+        topics.fleet_status(FLEET),
+        topics.device(FLEET, "dev-1", "status"),
+        topics.device(FLEET, "dev-1", "export-report"),
+    ]
+    for topic in readable[:2]:
+        coordinator.publish(topic, b"readable")
+    for topic in readable[2:]:
+        device.publish(topic, b"readable")
+    operator.publish(topics.round_announcement(FLEET), b"forged round")
+    operator.publish(topics.command(FLEET), b"export")
+    assert device.wait_until(lambda: len(commands.topics()) == 1, 5)
+    assert operator.wait_until(lambda: len(seen.topics()) >= len(readable), 5)
+    time.sleep(QUIET_S)
+    assert sorted(set(seen.topics())) == sorted(readable)
+    assert "Denied PUBLISH from pfl-operator" in broker.log.read_text()
+
+
+def test_status_runs_with_the_operator_env_file(broker: ProvisionedBroker) -> None:
+    env = dict(
+        line.split("=", 1)
+        for line in (broker.result.directory / "operator.env").read_text().splitlines()
+    )
+    assert "PFL_DEVICE_ID" not in env
+    assert env["PFL_USERNAME"] == "pfl-operator"
+    env["PFL_BROKER"] = f"mqtts://127.0.0.1:{broker.tls_port}"  # provisioned for 127.0.0.1
+    result = CliRunner().invoke(app, ["status", "--json", "--listen", "0.3"], env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["devices"] == []
+    env["PFL_PASSWORD"] = "wrong"
+    refused = CliRunner().invoke(app, ["status", "--listen", "0.3"], env=env)
+    assert refused.exit_code == 2
+    assert "cannot connect" in refused.output
+
+
+@pytest.mark.parametrize("reserved", ["all", "pfl-coordinator", "pfl-operator", "pfl-coord-x"])
+def test_reserved_device_ids_are_refused_everywhere(tmp_path: Path, reserved: str) -> None:
+    with pytest.raises(ProvisionError, match="reserved"):
+        provision(["dev-1", reserved], tmp_path / "deploy")
+    assert not (tmp_path / "deploy" / "credentials.json").exists()
+    cli = CliRunner().invoke(
+        app, ["provision", "--devices", f"ok,{reserved}", "--out", str(tmp_path / "cli")]
+    )
+    assert cli.exit_code == 2
+    assert "reserved" in cli.output
+    with pytest.raises(ValidationError, match="reserved"):
+        AgentSettings(device_id=reserved, data_shard=0)
+    with pytest.raises(ProtocolError, match="reserved"):
+        topics.parse_topic(f"pfl/{FLEET}/device/{reserved}/update")
