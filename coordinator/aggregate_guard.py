@@ -36,6 +36,8 @@ class GuardSettings:
     """No device's sample count weighs more than this share of a round's (1 disables)."""
     norm_bound: float = 10.0
     """Clip each update to this many times the round's lower median norm (0 disables)."""
+    quarantine_after: int = 64
+    """Dropped messages a device may have in one round before it sits out the rest (0: off)."""
     max_growth: float = 1000.0
     """Reject an aggregate moving the model by more than this times max(1, its norm)."""
 
@@ -46,6 +48,8 @@ class Screened:
 
     updates: list[ReceivedUpdate]
     cut: dict[str, str] = field(default_factory=dict)
+    norm_median: float = 0.0
+    """The lower median of the updates' norms before clipping (what the clip bound scales)."""
 
 
 def cap_shares(counts: Sequence[int], max_share: float) -> list[int]:
@@ -88,15 +92,16 @@ def screen(updates: Sequence[ReceivedUpdate], settings: GuardSettings) -> Screen
             cut[update.device_id] = f"weight capped from {update.num_samples} to {count} samples"
         screened.append(replace(update, num_samples=count))
     norms = [update_norm(u.shared_delta) for u in screened]
+    median = lower_median(norms) if norms else 0.0
     if settings.norm_bound > 0 and len(screened) > 1:
-        bound = settings.norm_bound * lower_median(norms)
+        bound = settings.norm_bound * median
         for index, (update, norm) in enumerate(zip(screened, norms, strict=True)):
             if norm > bound > 0:
                 clipped = clip_to_norm(update.shared_delta, bound)
                 screened[index] = replace(update, shared_delta=clipped)
                 reason = f"update norm {norm:.3g} clipped to {bound:.3g}"
                 cut[update.device_id] = "; ".join(filter(None, (cut.get(update.device_id), reason)))
-    return Screened(screened, cut)
+    return Screened(screened, cut, median)
 
 
 def aggregate_problem(old: Tensors, new: Mapping[str, torch.Tensor], max_growth: float) -> str:
@@ -118,6 +123,7 @@ class Guarded:
     aggregate: Aggregate | None
     cut: dict[str, str]
     rejected: str = ""
+    norm_median: float = 0.0
 
 
 def guarded_aggregate(
@@ -146,8 +152,8 @@ def guarded_aggregate(
         aggregate = strategy.aggregate(round_id, shared, attempt)
         problem = aggregate_problem(shared, aggregate.shared, settings.max_growth)
         if not problem:
-            return Guarded(aggregate, screened.cut)
+            return Guarded(aggregate, screened.cut, norm_median=screened.norm_median)
         logger.warning("round %d: %s; not applied", round_id, problem)
         if before is not None:
             strategy.load_state_dict(before.state_dict())
-    return Guarded(None, screened.cut, problem)
+    return Guarded(None, screened.cut, problem, screened.norm_median)

@@ -44,6 +44,8 @@ class CheckpointRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format_version: int
+    run_id: str = ""
+    """The run the checkpoint belongs to: a resumed run announces it again ("" before v2)."""
     round_id: int = Field(ge=0)
     shared_names: tuple[str, ...]
     tensors_file: str
@@ -85,6 +87,7 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
         )
     record = CheckpointRecord(
         format_version=CHECKPOINT_FORMAT_VERSION,
+        run_id=coordinator.run_id,
         round_id=coordinator.round_id,
         shared_names=coordinator.shared_names,
         tensors_file=tensors_file,
@@ -151,6 +154,7 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
         raise StateError(msg)
     coordinator.model = dict(checkpoint.model)
     coordinator.round_id = record.round_id
+    coordinator.run_id = record.run_id or coordinator.run_id
     coordinator.bytes_up, coordinator.bytes_down = record.bytes_up, record.bytes_down
     coordinator.strategy.load_state_dict(record.strategy_state)
     coordinator.relay.load_state_tensors(checkpoint.strategy_tensors)

@@ -39,6 +39,7 @@ from coordinator.cli_options import (
     PersonalOption,
     PresetOption,
     PretrainOption,
+    QuarantineOption,
     RoundsOption,
     SeedOption,
     TaskOption,
@@ -92,6 +93,7 @@ def simulate(
     max_weight_share: MaxWeightShareOption = None,
     norm_bound: NormBoundOption = None,
     max_samples: MaxSamplesOption = None,
+    quarantine_after: QuarantineOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -209,6 +211,7 @@ def serve(
     max_weight_share: MaxWeightShareOption = None,
     norm_bound: NormBoundOption = None,
     max_samples: MaxSamplesOption = None,
+    quarantine_after: QuarantineOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

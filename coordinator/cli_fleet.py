@@ -83,7 +83,7 @@ def status(
             seen,
             "-" if row["round"] is None else str(row["round"]),
             loss,
-            str(row["dropped"]) if row["dropped"] else "-",
+            _dropped_cell(row["dropped"], row["quarantined"]),
             row["detail"],
         )
     Console().print(table)
@@ -199,6 +199,12 @@ def provision(
         f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
         "\n  the certificates in tls/ are for tests only: see docs/security.md"
     )
+
+
+def _dropped_cell(dropped: int, quarantined: bool) -> str:
+    """How many messages the coordinator dropped, and whether the device sits out the round."""
+    cell = str(dropped) if dropped else "-"
+    return f"{cell} [red]quarantined[/red]" if quarantined else cell
 
 
 def _access(

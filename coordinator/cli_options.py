@@ -65,6 +65,13 @@ MaxSamplesOption = Annotated[
     int | None,
     typer.Option(help="most training samples a device may declare (default: 100000000)"),
 ]
+QuarantineOption = Annotated[
+    int | None,
+    typer.Option(
+        help="messages of a device dropped in a round before it sits out the rest, 0 = off "
+        "(default: 64)"
+    ),
+]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 ConfigOption = Annotated[
     Path | None,

@@ -8,29 +8,36 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
 from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
+from coordinator.intake import (
+    Collector,
+    answered_collector,
+    check_claims,
+    check_hello,
+    device_message,
+)
 from coordinator.metrics import summarize_evaluations
+from coordinator.quarantine import Quarantine
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.codec import (
     Tensors,
-    decode_frame,
     describe_tensors,
     encode_frame,
     pack_tensors,
     unpack_tensors,
 )
-from protocols.errors import PflError, ProtocolError, RoundError
+from protocols.errors import PflError, RoundError, describe
 from protocols.messages import (
     Command,
     CoordinatorStatus,
@@ -47,9 +54,11 @@ from protocols.messages import (
 )
 from protocols.offences import Offences
 from protocols.transport.base import Transport, Will
+from protocols.transport.inbound import UNKNOWN_SENDER, sender_of
 
 logger = logging.getLogger(__name__)
-Answer = TypeVar("Answer")
+MAX_LISTED_STRANGERS = 100
+"""Senders the fleet status lists although they never joined (the most dropped first)."""
 
 
 @dataclass(frozen=True)
@@ -64,47 +73,6 @@ class EngineSettings:
     eval_every: int = 0
     seed: int = 0
     guard: GuardSettings = field(default_factory=GuardSettings)
-
-
-class _Collector(Generic[Answer]):
-    """Answers for one (round, phase) from the devices asked; first answer per device wins."""
-
-    def __init__(self, round_id: int, phase: str, expected: set[str]) -> None:
-        self.round_id = round_id
-        self.phase = phase
-        self.expected = expected
-        self.answers: dict[str, Answer] = {}
-        self.declined: set[str] = set()
-        self._lock = threading.Lock()
-
-    def decline(self, device_id: str) -> None:
-        """A device said it will not answer (e.g. it is on battery): stop waiting for it."""
-        with self._lock:
-            if device_id in self.expected and device_id not in self.answers:
-                self.declined.add(device_id)
-
-    def offer(self, device_id: str, answer: Answer) -> bool:
-        with self._lock:
-            if device_id not in self.expected or device_id in self.answers:
-                return False
-            self.answers[device_id] = answer
-            return True
-
-    def complete(self) -> bool:
-        with self._lock:
-            return len(self.answers) >= len(self.expected)
-
-    def settled(self, online: set[str], needed: int) -> bool:
-        """All asked devices answered, or every one still online did and the quorum is met."""
-        with self._lock:
-            if len(self.answers) >= len(self.expected):
-                return True
-            waiting = (self.expected & online) - set(self.answers) - self.declined
-            return not waiting and len(self.answers) >= needed
-
-    def sorted_answers(self) -> list[Answer]:
-        with self._lock:
-            return [self.answers[key] for key in sorted(self.answers)]
 
 
 @dataclass
@@ -162,17 +130,19 @@ class Coordinator:
         self.registry = FleetRegistry()
         self.rng = np.random.default_rng(settings.seed)
         self.round_id = 0
+        self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
         self.bytes_up = 0
         self.bytes_down = 0
         self.rejected = 0
         self.offences = Offences()
+        self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.last_scalars: dict[str, float] = {}
         self._model_sha = ""
         self._state = "online"
         self._announcement: bytes | None = None
         self._specs = describe_tensors(self.shared)
-        self._train: _Collector[ReceivedUpdate] | None = None
-        self._evaluation: _Collector[EvaluationReport] | None = None
+        self._train: Collector[ReceivedUpdate] | None = None
+        self._evaluation: Collector[EvaluationReport] | None = None
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
 
@@ -259,7 +229,7 @@ class Coordinator:
 
     def publish_fleet_status(self) -> None:
         """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
-        dropped = self.offences.counts()
+        dropped, quarantined = self.offences.counts(), self.quarantine.held()
         devices = tuple(
             FleetDevice(
                 device_id=r.device_id,
@@ -271,8 +241,18 @@ class Coordinator:
                 memory_plan=r.hello.memory_plan if r.hello is not None else None,
                 detail=r.detail,
                 dropped=dropped.get(r.device_id, 0),
+                quarantined=r.device_id in quarantined,
             )
             for r in self.registry.records()
+        )
+        known = {d.device_id for d in devices}
+        strangers = sorted(  # senders that never joined, e.g. with hellos that were all dropped
+            (s for s in dropped if s not in known and topics.device_id_problem(s) is None),
+            key=lambda s: -dropped[s],
+        )[:MAX_LISTED_STRANGERS]
+        devices += tuple(
+            FleetDevice(device_id=s, online=False, last_seen=0.0, dropped=dropped[s])
+            for s in sorted(strangers)
         )
         status = FleetStatus(
             fleet=self.settings.fleet,
@@ -295,11 +275,12 @@ class Coordinator:
         started = time.perf_counter()
         up_before, down_before = self.bytes_up, self.bytes_down
         round_id = self.round_id + 1
+        self.quarantine.start_round(round_id, self.offences.counts())
         plan = self.strategy.plan_round(round_id, self.registry.snapshot(), self.rng)
         if not plan.devices:
             msg = "no device is online to train"
             raise RoundError(msg, round_id=round_id)
-        collector: _Collector[ReceivedUpdate] = _Collector(round_id, "train", set(plan.devices))
+        collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
         self._train = collector
         self.relay.start_round(round_id)
         assignments = {
@@ -340,6 +321,7 @@ class Coordinator:
             scalars["aggregate_rejected"] = 1.0
         if guarded.cut:
             scalars["guard_cut"] = float(len(guarded.cut))
+        scalars["update_norm_median"] = guarded.norm_median
         self.last_scalars = scalars
         self.round_id = round_id
         self.publish_model(force=self.relay.resends_model)
@@ -363,7 +345,7 @@ class Coordinator:
     ) -> tuple[list[EvaluationReport], dict[str, float | None]]:
         """Ask every online device to evaluate its personalized and the global model."""
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
-        collector: _Collector[EvaluationReport] = _Collector(self.round_id, "evaluate", devices)
+        collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
         self._announce(self.round_id, "evaluate", {}, final=final)
         self.transport.wait_until(
@@ -388,6 +370,7 @@ class Coordinator:
         final: bool = False,
     ) -> None:
         announcement = RoundAnnouncement(
+            run_id=self.run_id,
             round_id=round_id,
             phase=phase,  # type: ignore[arg-type]
             algorithm=self.strategy.name,
@@ -414,53 +397,52 @@ class Coordinator:
 
         def guarded(topic: str, payload: bytes) -> None:
             self.bytes_up += len(payload)
+            sender = sender_of(topic)
+            if self._quarantined(sender):
+                self._drop(sender, topic, "quarantined for the rest of the round")
+                return
             try:
                 handler(topic, payload)
             except PflError as error:
-                self._drop(topic, str(error))
+                self._drop(sender, topic, str(error))
             except Exception as error:  # an input no validator caught: count it, stay up
                 logger.debug("handler failure on %s", topic, exc_info=True)
-                self._drop(topic, f"{type(error).__name__}: {error}")
+                self._drop(sender, topic, describe(error))
 
         return guarded
 
-    def _drop(self, topic: str, reason: str) -> None:
+    def _drop(self, sender: str, topic: str, reason: str) -> None:
         self.rejected += 1
-        try:
-            sender = topics.parse_topic(topic).device_id or "?"
-        except PflError:
-            sender = "?"
         self.offences.record(sender, topic, reason)
 
-    def _device_message(self, topic: str, payload: bytes, expected: type[Any]) -> tuple[Any, bytes]:
-        reference = topics.parse_topic(topic)
-        message, blob = decode_frame(payload)
-        if not isinstance(message, expected):
-            msg = f"expected {expected.__name__}, got {message.kind}"
-            raise ProtocolError(msg, topic=topic)
-        if message.device_id != reference.device_id:
-            msg = f"device id {message.device_id!r} does not match its topic"
-            raise ProtocolError(msg, device_id=reference.device_id, topic=topic)
-        return message, blob
+    def _quarantined(self, sender: str) -> bool:
+        """Over its limit this round: the round stops waiting for it, status shows it."""
+        if sender == UNKNOWN_SENDER:
+            return False
+        held, newly = self.quarantine.holds(sender, self.offences.count(sender))
+        if newly:
+            for collector in (self._train, self._evaluation):
+                if collector is not None:
+                    collector.decline(sender)
+            self.publish_fleet_status()
+        return held
 
     def _on_hello(self, topic: str, payload: bytes) -> None:
-        hello, _ = self._device_message(topic, payload, DeviceHello)
-        if hello.task != self.settings.task and self.settings.task:
-            msg = f"device runs task {hello.task!r}, the fleet runs {self.settings.task!r}"
-            raise RoundError(msg, device_id=hello.device_id, topic=topic)
-        limit = self.settings.guard.max_samples
-        if hello.num_train_samples > limit:
-            msg = f"declares {hello.num_train_samples} training samples, over the limit {limit}"
-            raise ProtocolError(msg, device_id=hello.device_id, topic=topic)
+        hello, _ = device_message(topic, payload, DeviceHello)
+        check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
         self.registry.on_hello(hello)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        status, _ = self._device_message(topic, payload, DeviceStatus)
+        status, _ = device_message(topic, payload, DeviceStatus)
         self.registry.on_status(status)
         if status.state != "skipped":
             return
         for collector in (self._train, self._evaluation):
-            if collector is not None and status.round_id == collector.round_id:
+            if (
+                collector is not None
+                and status.run_id == self.run_id
+                and status.round_id == collector.round_id
+            ):
                 logger.info(
                     "device %s skipped the %s of round %s: %s",
                     status.device_id,
@@ -471,20 +453,10 @@ class Coordinator:
                 collector.decline(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
-        update, blob = self._device_message(topic, payload, DeviceUpdate)
-        collector = self._train
-        if collector is None or update.round_id != collector.round_id:
-            msg = "stale or unexpected update"
-            raise RoundError(msg, device_id=update.device_id, round_id=update.round_id, topic=topic)
-        if update.algorithm != self.strategy.name:
-            msg = (
-                f"update from algorithm {update.algorithm!r}, the fleet runs {self.strategy.name!r}"
-            )
-            raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+        update, blob = device_message(topic, payload, DeviceUpdate)
+        collector = answered_collector(self._train, update, self.run_id, topic)
         declared = self.registry.declared_samples(update.device_id)
-        if declared is None or update.num_samples > declared:
-            msg = f"update claims {update.num_samples} samples, its hello declared {declared}"
-            raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+        check_claims(update, self.strategy.name, declared, topic)
         expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
         delta = unpack_tensors(update.manifest, blob, expected=expected)
         received = ReceivedUpdate(
@@ -500,23 +472,20 @@ class Coordinator:
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""
-        request, _ = self._device_message(topic, payload, PeerRequest)
-        collector = self._train if request.phase == "train" else self._evaluation
-        if (
-            collector is None
-            or request.round_id != collector.round_id
-            or request.device_id not in collector.expected
-        ):
-            msg = f"stale or unexpected {request.phase} request"
+        request, _ = device_message(topic, payload, PeerRequest)
+        collector: Collector[Any] | None = (
+            self._train if request.phase == "train" else self._evaluation
+        )
+        asked = answered_collector(collector, request, self.run_id, topic).expected
+        if request.device_id not in asked:
+            msg = f"{request.phase} request from a device not asked this round"
             raise RoundError(msg, device_id=request.device_id, round_id=request.round_id)
         frame = self.relay.answer(request)
         self.transport.publish(topics.relay(self.settings.fleet, request.device_id), frame)
         self.bytes_down += len(frame)
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
-        report, _ = self._device_message(topic, payload, EvaluationReport)
-        collector = self._evaluation
-        if collector is None or report.round_id != collector.round_id:
-            msg = "stale or unexpected evaluation report"
-            raise RoundError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
-        collector.offer(report.device_id, report)
+        report, _ = device_message(topic, payload, EvaluationReport)
+        answered_collector(self._evaluation, report, self.run_id, topic).offer(
+            report.device_id, report
+        )

@@ -46,6 +46,9 @@ class RunSettings(TomlSettings):
     max_samples: int = Field(
         100_000_000, ge=1, description="most training samples a device may declare"
     )
+    quarantine_after: int = Field(
+        64, ge=0, description="dropped messages before a device sits out the round (0: off)"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
@@ -57,6 +60,7 @@ class RunSettings(TomlSettings):
             max_samples=self.max_samples,
             max_weight_share=self.max_weight_share,
             norm_bound=self.norm_bound,
+            quarantine_after=self.quarantine_after,
         )
 
     def algorithm_config(self) -> AlgorithmConfig:

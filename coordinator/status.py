@@ -53,6 +53,7 @@ class FleetView:
                     "num_train_samples": known.num_train_samples if known else None,
                     "detail": (status.detail if status else "") or (known.detail if known else ""),
                     "dropped": known.dropped if known else 0,
+                    "quarantined": known.quarantined if known else False,
                 }
             )
         return rows

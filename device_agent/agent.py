@@ -22,6 +22,7 @@ from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedMod
 from device_agent.relay import RelayClient, deployable, has_global_model
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
+from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from protocols import topics
 from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
@@ -56,6 +57,7 @@ class DeviceAgent:
     Args:
         workspace: the nn.Module training happens in; virtual devices share one.
         initial_state: the task model's initial tensors, where personal state starts.
+        limits: this device's ceilings on one round's work (None: none, as for virtual devices).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class DeviceAgent:
         model_cache: DecodedModelCache | None = None,
         memory_budget_bytes: int | None = None,
         eligibility: EligibilityPolicy | None = None,
+        limits: WorkLimits | None = None,
     ) -> None:
         self.device_id = device_id
         self.fleet = fleet
@@ -103,6 +106,7 @@ class DeviceAgent:
             budget=budget or StepBudget(),
             model_cache=self.model_cache,
             memory_budget_bytes=memory_budget_bytes,
+            limits=limits,
         )
         self.memory_plan = self.contexts.plan_memory_at_start() or memory_plan
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
@@ -111,8 +115,8 @@ class DeviceAgent:
         self.last_loss: float | None = None
         self._model: ReceivedModel | None = None
         self._pending: RoundAnnouncement | None = None
-        self._answered: set[tuple[int, str, float]] = set()
-        self._reply: tuple[tuple[int, str, str], topics.DeviceTopicKind, bytes] | None = None
+        self._answered: set[tuple[str, int, str, float]] = set()
+        self._reply: tuple[tuple[str, int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
 
     def start(self) -> None:
@@ -147,12 +151,20 @@ class DeviceAgent:
         )
         self._publish("hello", encode_frame(hello))
 
-    def publish_status(self, state: str, *, round_id: int | None = None, detail: str = "") -> None:
+    def publish_status(
+        self,
+        state: str,
+        *,
+        round_id: int | None = None,
+        detail: str = "",
+        run_id: str | None = None,
+    ) -> None:
         """Retained liveness and progress for `pfl-coord status`."""
         status = DeviceStatus(
             device_id=self.device_id,
             state=state,  # type: ignore[arg-type]
             round_id=round_id,
+            run_id=run_id,
             last_loss=self.last_loss,
             detail=detail[:1024],
         )
@@ -183,7 +195,7 @@ class DeviceAgent:
         self.received.remember_round(message, payload)
         if (
             message.addresses(self.device_id)
-            and (message.round_id, message.phase, message.sent_at) not in self._answered
+            and _sighting(message) not in self._answered
         ):
             self._pending = message
             self._serve_pending()
@@ -219,9 +231,8 @@ class DeviceAgent:
         if model.header.manifest.sha256 != announcement.model_sha256:
             return  # the announced model has not arrived yet
         self._pending = None
-        self._answered.add((announcement.round_id, announcement.phase, announcement.sent_at))
-        key = (announcement.round_id, announcement.phase, announcement.model_sha256)
-        if self._reply is not None and self._reply[0] == key:
+        self._answered.add(_sighting(announcement))
+        if self._reply is not None and self._reply[0] == _work_key(announcement):
             # The same work announced again (a retried round or a restarted coordinator):
             # re-send the answer instead of training twice on the same personal state.
             self._publish(self._reply[1], self._reply[2])
@@ -232,7 +243,7 @@ class DeviceAgent:
                 logger.info(
                     "device %s skips round %d: %s", self.device_id, announcement.round_id, reason
                 )
-                self.publish_status("skipped", round_id=announcement.round_id, detail=reason)
+                self._decline(announcement, reason)
                 return
         self._work(announcement, model)
 
@@ -266,9 +277,13 @@ class DeviceAgent:
                 announcement.round_id,
                 error,
             )
-            # "skipped": the coordinator stops waiting for an answer that will not come
-            detail = f"{announcement.phase} failed: {error}"
-            self.publish_status("skipped", round_id=announcement.round_id, detail=detail)
+            self._decline(announcement, f"{announcement.phase} failed: {error}")
+
+    def _decline(self, announcement: RoundAnnouncement, reason: str) -> None:
+        """Say "skipped" with the reason: the coordinator stops waiting for this device."""
+        self.publish_status(
+            "skipped", round_id=announcement.round_id, run_id=announcement.run_id, detail=reason
+        )
 
     def _train(
         self,
@@ -281,6 +296,7 @@ class DeviceAgent:
         self.contexts.keep(announcement, result)
         manifest, blob = pack_tensors(result.shared_delta)
         message = DeviceUpdate(
+            run_id=announcement.run_id,
             round_id=announcement.round_id,
             device_id=self.device_id,
             algorithm=announcement.algorithm,
@@ -319,6 +335,7 @@ class DeviceAgent:
                 )
                 global_metric = None
         report = EvaluationReport(
+            run_id=announcement.run_id,
             round_id=announcement.round_id,
             device_id=self.device_id,
             metric_name=self.task.metric_name,
@@ -332,8 +349,7 @@ class DeviceAgent:
     def _reply_with(
         self, announcement: RoundAnnouncement, kind: topics.DeviceTopicKind, payload: bytes
     ) -> None:
-        key = (announcement.round_id, announcement.phase, announcement.model_sha256)
-        self._reply = (key, kind, payload)
+        self._reply = (_work_key(announcement), kind, payload)
         self._publish(kind, payload)
 
     def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
@@ -397,3 +413,22 @@ class DeviceAgent:
         self._model = ReceivedModel.from_frame(model_frame)
         self.last_announcement = announcement
         self.relay.mixture = dict(mixture or {})
+
+
+def _sighting(announcement: RoundAnnouncement) -> tuple[str, int, str, float]:
+    """One publication of an announcement.
+
+    A retained copy seen again after a reconnect is not new work; a re-publication (a retried
+    round) is.
+    """
+    return (announcement.run_id, announcement.round_id, announcement.phase, announcement.sent_at)
+
+
+def _work_key(announcement: RoundAnnouncement) -> tuple[str, int, str, str]:
+    """The work an announcement asks for: the same key means the same answer, within one run."""
+    return (
+        announcement.run_id,
+        announcement.round_id,
+        announcement.phase,
+        announcement.model_sha256,
+    )

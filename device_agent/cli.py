@@ -74,6 +74,17 @@ def start(
         str | None,
         typer.Option(help="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"),
     ] = None,
+    max_epochs: Annotated[
+        int | None, typer.Option(help="decline rounds asking for more epochs (default: 100)")
+    ] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(help="most optimizer steps in one round, else decline (default: 100000)"),
+    ] = None,
+    max_round_seconds: Annotated[
+        float | None,
+        typer.Option(help="most seconds of local work in one round, else decline (default: 3600)"),
+    ] = None,
     username: Annotated[str | None, typer.Option(help="broker user name")] = None,
     password: Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")] = None,
     ca_file: Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")] = None,

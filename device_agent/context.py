@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_
 from device_agent.received import DecodedModelCache, ReceivedModel
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, require_finite
+from device_agent.work_limits import WorkLimitError, WorkLimits, WorkMeter, config_problem
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
@@ -73,6 +74,7 @@ class RoundContexts:
         budget: StepBudget,
         model_cache: DecodedModelCache,
         memory_budget_bytes: int | None,
+        limits: WorkLimits | None = None,
     ) -> None:
         self.device_id = device_id
         self.task = task
@@ -87,6 +89,7 @@ class RoundContexts:
         self.budget = budget
         self.model_cache = model_cache
         self.memory_budget_bytes = memory_budget_bytes
+        self.limits = limits
         self._slots = ModelSlots(workspace)
         self._memory: MemoryModel | None = None
         self._plans: dict[tuple[str, str], Plan] = {}
@@ -130,12 +133,16 @@ class RoundContexts:
         return plan
 
     def plan_work(self, announcement: RoundAnnouncement) -> Plan:
-        """`plan`, refused when the algorithm needs state this stateless device does not keep.
+        """`plan`, refused when it is more work than the ceilings or needs state not kept here.
 
         Raises:
+            WorkLimitError: a `*_epochs` or `*_steps` setting above the ceilings.
             StateError: a stateful-only algorithm on a stateless device.
         """
         plan = self.plan(announcement)
+        problem = None if self.limits is None else config_problem(announcement.config, self.limits)
+        if problem is not None:
+            raise WorkLimitError(problem, device_id=self.device_id)
         if not self.stateful and plan.config.stateful_only:
             msg = (
                 f"{announcement.algorithm} keeps per-device state between rounds: "
@@ -158,7 +165,7 @@ class RoundContexts:
         plan = self.plan(announcement)
         received = self.model_cache.decode(model, self.model_layout)
         global_shared = {name: received[name] for name in plan.split.shared}
-        personal, state = self._load_personal(plan, received)
+        personal, state = self._load_personal(plan, received, announcement.run_id)
         self._slots.load(global_shared)
         self._slots.load(personal)
         generator = torch.Generator().manual_seed(
@@ -174,7 +181,10 @@ class RoundContexts:
             global_shared=global_shared,
             personal=personal,
             generator=generator,
-            budget=self._step_budget(plan),
+            budget=replace(
+                self._step_budget(plan),
+                meter=None if self.limits is None else WorkMeter(self.limits),
+            ),
             assignment=dict(scalars.scalars) if scalars is not None else {},
             state=state,
             device_id=self.device_id,
@@ -195,7 +205,7 @@ class RoundContexts:
             return
         kept = {**result.personal, **{STATE_PREFIX + k: v for k, v in result.state.items()}}
         require_finite(kept, "personal state")
-        self.store.save(plan.fingerprint, kept)
+        self.store.save(plan.fingerprint, kept, announcement.run_id)
 
     def _step_budget(self, plan: Plan) -> StepBudget:
         """The micro-batch this round's split and batch size allow under the memory budget.
@@ -222,9 +232,11 @@ class RoundContexts:
         )
         return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
 
-    def _load_personal(self, plan: Plan, received: Tensors) -> tuple[Tensors, Tensors]:
-        """Stored personal part and algorithm state, else the coordinator's starting point."""
-        stored = self.store.load(plan.fingerprint) if self.stateful else None
+    def _load_personal(
+        self, plan: Plan, received: Tensors, run_id: str
+    ) -> tuple[Tensors, Tensors]:
+        """This run's stored personal part and algorithm state, else the coordinator's start."""
+        stored = self.store.load(plan.fingerprint, run_id) if self.stateful else None
         if stored is not None:
             personal = {k: v for k, v in stored.items() if not k.startswith(STATE_PREFIX)}
             state = {

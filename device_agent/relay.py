@@ -69,6 +69,7 @@ class RelayClient:
         wanted = relay_update(update).choose_models(ctx, phase)
         self._awaiting = (announcement, model)
         return PeerRequest(
+            run_id=announcement.run_id,
             round_id=announcement.round_id,
             phase=phase,
             device_id=self.device_id,

@@ -70,6 +70,7 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
             max_load_per_core=settings.max_load_per_core,
             require_mains_power=settings.require_mains_power,
         ),
+        limits=settings.work_limits(),
     )
     transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent

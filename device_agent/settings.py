@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols import topics
 from protocols.program_settings import BrokerAccess, TomlSettings
@@ -40,6 +41,15 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
     memory_budget: str | None = Field(
         None, description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"
     )
+    max_epochs: int = Field(100, ge=1, description="decline rounds asking for more epochs")
+    max_steps: int = Field(100_000, ge=1, description="most optimizer steps in one round")
+    max_round_seconds: float = Field(
+        3600.0, gt=0, description="most seconds of local work in one round"
+    )
+
+    def work_limits(self) -> WorkLimits:
+        """This device's ceilings on one round's work."""
+        return WorkLimits(self.max_epochs, self.max_steps, self.max_round_seconds)
 
     @field_validator("device_id")
     @classmethod

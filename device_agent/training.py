@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from device_agent.work_limits import WorkMeter
 from pfl_tasks.base import Split, Task
 from protocols.codec import Tensors
 from protocols.errors import TrainingError
@@ -22,9 +23,14 @@ ExtraLoss = Callable[[], torch.Tensor]
 
 @dataclass(frozen=True)
 class StepBudget:
-    """How the memory plan bounds one optimizer step: micro-batch size (None = whole batch)."""
+    """How one optimizer step is bounded.
+
+    `micro_batch_size` comes from the memory plan (None = whole batch); `meter` counts the
+    round's steps and time against the device's ceilings (None = no ceilings).
+    """
 
     micro_batch_size: int | None = None
+    meter: WorkMeter | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ def train(
                     raise TrainingError(msg)
             optimizer.step()
             steps += 1
+            if budget is not None and budget.meter is not None:
+                budget.meter.tick()
             losses.append(batch_loss.detach())
             sizes.append(int(inputs.shape[0]))
     finally:

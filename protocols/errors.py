@@ -52,3 +52,8 @@ class TrainingError(PflError):
 
 class MemoryBudgetError(PflError):
     """Local training cannot fit in the memory budget even at a micro-batch of one."""
+
+
+def describe(error: BaseException) -> str:
+    """One line for a log or a status: our own errors say what is wrong, others name their type."""
+    return str(error) if isinstance(error, PflError) else f"{type(error).__name__}: {error}"

@@ -50,6 +50,9 @@ MAX_COUNT = 10**12
 """The largest sample count a message may carry; the coordinator's own limit is lower."""
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+RunId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+"""One run of a coordinator (a random UUID's hex): new on a fresh start, kept on `--resume`.
+Answers carry it back, so nothing from an earlier run is taken for the current one."""
 MAX_PEERS = 100_000
 """Most model owners one message may name (the candidate list of a relay round)."""
 Scalars = dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], BoundedFloat]
@@ -131,6 +134,8 @@ class DeviceStatus(Message):
     device_id: DeviceId
     state: Literal["online", "training", "evaluating", "exporting", "skipped", "offline"]
     round_id: NonNegativeInt | None = None
+    run_id: RunId | None = None
+    """With `round_id`: the run of the round this status is about (e.g. the one skipped)."""
     last_loss: BoundedFloat | None = None
     detail: str = Field(default="", max_length=1024)
 
@@ -160,6 +165,8 @@ class FleetDevice(WireModel):
     detail: str = Field(default="", max_length=1024)
     dropped: NonNegativeInt = 0
     """Messages from this device the coordinator dropped (malformed, stale, over a limit)."""
+    quarantined: bool = False
+    """Over its limit of dropped messages this round: ignored until the next round starts."""
 
 
 class FleetStatus(Message):
@@ -198,6 +205,7 @@ class RoundAnnouncement(Message):
     """
 
     kind: Literal["round"] = "round"
+    run_id: RunId
     round_id: NonNegativeInt
     phase: Literal["train", "evaluate", "export"]
     algorithm: str = Field(max_length=64)
@@ -224,6 +232,7 @@ class PeerRequest(Message):
     """
 
     kind: Literal["peer-request"] = "peer-request"
+    run_id: RunId
     round_id: NonNegativeInt
     phase: Literal["train", "evaluate"]
     device_id: DeviceId
@@ -267,6 +276,7 @@ class DeviceUpdate(Message):
     """A device's answer to a training round: shared-parameter delta plus scalars only."""
 
     kind: Literal["update"] = "update"
+    run_id: RunId
     round_id: NonNegativeInt
     device_id: DeviceId
     algorithm: str = Field(max_length=64)
@@ -280,6 +290,7 @@ class EvaluationReport(Message):
     """A device's held-out metrics for its personalized model and for the shared global model."""
 
     kind: Literal["evaluation"] = "evaluation"
+    run_id: RunId
     round_id: NonNegativeInt
     device_id: DeviceId
     metric_name: Literal["accuracy", "mse"]

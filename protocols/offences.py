@@ -47,18 +47,25 @@ class Offences:
             if now - tally.last_logged < self.interval_s:
                 return False
             count, tally.unlogged, tally.last_logged = tally.unlogged, 0, now
+        who = sender or "the fleet's own topics"
         if count == 1:
-            logger.warning("dropped a message from %s on %s: %s", sender, topic, reason)
+            logger.warning("dropped a message from %s on %s: %s", who, topic, reason)
         else:
             logger.warning(
                 "dropped %d messages from %s in %.0f s, the last on %s: %s",
                 count,
-                sender,
+                who,
                 self.interval_s,
                 topic,
                 reason,
             )
         return True
+
+    def count(self, sender: str) -> int:
+        """Dropped messages of one sender since the start."""
+        with self._lock:
+            tally = self._tallies.get(sender)
+            return 0 if tally is None else tally.total
 
     def counts(self) -> dict[str, int]:
         """Dropped messages per sender since the start."""

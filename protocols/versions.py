@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from typing import Final
 
-PROTOCOL_VERSION: Final = 1
-SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({1})
+PROTOCOL_VERSION: Final = 2
+"""2: a run id in announcements and in every answer to one."""
+SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({2})

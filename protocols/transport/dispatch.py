@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocols.errors import ProtocolError
+from protocols.errors import ProtocolError, describe
 from protocols.offences import Offences
 from protocols.topics import parse_chunk_topic, topic_matches
 from protocols.transport import chunking
@@ -176,5 +176,8 @@ class Dispatcher:
     def _call(self, pattern: str, handler: MessageHandler, topic: str, payload: bytes) -> None:
         try:
             handler(topic, payload)
-        except Exception:
-            logger.exception("%s: handler for %s failed on %s", self.client_id, pattern, topic)
+        except Exception as error:  # one line per sender and interval; the traceback in debug
+            logger.debug(
+                "%s: handler for %s failed on %s", self.client_id, pattern, topic, exc_info=True
+            )
+            self.offences.record(sender_of(topic), topic, describe(error))

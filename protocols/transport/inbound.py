@@ -16,11 +16,13 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from protocols.errors import ProtocolError
-from protocols.topics import parse_chunk_topic, parse_topic
+from protocols.topics import DEVICE_TOPIC_KINDS, parse_chunk_topic, parse_topic
 
 Item = TypeVar("Item")
 FLEET_CHANNEL = ""
 """The sender of messages on the fleet's own topics (model, round, command, relay)."""
+UNKNOWN_SENDER = "?"
+"""Charged with messages on topics that name no valid device (never quarantined: no one)."""
 
 
 def sender_of(topic: str) -> str:
@@ -29,8 +31,10 @@ def sender_of(topic: str) -> str:
     try:
         ref = parse_topic(chunk[0] if chunk else topic)
     except ProtocolError:
-        return "?"
-    return ref.device_id or FLEET_CHANNEL
+        return UNKNOWN_SENDER
+    # command/<id> and relay/<id> name their recipient: they come from the coordinator
+    sent_by_device = ref.device_id is not None and ref.kind in DEVICE_TOPIC_KINDS
+    return ref.device_id if sent_by_device and ref.device_id else FLEET_CHANNEL
 
 
 class TokenBucket:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocols.errors import describe
 from protocols.topics import topic_matches
 from protocols.transport.base import MessageHandler, TransportStats, Will
 
@@ -92,8 +93,14 @@ class InProcessBroker:
             stats.messages_received += 1
             try:
                 subscription.handler(topic, payload)
-            except Exception:  # a handler must never stop the hub, as with paho's loop
-                logger.exception("handler of %s failed on %s", subscription.client.client_id, topic)
+            except Exception as error:  # a handler must never stop the hub, as with paho's loop
+                logger.debug("handler of %s failed", subscription.client.client_id, exc_info=True)
+                logger.warning(
+                    "%s dropped a message on %s: %s",
+                    subscription.client.client_id,
+                    topic,
+                    describe(error),
+                )
 
 
 class InProcessTransport:

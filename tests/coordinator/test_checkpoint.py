@@ -46,6 +46,7 @@ def test_a_checkpoint_restores_round_tensors_fleet_and_rng(tmp_path) -> None:
     restore_checkpoint(resumed, checkpoint)
     # Assert
     assert resumed.round_id == 4
+    assert resumed.run_id == original.run_id != _coordinator().run_id  # a fresh one is new
     assert torch.equal(resumed.shared["w"], torch.ones(2, 3))
     assert np.array_equal(resumed.rng.random(4), original.rng.random(4))
     assert [(r.device_id, r.num_train_samples, r.online) for r in resumed.registry.records()] == [

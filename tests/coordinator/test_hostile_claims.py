@@ -34,6 +34,7 @@ def _liar(broker: InProcessBroker, samples: int) -> list[str]:
             return
         manifest, blob = pack_tensors({"bogus": torch.zeros(1)})
         header = DeviceUpdate(
+            run_id=message.run_id,
             round_id=message.round_id,
             device_id="liar",
             algorithm=message.algorithm,

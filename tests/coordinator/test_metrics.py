@@ -6,6 +6,7 @@ from protocols.messages import EvaluationReport
 
 def _report(i: int, value: float, n_train: int, n_test: int, metric: str = "accuracy"):
     return EvaluationReport(
+        run_id="0" * 32,
         round_id=1,
         device_id=f"dev-{i:02d}",
         metric_name=metric,

@@ -14,12 +14,15 @@ from protocols.codec import decode_frame, describe_tensors
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import PeerModels, PeerRequest
 
+RUN = "0" * 32
 MODEL = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
 FLEET = FleetSnapshot(tuple(DeviceInfo(d, 10, True) for d in ("d0", "d1", "d2")))
 
 
 def _request(round_id: int, device: str, models: tuple[str, ...]) -> PeerRequest:
-    return PeerRequest(round_id=round_id, phase="train", device_id=device, models=models)
+    return PeerRequest(
+        run_id=RUN, round_id=round_id, phase="train", device_id=device, models=models
+    )
 
 
 def _federico_relay() -> ModelRelay:

@@ -27,6 +27,8 @@ from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
 from protocols.messages import Capabilities, DeviceHello, DeviceUpdate, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
 
+RUN = "0" * 32
+
 
 def _deltas(*values: list[float]) -> list[Tensors]:
     return [{"w": torch.tensor(v, dtype=torch.float32)} for v in values]
@@ -169,6 +171,7 @@ def update_frame(
         blob = blob[:offset] + struct.pack("<f", math.nan) + blob[offset + 4 :]
         manifest = manifest.model_copy(update={"sha256": hashlib.sha256(blob).hexdigest()})
     update = DeviceUpdate(
+        run_id=RUN,
         round_id=round_id,
         device_id=device_id,
         algorithm="fedavg",
@@ -189,6 +192,7 @@ def test_a_nan_update_is_rejected_counted_and_the_round_still_closes(
         {"w": torch.zeros(3)},
         EngineSettings(rounds=1, quorum=0.5),
     )
+    coordinator.run_id = RUN
     fleet = ScriptedFleet(
         broker,
         {

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from coordinator.rounds import _Collector
+from coordinator.intake import Collector
 
 
 def test_a_round_waits_for_online_devices_and_the_quorum() -> None:
     # Prepare
-    collector: _Collector[int] = _Collector(1, "train", {"a", "b", "c"})
+    collector: Collector[int] = Collector(1, "train", {"a", "b", "c"})
     collector.offer("a", 1)
     # Assert: b is online and silent, so wait; once b is offline, a alone misses quorum 2
     assert not collector.settled({"a", "b"}, needed=2)
@@ -20,7 +20,7 @@ def test_a_round_waits_for_online_devices_and_the_quorum() -> None:
 
 
 def test_duplicates_and_strangers_are_not_counted() -> None:
-    collector: _Collector[int] = _Collector(1, "train", {"a"})
+    collector: Collector[int] = Collector(1, "train", {"a"})
     assert collector.offer("a", 1)
     assert not collector.offer("a", 2)
     assert not collector.offer("z", 3)

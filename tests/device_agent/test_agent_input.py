@@ -1,7 +1,7 @@
 import torch
 
 from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
+from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
@@ -60,3 +60,48 @@ def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
     record = coordinator.run_round()
     assert record.participants == 1
     assert all(torch.isfinite(t).all() for t in coordinator.shared.values())
+
+
+def test_a_new_run_never_gets_an_earlier_runs_cached_answer() -> None:
+    # Prepare: one agent, and a coordinator whose round 1 it answers
+    settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=1, rounds=1)
+    task = load_task("digits")
+    broker = InProcessBroker()
+
+    def coordinator_run() -> Coordinator:
+        model = task.build_model(0)
+        return build_coordinator(
+            lambda: broker.connect("coordinator"),
+            plan_stages(settings, task, model),
+            model,
+            EngineSettings(task="digits", rounds=1),
+        )
+
+    workspace = task.build_model(0)
+    agent = DeviceAgent(
+        device_id="dev-0",
+        fleet="default",
+        transport=broker.connect("dev-0"),
+        task=task,
+        data=task.make_fleet(2, PartitionSpec(), 0)[0],
+        seed=0,
+        store=MemoryStateStore(),
+        workspace=workspace,
+        initial_state=dict(workspace.state_dict()),
+    )
+    agent.start()
+    first = coordinator_run()
+    first.start()
+    assert first.wait_for_devices(1, 1.0)
+    assert first.run_round().participants == 1
+    first.transport.close()
+    # Execute: a fresh run asks for the same round of the same model (same seed, same digest)
+    second = coordinator_run()
+    second.start()
+    assert second.wait_for_devices(1, 1.0)
+    record = second.run_round()
+    # Assert: the agent worked for the new run instead of re-sending run 1's answer
+    assert second.run_id != first.run_id
+    assert second._model_sha == first._model_sha
+    assert record.participants == 1
+    assert second.rejected == 0

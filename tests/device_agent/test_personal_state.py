@@ -133,3 +133,55 @@ def test_stateless_devices_keep_nothing_and_stateful_ones_keep_their_part() -> N
     for agent in stateful.agents:
         assert set(agent.store._tensors) == {"output.weight", "output.bias"}
     assert stateless.summary.metrics != stateful.summary.metrics
+
+
+def test_a_new_run_starts_fresh_and_sets_the_earlier_runs_state_aside(tmp_path) -> None:
+    # Prepare: state of run A on disk
+    store = DiskStateStore(tmp_path / "state")
+    run_a, run_b = "a" * 32, "b" * 32
+    store.save("fp", {"output.weight": torch.ones(2, 2)}, run_a)
+    # Execute / Assert: run B sees nothing of run A's, which stays readable where it was moved
+    assert store.load("fp", run_b) is None
+    assert torch.equal(store.load("fp", run_a)["output.weight"], torch.ones(2, 2))
+    store.save("fp", {"output.weight": torch.zeros(2, 2)}, run_b)
+    assert torch.equal(store.load("fp", run_b)["output.weight"], torch.zeros(2, 2))
+    assert store.load("fp", run_a) is None
+    earlier = DiskStateStore(tmp_path / "state" / "earlier-runs" / run_a)
+    assert torch.equal(earlier.load("fp", run_a)["output.weight"], torch.ones(2, 2))
+    # state from before run ids existed counts as another run's too
+    legacy = DiskStateStore(tmp_path / "legacy")
+    legacy.save("fp", {"output.weight": torch.ones(1)})
+    assert legacy.load("fp", run_a) is None
+    assert legacy.load("fp") is not None
+
+
+def test_a_fresh_run_trains_from_the_start_not_from_an_earlier_runs_state(tmp_path) -> None:
+    # Prepare: one round of a stateful algorithm, then a fresh coordinator on the same state dir
+    coordinator, agent = _fleet(tmp_path, {})
+    device = agent()
+    coordinator.start()
+    assert coordinator.wait_for_devices(1, 5.0)
+    coordinator.run_round()
+    first_run, after_one_round = coordinator.run_id, _stored(tmp_path)
+    device.transport.close()
+    coordinator.transport.close()
+    fresh, fresh_agent = _fleet(tmp_path, {})
+    restarted = fresh_agent()
+    fresh.start()
+    assert fresh.wait_for_devices(1, 5.0)
+    # Execute
+    fresh.run_round()
+    # Assert: the same seed from the same start gives the same state as run A's first round
+    # (continuing from run A's state would not), and run A's state was moved, not lost
+    assert fresh.run_id != first_run
+    record = json.loads((tmp_path / "state" / "personal.json").read_text())
+    assert record["run_id"] == fresh.run_id
+    again = _stored(tmp_path)
+    assert all(torch.equal(again[k], after_one_round[k]) for k in after_one_round)
+    earlier = DiskStateStore(tmp_path / "state" / "earlier-runs" / first_run)
+    assert all(
+        torch.equal(earlier.load(record["fingerprint"], first_run)[k], after_one_round[k])
+        for k in after_one_round
+    )
+    restarted.transport.close()
+    fresh.transport.close()

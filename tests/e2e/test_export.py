@@ -191,7 +191,8 @@ def test_an_agent_with_state_for_another_architecture_refuses_clearly(tmp_path) 
     task = load_task("digits")
     workspace = task.build_model(0)
     initial = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
-    DiskStateStore(tmp_path / "state").save("0" * 64, {"output.weight": torch.zeros(5, 3)})
+    run_id = "5" * 32  # the state is this run's: another run's would be set aside, not refused
+    DiskStateStore(tmp_path / "state").save("0" * 64, {"output.weight": torch.zeros(5, 3)}, run_id)
     hub = InProcessBroker()
     agent = DeviceAgent(
         device_id="old-pi",
@@ -220,6 +221,7 @@ def test_an_agent_with_state_for_another_architecture_refuses_clearly(tmp_path) 
     manifest, blob = pack_tensors(initial)  # the coordinator sends the whole model
     model = encode_frame(SharedModelMessage(round_id=3, manifest=manifest), blob)
     announcement = RoundAnnouncement(
+        run_id=run_id,
         round_id=3,
         phase="train",
         algorithm=algorithm,

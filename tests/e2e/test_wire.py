@@ -45,6 +45,7 @@ def test_duplicated_and_stale_updates_change_nothing(mosquitto) -> None:
     def update(round_id: int, delta: float) -> bytes:
         manifest, blob = pack_tensors({k: torch.full_like(v, delta) for k, v in shared.items()})
         message = DeviceUpdate(
+            run_id=coordinator.run_id,
             round_id=round_id,
             device_id="crafted",
             algorithm="fedavg",

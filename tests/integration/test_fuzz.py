@@ -34,6 +34,7 @@ FLEET = "default"
 DEVICES = ("dev-0", "dev-1", "dev-2")
 ROUNDS = 3
 TASK = "sine"
+RUN = "f" * 32  # the fleet's coordinator runs under this id, so crafted answers reach it
 STALE_ROUND = 777_777  # never current; no 1-3 bit flips of its digits reach a real round id
 FUZZ_SETTINGS = settings(
     max_examples=25,
@@ -69,6 +70,7 @@ def _fleet() -> Fleet:
         model,
         EngineSettings(task=TASK, rounds=ROUNDS),
     )
+    coordinator.run_id = RUN
     shards = task.make_fleet(len(DEVICES), PartitionSpec(), 0)
     agents = []
     for index, device_id in enumerate(DEVICES):
@@ -132,6 +134,7 @@ def _update(
     manifest, blob = pack_tensors(tensors)
     fields = {"algorithm": "fedavg", "num_samples": 10, "train_loss": 0.5, **extra}
     header = DeviceUpdate(
+        run_id=RUN,
         round_id=round_id, device_id=device_id, manifest=manifest, sent_at=0.0, **fields
     )
     return encode_frame(header, blob)
@@ -144,6 +147,7 @@ def _zeros(specs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _valid_frames(specs: dict[str, torch.Tensor]) -> list[bytes]:
     """Well-formed frames that nothing may accept: their round is stale (bit-flip material)."""
     report = EvaluationReport(
+        run_id=RUN,
         round_id=STALE_ROUND,
         device_id="dev-1",
         metric_name="mse",
@@ -159,6 +163,7 @@ def _agent_frames(specs: dict[str, torch.Tensor]) -> list[bytes]:
     """Frames an agent receives on its topics, for truncation and corrupt prefixes."""
     manifest, blob = pack_tensors(_zeros(specs))
     announcement = RoundAnnouncement(
+        run_id=RUN,
         round_id=1, phase="train", algorithm="fedavg", model_sha256=manifest.sha256, sent_at=0.0
     )
     return [
@@ -287,7 +292,9 @@ def test_malformed_messages_during_a_run_change_nothing(data: st.DataObject) -> 
     sent: list[Malformed] = []
     records: list[logging.LogRecord] = []
     handler = _ListHandler(records)
-    logging.getLogger("protocols.transport.inprocess").addHandler(handler)
+    hub_logger = logging.getLogger("protocols.transport.inprocess")
+    hub_logger.addHandler(handler)
+    hub_logger.setLevel(logging.DEBUG)  # the traceback of each failure is a debug record
 
     during: dict[int, list[Malformed]] = {}
 
@@ -315,7 +322,8 @@ def test_malformed_messages_during_a_run_change_nothing(data: st.DataObject) -> 
     try:
         final = _run(fleet, inject)
     finally:
-        logging.getLogger("protocols.transport.inprocess").removeHandler(handler)
+        hub_logger.removeHandler(handler)
+        hub_logger.setLevel(logging.NOTSET)
     # Assert: no unexpected exception; every coordinator-bound message rejected and counted
     failures = _hub_failures(records)
     unexpected = [r for r in failures if not issubclass(r.exc_info[0], PflError)]  # type: ignore[index, arg-type]
@@ -350,7 +358,7 @@ def _agent_topics(agent: DeviceAgent) -> list[str]:
 
 class _ListHandler(logging.Handler):
     def __init__(self, records: list[logging.LogRecord]) -> None:
-        super().__init__(logging.ERROR)
+        super().__init__(logging.DEBUG)
         self.records = records
 
     def emit(self, record: logging.LogRecord) -> None:

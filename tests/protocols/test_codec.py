@@ -62,6 +62,7 @@ def make_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> to
 
 def update_header(manifest: TensorManifest) -> DeviceUpdate:
     return DeviceUpdate(
+        run_id="ab" * 16,
         round_id=4,
         device_id="jetson-7",
         algorithm="fedavg",
@@ -321,10 +322,10 @@ def test_malformed_header_is_rejected(header: bytes) -> None:
 def test_unsupported_protocol_version_is_rejected() -> None:
     # Prepare
     fields = json.loads(dump_header(DeviceStatus(device_id="pi-3", state="online")))
-    fields["protocol_version"] = 2
+    fields["protocol_version"] = 99
 
     # Execute / Assert
-    with pytest.raises(ProtocolError, match="unsupported protocol version 2"):
+    with pytest.raises(ProtocolError, match="unsupported protocol version 99"):
         decode_frame(frame_with_header_bytes(json.dumps(fields).encode()))
 
 

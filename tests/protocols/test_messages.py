@@ -83,7 +83,9 @@ FLEET = FleetStatus(
     ),
 )
 MODEL = SharedModel(round_id=5, manifest=MANIFEST)
+RUN = "0123456789abcdef" * 2
 ROUND = RoundAnnouncement(
+    run_id=RUN,
     round_id=5,
     phase="train",
     algorithm="selffl",
@@ -93,6 +95,7 @@ ROUND = RoundAnnouncement(
     assignments={"pi-3": DeviceAssignment(scalars={"sigma0_sq": 0.5})},
 )
 UPDATE = DeviceUpdate(
+    run_id=RUN,
     round_id=5,
     device_id="pi-3",
     algorithm="selffl",
@@ -102,6 +105,7 @@ UPDATE = DeviceUpdate(
     manifest=MANIFEST,
 )
 EVALUATION = EvaluationReport(
+    run_id=RUN,
     round_id=5,
     device_id="pi-3",
     metric_name="mse",
@@ -122,6 +126,7 @@ EXPORT = ExportReport(
     metrics={"latency_ms": 0.8},
 )
 REQUEST = PeerRequest(
+    run_id=RUN,
     round_id=5, phase="train", device_id="pi-3", models=("pi-3", "pi-7"), cached={"pi-7": "ab" * 32}
 )
 RELAY = PeerModels(
@@ -257,6 +262,7 @@ def test_non_finite_floats_are_rejected_when_built_in_code() -> None:
     # Execute / Assert
     with pytest.raises(ValidationError, match="expected a finite number"):
         DeviceUpdate(
+            run_id=RUN,
             round_id=1,
             device_id="pi-3",
             algorithm="fedavg",
@@ -272,10 +278,13 @@ def test_non_finite_floats_are_rejected_when_built_in_code() -> None:
         ("update", "round_id", -1, "round_id"),
         ("update", "num_samples", -5, "num_samples"),
         ("round", "model_sha256", "not-a-digest", "model_sha256"),
+        ("round", "run_id", "../../etc", "run_id"),
+        ("update", "run_id", "A" * 32, "run_id"),
+        ("evaluation", "run_id", "", "run_id"),
         ("round", "deadline_s", 0, "deadline_s"),
         ("status", "state", "sleeping", "state"),
         ("command", "action", "format-disk", "action"),
-        ("update", "protocol_version", 2, "unsupported protocol version 2"),
+        ("update", "protocol_version", 1, "unsupported protocol version 1"),
         ("update", "kind", "gossip", "kind"),
     ],
 )
@@ -343,6 +352,8 @@ def test_round_addresses_only_assigned_devices_unless_none_are() -> None:
 
 def test_a_peer_request_names_each_owner_once() -> None:
     with pytest.raises(ValidationError, match="must not repeat"):
-        PeerRequest(round_id=1, phase="train", device_id="pi-3", models=("pi-3", "pi-7", "pi-7"))
+        PeerRequest(
+            run_id=RUN, round_id=1, phase="train", device_id="pi-3", models=("pi-3", "pi-7", "pi-7")
+        )
     with pytest.raises(ValidationError, match="at least 1"):
-        PeerRequest(round_id=1, phase="evaluate", device_id="pi-3", models=())
+        PeerRequest(run_id=RUN, round_id=1, phase="evaluate", device_id="pi-3", models=())

@@ -11,6 +11,7 @@ from protocols.algorithms import FedericoConfig
 from protocols.errors import RoundError
 from protocols.messages import PeerRequest
 
+RUN = "0" * 32
 TEMPLATE = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
 
 
@@ -28,7 +29,9 @@ def _strategy(**config: object) -> FedericoStrategy:
 
 
 def _request(device: str, models: tuple[str, ...], **values: object) -> PeerRequest:
-    return PeerRequest(round_id=1, phase="train", device_id=device, models=models, **values)
+    return PeerRequest(
+        run_id=RUN, round_id=1, phase="train", device_id=device, models=models, **values
+    )
 
 
 def test_relay_sends_the_requested_models_and_promises_their_contribution_layout() -> None:

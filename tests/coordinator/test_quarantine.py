@@ -1,0 +1,82 @@
+"""A device over its limit of dropped messages sits out the rest of the round, then comes back."""
+
+from __future__ import annotations
+
+import torch
+
+from coordinator.aggregate_guard import GuardSettings
+from coordinator.quarantine import Quarantine
+from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.strategies import build_strategy
+from coordinator.strategies.fedavg import FedAvgConfig
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.messages import FleetStatus
+from protocols.transport.inprocess import InProcessBroker
+from tests.coordinator.test_robust_aggregate import RUN, ScriptedFleet, update_frame
+
+
+def test_drops_past_the_limit_quarantine_until_the_next_round() -> None:
+    quarantine = Quarantine(limit=3)
+    quarantine.start_round(1, {"a": 10})
+    assert quarantine.holds("a", 13) == (False, False)  # 3 this round: at the limit
+    assert quarantine.holds("a", 14) == (True, True)
+    assert quarantine.holds("a", 14) == (True, False)
+    assert quarantine.holds("b", 2) == (False, False)
+    assert quarantine.held() == {"a"}
+    quarantine.start_round(2, {"a": 14})
+    assert quarantine.held() == frozenset()
+    assert quarantine.holds("a", 15) == (False, False)
+    assert Quarantine(limit=0).holds("a", 10**6) == (False, False)
+
+
+def test_a_device_over_its_limit_is_ignored_for_the_round_and_shown_in_the_status() -> None:
+    # Prepare: two honest devices and one that sends garbage before its (valid) update
+    broker = InProcessBroker()
+    coordinator = Coordinator(
+        broker.connect("coordinator"),
+        build_strategy(FedAvgConfig(), 1.0),
+        {"w": torch.zeros(3)},
+        EngineSettings(rounds=2, quorum=0.5, guard=GuardSettings(quarantine_after=5)),
+    )
+    coordinator.run_id = RUN
+    sent_garbage: list[int] = []
+
+    def noisy(round_id: int, device_id: str) -> bytes:
+        if round_id == 1:
+            update = topics.device("default", device_id, "update")
+            for _ in range(10):
+                broker.connect("noisy-raw").publish(update, b"garbage")
+            sent_garbage.append(round_id)
+        return update_frame(round_id, device_id, [30.0, 30.0, 30.0])
+
+    fleet = ScriptedFleet(
+        broker,
+        {
+            "dev-a": lambda r, d: update_frame(r, d, [1.0, 2.0, 3.0]),
+            "dev-b": lambda r, d: update_frame(r, d, [3.0, 2.0, 1.0]),
+            "noisy": noisy,
+        },
+    )
+    statuses: list[FleetStatus] = []
+    watcher = broker.connect("watcher")
+    watcher.subscribe(
+        topics.fleet_status("default"),
+        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+    )
+    coordinator.start()
+    fleet.hello()
+    assert coordinator.wait_for_devices(3, 1.0)
+    # Execute
+    first = coordinator.run_round()
+    broker.pump(lambda: False)  # deliver the fleet status published on quarantine
+    during = [s for s in statuses if any(d.quarantined for d in s.devices)]
+    second = coordinator.run_round()
+    # Assert: round 1 closed on the honest pair without waiting for the noisy device's update,
+    # which was ignored; the status showed it quarantined; it took part again in round 2
+    assert sent_garbage == [1]
+    assert first.participants == 2
+    assert during
+    assert {d.device_id for d in during[-1].devices if d.quarantined} == {"noisy"}
+    assert second.participants == 3
+    assert coordinator.quarantine.held() == frozenset()

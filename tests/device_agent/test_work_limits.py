@@ -1,0 +1,102 @@
+"""A device's own ceilings on one round's work: declined up front, or stopped while running."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import EngineSettings
+from coordinator.settings import SimulationSettings
+from device_agent.agent import DeviceAgent
+from device_agent.state_store import MemoryStateStore
+from device_agent.work_limits import WorkLimitError, WorkLimits, WorkMeter, config_problem
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.messages import DeviceStatus
+from protocols.transport.inprocess import InProcessBroker
+
+
+def test_settings_above_the_ceilings_are_named() -> None:
+    limits = WorkLimits(max_epochs=5, max_steps=50)
+    within = {"local_epochs": 5, "prox_steps": 50, "adaptive_steps": True}
+    assert config_problem(within, limits) is None
+    assert "local_epochs=6" in str(config_problem({"local_epochs": 6}, limits))
+    assert "finetune_epochs=1000000" in str(config_problem({"finetune_epochs": 10**6}, limits))
+    assert "prox_steps=51" in str(config_problem({"prox_steps": 51, "lr": 0.1}, limits))
+    assert config_problem({"max_steps": None, "personal": ["a"]}, limits) is None
+
+
+def test_the_meter_stops_a_round_past_its_steps_or_seconds() -> None:
+    now = [0.0]
+    meter = WorkMeter(WorkLimits(max_steps=3, max_seconds=10.0), clock=lambda: now[0])
+    for _ in range(3):
+        meter.tick()
+    with pytest.raises(WorkLimitError, match="ceiling of 3 steps"):
+        meter.tick()
+    slow = WorkMeter(WorkLimits(max_steps=100, max_seconds=10.0), clock=lambda: now[0])
+    slow.tick()
+    now[0] = 10.5
+    with pytest.raises(WorkLimitError, match="ceiling of 10 s"):
+        slow.tick()
+
+
+def _run_one_round(limits: WorkLimits, options: dict[str, object]) -> tuple[int, str]:
+    """A round with a limited device and an unlimited one: (participants, limited's detail)."""
+    settings = SimulationSettings.load(
+        None, task="digits", algorithm="fedavg", devices=2, rounds=1, algorithm_options=options
+    )
+    task = load_task("digits")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task="digits", rounds=1, quorum=0.5),
+    )
+    shards = task.make_fleet(2, PartitionSpec(), 0)
+    for index, (device_id, device_limits) in enumerate((("limited", limits), ("free", None))):
+        workspace = task.build_model(0)
+        DeviceAgent(
+            device_id=device_id,
+            fleet="default",
+            transport=broker.connect(device_id),
+            task=task,
+            data=shards[index],
+            seed=0,
+            store=MemoryStateStore(),
+            workspace=workspace,
+            initial_state=dict(workspace.state_dict()),
+            limits=device_limits,
+        ).start()
+    statuses: list[DeviceStatus] = []
+    watcher = broker.connect("watcher")
+    watcher.subscribe(
+        topics.device("default", "limited", "status"),
+        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+    )
+    coordinator.start()
+    assert coordinator.wait_for_devices(2, 1.0)
+    record = coordinator.run_round()
+    broker.pump(lambda: False)
+    return record.participants, statuses[-1].detail if statuses else ""
+
+
+def test_a_round_asking_for_too_many_epochs_is_declined_with_the_reason() -> None:
+    participants, detail = _run_one_round(WorkLimits(max_epochs=5), {"local_epochs": 6})
+    assert participants == 1
+    assert "local_epochs=6 is above this device's ceiling of 5 epochs" in detail
+
+
+def test_a_round_running_past_the_step_ceiling_is_stopped_and_declined() -> None:
+    participants, detail = _run_one_round(WorkLimits(max_steps=3), {"local_epochs": 2})
+    assert participants == 1
+    assert "passed this device's ceiling of 3 steps" in detail
+
+
+def test_within_the_ceilings_nothing_changes() -> None:
+    participants, detail = _run_one_round(WorkLimits(), {"local_epochs": 2})
+    assert participants == 2
+    assert "ceiling" not in detail

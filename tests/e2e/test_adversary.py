@@ -1,0 +1,464 @@
+"""One device's valid credentials against a real coordinator on mosquitto with the generated ACL.
+
+Three honest agent processes and `serve` (TLS, per-account passwords, the ACL, client ids bound
+to user names) run a FedAvg fleet; an attacker holding the credentials of a fourth provisioned
+device attacks each run with one class of attack. For every class: the run completes, every
+honest device answers every round, and the final model is finite and equal to a simulation
+without the attacker, or, where the attack only changes weights and norms, within the bound
+docs/security.md promises. The table there lists these classes and their outcomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from coordinator.aggregate_guard import GuardSettings
+from coordinator.pipeline import RunResult
+from coordinator.serve import run_serve
+from coordinator.settings import ServeSettings, SimulationSettings
+from coordinator.simulate import device_name, run_simulation
+from coordinator.status import collect_fleet_view
+from device_agent.capabilities import probe_capabilities
+from pfl_tasks.registry import load_task
+from protocols import topics
+from protocols.codec import decode_frame, encode_frame, pack_tensors
+from protocols.messages import (
+    Command,
+    DeviceHello,
+    DeviceStatus,
+    DeviceUpdate,
+    RoundAnnouncement,
+    SharedModel,
+)
+from protocols.transport import chunking
+from protocols.transport.mqtt import MqttTransport
+from tests.e2e.conftest import Processes
+from tests.provisioned import ProvisionedBroker, start_provisioned
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
+FLEET = "lab"
+EVIL = "evil"
+HONEST = 3
+ROUNDS = 2
+RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
+GUARD = GuardSettings()
+
+
+@dataclass
+class Fleet:
+    """The provisioned broker and the honest agent processes, shared by every attack."""
+
+    broker: ProvisionedBroker
+    processes: Processes
+    directory: Path
+    runs: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"mqtts://127.0.0.1:{self.broker.tls_port}"
+
+    def serve(
+        self, rounds: int, min_devices: int = HONEST
+    ) -> tuple[RunResult, list[dict[str, Any]]]:
+        """One fresh run of `pfl-coord serve`; its result and metrics.jsonl lines."""
+        self.runs += 1
+        out = self.directory / f"run-{self.runs}"
+        coordinator = self.broker.account("coordinator")
+        settings = ServeSettings.load(
+            None,
+            **RUN,
+            broker=self.url,
+            fleet=FLEET,
+            username=coordinator.username,
+            password=coordinator.password,
+            ca_file=str(self.broker.result.files["ca.crt"]),
+            rounds=rounds,
+            min_devices=min_devices,
+            round_timeout=30.0,
+            join_timeout=90.0,
+            out=out / "run",
+            checkpoint_dir=out / "checkpoint",
+        )
+        result = run_serve(settings)
+        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
+        return result, [json.loads(line) for line in lines if line.strip()]
+
+    def dropped(self) -> dict[str, tuple[int, bool]]:
+        """Each device's dropped count and quarantine flag, as `pfl-coord status` shows them."""
+        operator = self.broker.account("operator")
+        view = collect_fleet_view(
+            self.broker.settings(operator.username, operator.password), FLEET, listen_s=1.0
+        )
+        assert view.fleet is not None
+        return {d.device_id: (d.dropped, d.quarantined) for d in view.fleet.devices}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    directory = tmp_path_factory.mktemp("adversary")
+    honest = [device_name(index) for index in range(HONEST)]
+    broker = start_provisioned(directory / "deploy", [*honest, EVIL], FLEET)
+    processes = Processes(directory)
+    try:
+        for index, device_id in enumerate(honest):
+            credential = broker.account(device_id)
+            processes.agent(
+                f"mqtts://127.0.0.1:{broker.tls_port}",
+                index,
+                shards=HONEST,
+                extra=(
+                    "--fleet", FLEET,
+                    "--username", credential.username,
+                    "--password", credential.password,
+                    "--ca-file", str(broker.result.files["ca.crt"]),
+                ),
+            )  # fmt: skip
+        yield Fleet(broker, processes, directory)
+    finally:
+        processes.stop_all()
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def clean() -> dict[int, RunResult]:
+    """The runs without an attacker, by number of rounds (serve + agents equal simulation)."""
+    return {
+        rounds: run_simulation(
+            SimulationSettings.load(None, **RUN, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
+        )
+        for rounds in (1, ROUNDS)
+    }
+
+
+# -- the attacker ----------------------------------------------------------------------------
+
+
+@dataclass
+class Attacker:
+    """An MQTT client with the `evil` device's credentials, reacting to every announcement."""
+
+    fleet: Fleet
+    on_round: Callable[[Attacker, RoundAnnouncement], None] | None = None
+    joined: int | None = None  # the sample count it joined with
+    seen: list[RoundAnnouncement] = field(default_factory=list)
+    transport: MqttTransport | None = None
+
+    def __enter__(self) -> Attacker:
+        credential = self.fleet.broker.account(EVIL)
+        self.transport = MqttTransport(
+            self.fleet.broker.settings(credential.username, credential.password), EVIL
+        )
+        self.transport.subscribe(topics.round_announcement(FLEET), self._on_announcement)
+        self.transport.subscribe(topics.command(FLEET), self._on_command)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self.transport is not None
+        self.transport.close()
+
+    def send(self, kind: topics.DeviceTopicKind, payload: bytes, device: str = EVIL) -> None:
+        assert self.transport is not None
+        self.transport.publish(topics.device(FLEET, device, kind), payload)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        assert self.transport is not None
+        self.transport.publish(topic, payload, retain=retain)
+
+    def hello(self, samples: int) -> None:
+        """Join the fleet (again whenever a coordinator asks): rounds then wait for `evil`."""
+        hello = DeviceHello(
+            device_id=EVIL,
+            task="digits",
+            num_train_samples=samples,
+            capabilities=probe_capabilities(),
+        )
+        self.send("hello", encode_frame(hello))
+        self.joined = samples
+
+    def decline(self, announcement: RoundAnnouncement) -> None:
+        """What keeps an attacker that joined from costing each round its deadline."""
+        status = DeviceStatus(
+            device_id=EVIL,
+            state="skipped",
+            round_id=announcement.round_id,
+            run_id=announcement.run_id,
+        )
+        self.send("status", encode_frame(status))
+
+    def _on_announcement(self, _topic: str, payload: bytes) -> None:
+        announcement, _ = decode_frame(payload)
+        assert isinstance(announcement, RoundAnnouncement)
+        self.seen.append(announcement)
+        if announcement.phase == "train" and self.on_round is not None:
+            self.on_round(self, announcement)
+        elif self.joined is not None and announcement.phase != "train":
+            self.decline(announcement)
+
+    def _on_command(self, _topic: str, payload: bytes) -> None:
+        command, _ = decode_frame(payload)
+        if isinstance(command, Command) and command.action == "hello" and self.joined is not None:
+            self.hello(self.joined)
+
+
+def _header(frame: bytes) -> bytes:
+    length = int.from_bytes(frame[4:8], "big")
+    return frame[8 : 8 + length]
+
+
+def update(
+    announcement: RoundAnnouncement,
+    tensors: dict[str, torch.Tensor],
+    *,
+    samples: int = 10,
+    device: str = EVIL,
+    **changes: object,
+) -> bytes:
+    """A well-formed DeviceUpdate frame answering `announcement` (fields overridable)."""
+    manifest, blob = pack_tensors(tensors)
+    fields: dict[str, object] = {
+        "run_id": announcement.run_id,
+        "round_id": announcement.round_id,
+        "device_id": device,
+        "algorithm": announcement.algorithm,
+        "num_samples": samples,
+        "train_loss": 0.5,
+        "manifest": manifest,
+    }
+    fields.update(changes)
+    return encode_frame(DeviceUpdate.model_validate(fields), blob)
+
+
+def raw_update(header: dict[str, object], blob: bytes) -> bytes:
+    """A frame whose header the sender's codec would refuse to write (bounds, NaN)."""
+    body = json.dumps(header).encode()
+    return b"PFL\x01" + len(body).to_bytes(4, "big") + body + blob
+
+
+def shared_like(fill: float) -> dict[str, torch.Tensor]:
+    """Tensors of the shared model's exact layout, every value `fill`."""
+    model = load_task("digits").build_model(0)
+    return {name: torch.full_like(value, fill) for name, value in model.state_dict().items()}
+
+
+# -- the attacks -----------------------------------------------------------------------------
+
+
+def counts(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Absurd sample counts: past the wire bound, past --max-samples, past its own hello."""
+    header = json.loads(_header(update(announcement, shared_like(0.0))))
+    header["num_samples"] = 10**30
+    attacker.send("update", raw_update(header, b""))
+    hello = json.loads(
+        DeviceHello(
+            device_id=EVIL, task="digits", num_train_samples=1, capabilities=probe_capabilities()
+        ).model_dump_json()
+    )
+    hello["num_train_samples"] = 10**15
+    attacker.send("hello", raw_update(hello, b""))
+    attacker.hello(GUARD.max_samples + 1)
+    attacker.send("update", update(announcement, shared_like(1.0), samples=10**9))
+
+
+def non_finite(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """NaN and Inf in the deltas (checksums matching) and in the scalars."""
+    tensors = shared_like(0.0)
+    _, blob = pack_tensors(tensors)
+    poisoned = bytearray(blob)
+    poisoned[-4:] = bytes.fromhex("0000c07f")  # the last float becomes a float32 NaN
+    header = json.loads(_header(update(announcement, tensors)))
+    header["manifest"]["sha256"] = hashlib.sha256(bytes(poisoned)).hexdigest()
+    attacker.send("update", raw_update(header, bytes(poisoned)))
+    header = json.loads(_header(update(announcement, tensors)))
+    header["train_loss"] = "NaN"
+    attacker.send("update", raw_update(header, blob))
+    header = json.loads(_header(update(announcement, tensors)))
+    header["scalars"] = {"sigma2": 1e300}
+    attacker.send("update", raw_update(header, blob))
+    attacker.decline(announcement)
+
+
+def stale_and_future(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Answers for the round before, long after and the same round of another run."""
+    for round_id in (announcement.round_id - 1, announcement.round_id + 1, 10**9):
+        attacker.send("update", update(announcement, shared_like(1.0), round_id=round_id))
+    attacker.send("update", update(announcement, shared_like(1.0), run_id="0" * 32))
+    attacker.decline(announcement)
+
+
+def shapes(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Wrong tensor names, shapes and dtypes, and a payload far past the size limit."""
+    good = shared_like(0.0)
+    name = next(iter(good))
+    attacker.send("update", update(announcement, {**good, name: torch.zeros(7)}))
+    attacker.send("update", update(announcement, {**good, "extra": torch.zeros(3)}))
+    attacker.send("update", update(announcement, {**good, name: good[name].double()}))
+    attacker.send("update", os.urandom(64) * 4096)
+    attacker.decline(announcement)
+
+
+def impersonation(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Another device's name in its own messages, and another device's topics (ACL-denied)."""
+    victim = device_name(0)
+    attacker.send("update", update(announcement, shared_like(5.0), device=victim))
+    attacker.send("update", update(announcement, shared_like(5.0), device=victim), device=victim)
+    status = DeviceStatus(device_id=victim, state="offline")
+    attacker.send("status", encode_frame(status), device=victim)
+    attacker.decline(announcement)
+
+
+def forgery(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Oversized work and a forged model and commands on the coordinator's topics (ACL)."""
+    forged = announcement.model_copy(update={"config": {"local_epochs": 10**6}})
+    attacker.publish(topics.round_announcement(FLEET), encode_frame(forged), retain=True)
+    manifest, blob = pack_tensors(shared_like(100.0))
+    model = SharedModel(round_id=announcement.round_id, manifest=manifest)
+    attacker.publish(topics.shared_model(FLEET), encode_frame(model, blob), retain=True)
+    for action in ("reset-state", "shutdown"):
+        attacker.publish(topics.command(FLEET), encode_frame(Command(action=action)))  # type: ignore[arg-type]
+    attacker.decline(announcement)
+
+
+def malformed(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Bytes that are no frame at all, on every topic of its own."""
+    for kind in topics.DEVICE_TOPIC_KINDS:
+        for payload in (b"", b"PFL", b"PFL\x01\xff\xff\xff\xff", os.urandom(300)):
+            attacker.send(kind, payload)  # type: ignore[arg-type]
+    attacker.decline(announcement)
+
+
+def flood(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Thousands of tiny messages and of chunked transfers that never complete."""
+    if announcement.round_id != 1:
+        attacker.decline(announcement)
+        return
+    chunk = chunking.split(os.urandom(600), 200)[0]
+    update_topic = topics.device(FLEET, EVIL, "update")
+    for index in range(3000):
+        attacker.publish(topics.chunk_topic(update_topic, 0), chunk)
+        attacker.send("status", b"x" * (index % 50))
+    attacker.decline(announcement)
+
+
+def takeover(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Connections under the coordinator's and a device's client ids, each round."""
+    credential = attacker.fleet.broker.account(EVIL)
+    settings = attacker.fleet.broker.settings(credential.username, credential.password)
+    for client_id in (f"pfl-coord-{FLEET}", "pfl-coordinator", device_name(1)):
+        MqttTransport(settings, client_id).close()
+    attacker.decline(announcement)
+
+
+def weights(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """A delta under the clip (norm 12, honest ones are 1-2) with a huge but allowed count.
+
+    Uncapped it would all but replace the aggregate; the weight cap halves it.
+    """
+    tensors = shared_like(1.0)
+    scale = 12.0 / math.sqrt(sum(t.numel() for t in tensors.values()))
+    tensors = {name: value * scale for name, value in tensors.items()}
+    attacker.send("update", update(announcement, tensors, samples=GUARD.max_samples))
+
+
+def norms(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """An enormous but finite delta: the norm clip bounds it."""
+    attacker.send("update", update(announcement, shared_like(1e6), samples=10))
+
+
+NO_EFFECT = {
+    "counts": counts,
+    "non-finite": non_finite,
+    "stale-and-future-rounds": stale_and_future,
+    "shapes-and-sizes": shapes,
+    "impersonation": impersonation,
+    "forgery-and-oversized-work": forgery,
+    "malformed-frames": malformed,
+    "flood": flood,
+    "id-takeover": takeover,
+}
+BOUNDED = {"weights": (weights, GUARD.max_samples), "norms": (norms, 10)}
+
+
+def _assert_equal(result: RunResult, reference: RunResult) -> None:
+    for name, tensor in reference.final_shared.items():
+        assert bool(torch.isfinite(result.final_shared[name]).all()), name
+        assert torch.equal(result.final_shared[name], tensor), name
+
+
+@pytest.mark.parametrize("attack", list(NO_EFFECT))
+def test_an_attack_changes_nothing(fleet: Fleet, clean: dict[int, RunResult], attack: str) -> None:
+    with Attacker(fleet, NO_EFFECT[attack]) as attacker:
+        members = HONEST
+        if attack != "counts":
+            attacker.hello(10)  # a member of the fleet: its answers reach the deepest checks
+            members += 1
+        result, lines = fleet.serve(ROUNDS, min_devices=members)
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    _assert_equal(result, clean[ROUNDS])
+    log = fleet.broker.log.read_text()
+    assert "Client pfl-coordinator already connected" not in log
+    for index in range(HONEST):
+        assert f"Client {device_name(index)} already connected" not in log
+    if attack in ("forgery-and-oversized-work", "impersonation"):
+        assert f"Denied PUBLISH from {EVIL}" in log
+    elif attack != "id-takeover":
+        assert fleet.dropped()[EVIL][0] > 0
+
+
+@pytest.mark.parametrize("attack", list(BOUNDED))
+def test_an_attack_on_weights_or_norms_stays_within_the_bound(
+    fleet: Fleet, clean: dict[int, RunResult], attack: str
+) -> None:
+    send, samples = BOUNDED[attack]
+    with Attacker(fleet, send) as attacker:
+        attacker.hello(samples)
+        result, lines = fleet.serve(1, min_devices=HONEST + 1)
+    (line,) = lines
+    assert line["participants"] == HONEST + 1
+    reference = clean[1].final_shared
+    distance = math.sqrt(
+        sum(
+            float((result.final_shared[k].double() - v.double()).pow(2).sum())
+            for k, v in reference.items()
+        )
+    )
+    bound = GUARD.max_weight_share * (GUARD.norm_bound + 1) * line["scalars"]["update_norm_median"]
+    assert all(bool(torch.isfinite(t).all()) for t in result.final_shared.values())
+    assert 0 < distance <= bound, (distance, bound)
+    assert line["scalars"].get("guard_cut", 0) >= 1  # capped or clipped, and said so
+
+
+def test_answers_replayed_from_an_earlier_run_are_refused(
+    fleet: Fleet, clean: dict[int, RunResult]
+) -> None:
+    recorded: list[bytes] = []
+
+    def record(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+        frame = update(announcement, shared_like(0.5))
+        recorded.append(frame)
+        attacker.send("update", frame)
+
+    def replay(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+        for frame in recorded:
+            attacker.send("update", frame)
+        attacker.decline(announcement)
+
+    with Attacker(fleet, record) as attacker:
+        attacker.hello(10)
+        fleet.serve(ROUNDS, HONEST + 1)  # the attacker's updates count in this run: a member
+    with Attacker(fleet, replay) as attacker:
+        attacker.hello(10)
+        result, lines = fleet.serve(ROUNDS, HONEST + 1)
+    assert len(recorded) >= ROUNDS
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    _assert_equal(result, clean[ROUNDS])
+    assert fleet.dropped()[EVIL][0] >= ROUNDS
