@@ -185,3 +185,42 @@ def test_a_fresh_run_trains_from_the_start_not_from_an_earlier_runs_state(tmp_pa
     )
     restarted.transport.close()
     fresh.transport.close()
+
+
+def test_an_unusable_state_dir_declines_the_round_with_the_reason(tmp_path) -> None:
+    # Prepare: two devices of a stateful algorithm; one's state dir lies under a regular file
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the state directory should be")
+    settings = SimulationSettings.load(None, task="digits", algorithm="fedalt", devices=2, rounds=1)
+    task = load_task("digits")
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task="digits", rounds=1, round_timeout_s=600.0),
+    )
+    shards = task.make_fleet(2, PartitionSpec(), 0)
+    for index, state_dir in enumerate((blocker / "state", tmp_path / "good")):
+        workspace = task.build_model(0)
+        DeviceAgent(
+            device_id=f"dev-{index}",
+            fleet="default",
+            transport=broker.connect(f"dev-{index}"),
+            task=task,
+            data=shards[index],
+            seed=0,
+            store=DiskStateStore(state_dir),
+            workspace=workspace,
+            initial_state={k: v.clone() for k, v in workspace.state_dict().items()},
+        ).start()
+    coordinator.start()
+    assert coordinator.wait_for_devices(2, 1.0)
+    # Execute: the round closes as soon as the broken device declined (not at the deadline)
+    record = coordinator.run_round()
+    # Assert
+    assert record.participants == 1
+    assert record.skipped == 1
+    (broken,) = [r for r in coordinator.registry.records() if r.device_id == "dev-0"]
+    assert "Not a directory" in broken.detail
