@@ -79,7 +79,7 @@ def status(
         loss = "-" if row["last_loss"] is None else f"{row['last_loss']:.4f}"
         table.add_row(
             row["device"],
-            "yes" if row["online"] else "[red]no[/red]",
+            _online_cell(row["online"], row["flapping"]),
             seen,
             "-" if row["round"] is None else str(row["round"]),
             loss,
@@ -199,6 +199,12 @@ def provision(
         f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
         "\n  the certificates in tls/ are for tests only: see docs/security.md"
     )
+
+
+def _online_cell(online: bool, flapping: bool) -> str:
+    """Online or not; an id that keeps rejoining is probably on two devices."""
+    cell = "yes" if online else "[red]no[/red]"
+    return f"{cell} [red]flapping: one id on two devices?[/red]" if flapping else cell
 
 
 def _dropped_cell(dropped: int, quarantined: bool) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
+from coordinator.flapping import FlapWatch
 from coordinator.intake import (
     Collector,
     answered_collector,
@@ -136,6 +137,7 @@ class Coordinator:
         self.rejected = 0
         self.offences = Offences()
         self.quarantine = Quarantine(settings.guard.quarantine_after)
+        self.flaps = FlapWatch()
         self.last_scalars: dict[str, float] = {}
         self._model_sha = ""
         self._state = "online"
@@ -230,6 +232,7 @@ class Coordinator:
     def publish_fleet_status(self) -> None:
         """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
         dropped, quarantined = self.offences.counts(), self.quarantine.held()
+        flapping = self.flaps.flapping()
         devices = tuple(
             FleetDevice(
                 device_id=r.device_id,
@@ -242,6 +245,7 @@ class Coordinator:
                 detail=r.detail,
                 dropped=dropped.get(r.device_id, 0),
                 quarantined=r.device_id in quarantined,
+                flapping=r.device_id in flapping,
             )
             for r in self.registry.records()
         )
@@ -431,6 +435,8 @@ class Coordinator:
         hello, _ = device_message(topic, payload, DeviceHello)
         check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
         self.registry.on_hello(hello)
+        if self.flaps.note(hello.device_id):
+            self.publish_fleet_status()
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = device_message(topic, payload, DeviceStatus)

@@ -34,6 +34,8 @@ from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
 
 logger = logging.getLogger(__name__)
+WAIT_PROGRESS_S = 10.0
+"""How often a coordinator waiting for devices says who is there."""
 Notify = Callable[[str], None]
 
 _SAME_RUN_KEYS: Final = (
@@ -234,16 +236,40 @@ def _metrics_up_to(out: Path | None, round_id: int) -> list[str]:
 
 
 def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Notify) -> None:
-    online = coordinator.registry.online_count()
-    if online >= settings.min_devices:
-        return
-    say(f"waiting for {settings.min_devices} device(s), {online} online")
-    if not coordinator.wait_for_devices(settings.min_devices, settings.join_timeout):
-        msg = (
-            f"only {coordinator.registry.online_count()} of {settings.min_devices} devices "
-            f"online after {settings.join_timeout:g} s"
-        )
-        raise RoundError(msg, round_id=coordinator.round_id + 1)
+    """Wait for `min_devices`, saying every WAIT_PROGRESS_S who is there and who is missing."""
+    deadline = time.monotonic() + settings.join_timeout
+    while coordinator.registry.online_count() < settings.min_devices:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            msg = (
+                f"only {coordinator.registry.online_count()} of {settings.min_devices} devices "
+                f"online after {settings.join_timeout:g} s"
+            )
+            raise RoundError(msg, round_id=coordinator.round_id + 1)
+        say(waiting_line(coordinator, settings.min_devices, left))
+        coordinator.wait_for_devices(settings.min_devices, min(WAIT_PROGRESS_S, left))
+
+
+def waiting_line(coordinator: Coordinator, needed: int, left_s: float) -> str:
+    """Who is online, who the fleet knows but misses, which ids flap, and the time left."""
+    records = coordinator.registry.records()
+    online = sorted(r.device_id for r in records if r.online)
+    known_offline = sorted(r.device_id for r in records if not r.online and r.hello is not None)
+    parts = [f"waiting for {needed} device(s): {len(online)} online"]
+    if online:
+        parts[0] += f" ({_names(online)})"
+    if known_offline:
+        parts.append(f"not back yet: {_names(known_offline)}")
+    flapping = sorted(coordinator.flaps.flapping())
+    if flapping:
+        parts.append(f"rejoining every few seconds (one id on two devices?): {_names(flapping)}")
+    parts.append(f"{left_s:.0f} s until the join timeout")
+    return "; ".join(parts)
+
+
+def _names(ids: list[str], shown: int = 8) -> str:
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(ids[:shown]) + more
 
 
 def _run_round_with_retries(

@@ -54,6 +54,7 @@ class FleetView:
                     "detail": (status.detail if status else "") or (known.detail if known else ""),
                     "dropped": known.dropped if known else 0,
                     "quarantined": known.quarantined if known else False,
+                    "flapping": known.flapping if known else False,
                 }
             )
         return rows

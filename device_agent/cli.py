@@ -27,7 +27,10 @@ def start(
     broker: Annotated[
         str | None, typer.Option(help="mqtt(s):// URL (default: mqtt://127.0.0.1:1883)")
     ] = None,
-    device_id: Annotated[str | None, typer.Option(help="this device's id (required)")] = None,
+    device_id: Annotated[
+        str | None,
+        typer.Option(help="this device's id (default: <host name>-<machine id prefix>)"),
+    ] = None,
     fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
     task: Annotated[str | None, typer.Option(help="task name or module:attribute")] = None,
     data_shard: Annotated[
@@ -84,6 +87,13 @@ def start(
     max_round_seconds: Annotated[
         float | None,
         typer.Option(help="most seconds of local work in one round, else decline (default: 3600)"),
+    ] = None,
+    max_takeovers: Annotated[
+        int | None,
+        typer.Option(
+            help="exit after this many connections in a row lost to another client with this "
+            "device id, 0 = never (default: 3)"
+        ),
     ] = None,
     username: Annotated[str | None, typer.Option(help="broker user name")] = None,
     password: Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")] = None,

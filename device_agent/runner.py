@@ -16,7 +16,7 @@ from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.datadir import load_device_data
 from pfl_tasks.registry import load_task
-from protocols.transport.mqtt import MqttTransport
+from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,9 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
     workspace = task.build_model(settings.seed)
     initial_state = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
     transport = MqttTransport(
-        settings.broker_settings(settings.broker),
+        settings.broker_settings(settings.broker).model_copy(
+            update={"max_takeovers": settings.max_takeovers}
+        ),
         settings.device_id,
         will=device_will(settings.fleet, settings.device_id),
     )
@@ -76,11 +78,18 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
     return agent
 
 
+class DuplicateIdError(BrokerConnectionError):
+    """Another client keeps taking this device's id on the broker; the agent gave up."""
+
+
 def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> None:
     """Serve rounds until `stop` is set (by SIGTERM/SIGINT when called on the main thread).
 
     On the way out the work in flight finishes, the status turns "offline" and the connection
     closes cleanly; personal state is only ever replaced atomically, so no stop corrupts it.
+
+    Raises:
+        DuplicateIdError: another client kept taking this device's id (`max_takeovers` times).
     """
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -97,9 +106,16 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
     logger.info(
         "device %s serving fleet %s on %s", settings.device_id, settings.fleet, settings.broker
     )
+    transport = agent.transport
+    displaced = None
     try:
         while not stop.wait(0.5):
-            pass
+            displaced = getattr(transport, "displaced", None)
+            if displaced is not None:
+                break
     finally:
-        agent.stop()
-        logger.info("device %s stopped", settings.device_id)
+        if displaced is None:
+            agent.stop()
+            logger.info("device %s stopped", settings.device_id)
+    if displaced is not None:
+        raise DuplicateIdError(displaced, device_id=settings.device_id)

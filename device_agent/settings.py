@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from device_agent.identity import default_device_id
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols import topics
@@ -21,7 +22,11 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
     """
 
     broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt(s):// URL of the broker")
-    device_id: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    device_id: str = Field(
+        default_factory=default_device_id,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="this device's id (default: <host name>-<machine id prefix>)",
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     task: str = Field("digits", description="built-in task name or module:attribute")
     task_options: dict[str, Any] = Field(default_factory=dict)
@@ -45,6 +50,9 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
     max_steps: int = Field(100_000, ge=1, description="most optimizer steps in one round")
     max_round_seconds: float = Field(
         3600.0, gt=0, description="most seconds of local work in one round"
+    )
+    max_takeovers: int = Field(
+        3, ge=0, description="connections lost in a row to a client with this id before exiting"
     )
 
     def work_limits(self) -> WorkLimits:

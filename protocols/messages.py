@@ -167,6 +167,8 @@ class FleetDevice(WireModel):
     """Messages from this device the coordinator dropped (malformed, stale, over a limit)."""
     quarantined: bool = False
     """Over its limit of dropped messages this round: ignored until the next round starts."""
+    flapping: bool = False
+    """Rejoined several times within seconds: two devices probably share this id."""
 
 
 class FleetStatus(Message):

@@ -35,6 +35,7 @@ from protocols.transport.dispatch import (
     Replay,
 )
 from protocols.transport.settings import BrokerSettings
+from protocols.transport.takeover import TakeoverWatch
 
 logger = logging.getLogger(__name__)
 _paho_logger = logging.getLogger(f"{__name__}.paho")
@@ -89,6 +90,9 @@ class MqttTransport:
         self._refusal: ReasonCode | str | None = None
         self._max_packet: int | None = None
         self._closed = False
+        self._takeovers = TakeoverWatch(client_id, settings.max_takeovers)
+        self.displaced: str | None = None
+        """Why it stopped reconnecting: another client holds its id (None while it did not)."""
         self._v5 = settings.protocol == "5"
         if clean_start and not self._v5:
             self._discard_session()
@@ -279,6 +283,7 @@ class MqttTransport:
         client, settings = self._client, self.settings
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = self._on_connect_fail
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
@@ -345,8 +350,10 @@ class MqttTransport:
             if reason.is_failure:
                 logger.warning("%s refused %s: %s", self.settings.url, self.client_id, reason)
                 self._refusal = reason
+                self._takeovers.connect_failed()
                 return
             self._max_packet = getattr(props, "MaximumPacketSize", None)
+            self._takeovers.connected(bool(flags.session_present))
             logger.info(
                 "%s connected to %s (session present: %s)",
                 self.client_id,
@@ -374,6 +381,10 @@ class MqttTransport:
             self._refusal = f"the broker closed the connection before CONNACK ({reason})"
             self._connack.set()
             return
+        verdict = self._takeovers.disconnected(reason.value)
+        if verdict is not None:
+            self._give_up(verdict)
+            return
         with self._acks:
             largest = max((size for _, size in self._unacked.values()), default=0)
         # A broker capping packets below a chunk (mosquitto's max_packet_size under MQTT 3.1.1,
@@ -388,6 +399,16 @@ class MqttTransport:
             largest,
             self.settings.chunk_size_bytes,
         )
+
+    def _give_up(self, verdict: str) -> None:
+        """Another client holds our id: stop reconnecting (from paho's own thread) and say why."""
+        self.displaced = verdict
+        logger.error("%s", verdict)
+        self._closed = True
+        self._client.disconnect()
+
+    def _on_connect_fail(self, _c: paho.Client, _u: object) -> None:
+        self._takeovers.connect_failed()
 
     def _on_log(self, _c: paho.Client, _u: object, level: int, text: str) -> None:
         severity = _PAHO_LOG_LEVELS.get(level, logging.DEBUG)

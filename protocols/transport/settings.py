@@ -48,6 +48,8 @@ class BrokerSettings(BaseModel):
     max_burst_messages: int = Field(default=4096, ge=1)
     """Messages one device may send at once (a chunked 256 MiB model is 1024 chunks)."""
     close_timeout_s: float = Field(default=30.0, ge=0)
+    max_takeovers: int = Field(default=3, ge=0)
+    """Connections lost in a row to a client with the same id before giving up (0: never)."""
 
     @field_validator("url")
     @classmethod

@@ -55,3 +55,18 @@ def test_the_agent_splits_data_exactly_as_the_simulation_from_one_config(
     assert isinstance(simulation, PartitionSettings)
     expected = PartitionSpec("shards", alpha=0.25, labels_per_device=3, groups=4, fraction=0.5)
     assert agent.partition_spec() == simulation.partition_spec() == expected
+
+
+
+def test_the_default_device_id_is_this_machines_and_valid(monkeypatch) -> None:
+    from device_agent.identity import default_device_id
+    from protocols import topics
+
+    monkeypatch.delenv("PFL_DEVICE_ID", raising=False)
+    first, again = default_device_id(), default_device_id()
+    assert first == again
+    assert topics.device_id_problem(first) is None
+    assert AgentSettings(data_shard=0).device_id == first
+    assert AgentSettings(data_shard=0, device_id="pi-kitchen").device_id == "pi-kitchen"
+    monkeypatch.setattr("socket.gethostname", lambda: "pfl-coordinator")  # a reserved prefix
+    assert default_device_id().startswith("device-")

@@ -1,0 +1,114 @@
+"""Two agent processes started with one device id: one says why and exits, the coordinator tells."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import coordinator.serve as serve_module
+from coordinator.serve import run_serve
+from coordinator.settings import ServeSettings
+from coordinator.status import collect_fleet_view
+from protocols.errors import RoundError
+from protocols.transport.settings import BrokerSettings
+from tests.conftest import Mosquitto, free_port, wait_for_port
+from tests.e2e.conftest import Processes
+
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
+CAUSE = "probably runs with the same id"
+
+
+def _two_agents_with_one_id(processes: Processes, url: str) -> None:
+    for index in range(2):  # two boards, one copied command line: the same --device-id
+        processes.agent(url, index, shards=2, extra=("--device-id", "dev-1"))
+
+
+def test_on_mosquitto_one_agent_gives_up_and_serve_names_the_flapping_id(
+    mosquitto: Mosquitto, processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serve_module, "WAIT_PROGRESS_S", 1.0)
+    lines: list[str] = []
+    settings = ServeSettings.load(
+        None,
+        task="digits",
+        algorithm="fedavg",
+        broker=mosquitto.url,
+        rounds=1,
+        min_devices=2,
+        join_timeout=18.0,
+        out=tmp_path / "run",
+        checkpoint_dir=tmp_path / "checkpoint",
+    )
+    _two_agents_with_one_id(processes, mosquitto.url)
+    # Execute: the coordinator waits for two devices that cannot both be there
+    with pytest.raises(RoundError, match="only 1 of 2 devices online"):
+        run_serve(settings, notify=lines.append)
+    # Assert: it said who was there and which id keeps rejoining, at a steady pace
+    progress = [line for line in lines if line.startswith("waiting for 2 device(s)")]
+    assert len(progress) >= 8
+    assert any("rejoining every few seconds" in line and "dev-1" in line for line in progress)
+    assert "s until the join timeout" in progress[-1]
+    # one agent gave up with the cause, in one error line, and a non-zero exit
+    exits = {name: process.poll() for name, process in processes.running.items()}
+    gave_up = [name for name, code in exits.items() if code not in (None, 0)]
+    assert len(gave_up) == 1, exits
+    assert exits[gave_up[0]] == 2
+    assert CAUSE in processes.log(gave_up[0]).replace("\n", " ")
+    (survivor,) = set(exits) - set(gave_up)
+    assert exits[survivor] is None  # still running, and it keeps the id
+    view = collect_fleet_view(BrokerSettings(url=mosquitto.url), "default", listen_s=1.0)
+    assert view.fleet is not None
+    assert [(d.device_id, d.flapping) for d in view.fleet.devices] == [("dev-1", True)]
+
+
+def test_on_the_embedded_broker_serve_names_the_id_two_agents_share(
+    processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # amqtt hands the session over once and keeps the older connection open, so neither agent
+    # is knocked off again; the coordinator still sees one id joining from two places
+    monkeypatch.setattr(serve_module, "WAIT_PROGRESS_S", 1.0)
+    port = free_port()
+    lines: list[str] = []
+    settings = ServeSettings.load(
+        None,
+        task="digits",
+        algorithm="fedavg",
+        port=port,
+        rounds=1,
+        min_devices=2,
+        join_timeout=15.0,
+        out=tmp_path / "run",
+        checkpoint_dir=tmp_path / "checkpoint",
+    )
+    result: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            run_serve(settings, notify=lines.append)
+        except RoundError as error:
+            result.append(error)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    assert wait_for_port(port)
+    _two_agents_with_one_id(processes, f"mqtt://127.0.0.1:{port}")
+    thread.join(60.0)
+    assert result
+    assert "only 1 of 2 devices online" in str(result[0])
+    assert any("rejoining every few seconds" in line and "dev-1" in line for line in lines)
+
+
+def test_a_lone_agent_reconnecting_after_a_broker_restart_keeps_going(
+    mosquitto: Mosquitto, processes: Processes
+) -> None:
+    processes.agent(mosquitto.url, 0, shards=1)
+    time.sleep(4.0)
+    for _ in range(4):  # short-lived connections, but no other client with its id
+        mosquitto.restart(down_s=0.3)
+        time.sleep(2.0)
+    time.sleep(2.0)
+    (process,) = processes.running.values()
+    assert process.poll() is None
