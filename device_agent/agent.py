@@ -118,6 +118,7 @@ class DeviceAgent:
         self._answered: set[tuple[str, int, str, float]] = set()
         self._reply: tuple[tuple[str, int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
+        self._stopping = False
 
     def start(self) -> None:
         """Subscribe to the fleet's topics, then say hello."""
@@ -126,6 +127,8 @@ class DeviceAgent:
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
         self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
         self.transport.subscribe(topics.relay(self.fleet, self.device_id), self._on_relay)
+        own_status = topics.device(self.fleet, self.device_id, "status")
+        self.transport.subscribe(own_status, self._on_own_status)
         self.publish_status("online")
         self.say_hello()
 
@@ -136,6 +139,7 @@ class DeviceAgent:
 
     def stop(self) -> None:
         """Leave cleanly: retained status "offline", then disconnect."""
+        self._stopping = True
         self.publish_status("offline", detail="stopped")
         self.transport.close()
 
@@ -199,6 +203,17 @@ class DeviceAgent:
         ):
             self._pending = message
             self._serve_pending()
+
+    def _on_own_status(self, topic: str, payload: bytes) -> None:
+        """Our id marked offline while we run: say we are here.
+
+        That is the will of a connection the broker dropped, e.g. when another client with
+        this id took our session over and then left.
+        """
+        message, _ = decode_frame(payload)
+        if isinstance(message, DeviceStatus) and message.state == "offline" and not self._stopping:
+            logger.info("device %s: marked offline while running; saying hello", self.device_id)
+            self.rejoin()
 
     def _on_command(self, topic: str, payload: bytes) -> None:
         message, _ = decode_frame(payload)

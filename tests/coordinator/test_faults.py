@@ -63,7 +63,12 @@ def _failing(agent: DeviceAgent, failure: str):
         elif failure == "crash":  # trained or not, the process is gone: only its will remains
             agent.transport.vanish()
         else:
-            agent.publish_status("skipped", round_id=announcement.round_id, detail="declined")
+            agent.publish_status(
+                "skipped",
+                round_id=announcement.round_id,
+                run_id=announcement.run_id,
+                detail="declined",
+            )
 
     return train
 

@@ -11,6 +11,7 @@ from protocols import topics
 from protocols.codec import encode_frame, pack_tensors
 from protocols.messages import SharedModel
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agents, hub_coordinator
 
 
 def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
@@ -64,32 +65,12 @@ def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
 
 def test_a_new_run_never_gets_an_earlier_runs_cached_answer() -> None:
     # Prepare: one agent, and a coordinator whose round 1 it answers
-    settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=1, rounds=1)
-    task = load_task("digits")
     broker = InProcessBroker()
+    hub_agents(broker, ["dev-0"])
 
     def coordinator_run() -> Coordinator:
-        model = task.build_model(0)
-        return build_coordinator(
-            lambda: broker.connect("coordinator"),
-            plan_stages(settings, task, model),
-            model,
-            EngineSettings(task="digits", rounds=1),
-        )
+        return hub_coordinator(broker, "fedavg", 1, 1)
 
-    workspace = task.build_model(0)
-    agent = DeviceAgent(
-        device_id="dev-0",
-        fleet="default",
-        transport=broker.connect("dev-0"),
-        task=task,
-        data=task.make_fleet(2, PartitionSpec(), 0)[0],
-        seed=0,
-        store=MemoryStateStore(),
-        workspace=workspace,
-        initial_state=dict(workspace.state_dict()),
-    )
-    agent.start()
     first = coordinator_run()
     first.start()
     assert first.wait_for_devices(1, 1.0)

@@ -14,6 +14,7 @@ from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agents, hub_coordinator
 
 
 def _fleet(tmp_path, algorithm_options: dict[str, object]):
@@ -191,30 +192,10 @@ def test_an_unusable_state_dir_declines_the_round_with_the_reason(tmp_path) -> N
     # Prepare: two devices of a stateful algorithm; one's state dir lies under a regular file
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the state directory should be")
-    settings = SimulationSettings.load(None, task="digits", algorithm="fedalt", devices=2, rounds=1)
-    task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="digits", rounds=1, round_timeout_s=600.0),
-    )
-    shards = task.make_fleet(2, PartitionSpec(), 0)
-    for index, state_dir in enumerate((blocker / "state", tmp_path / "good")):
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=f"dev-{index}",
-            fleet="default",
-            transport=broker.connect(f"dev-{index}"),
-            task=task,
-            data=shards[index],
-            seed=0,
-            store=DiskStateStore(state_dir),
-            workspace=workspace,
-            initial_state={k: v.clone() for k, v in workspace.state_dict().items()},
-        ).start()
+    coordinator = hub_coordinator(broker, "fedalt", 2, 1)
+    state_dirs = (blocker / "state", tmp_path / "good")
+    hub_agents(broker, ["dev-0", "dev-1"], lambda i: {"store": DiskStateStore(state_dirs[i])})
     coordinator.start()
     assert coordinator.wait_for_devices(2, 1.0)
     # Execute: the round closes as soon as the broken device declined (not at the deadline)

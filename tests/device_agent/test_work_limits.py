@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
-from device_agent.agent import DeviceAgent
-from device_agent.state_store import MemoryStateStore
 from device_agent.work_limits import WorkLimitError, WorkLimits, WorkMeter, config_problem
-from pfl_tasks.base import PartitionSpec
-from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agents, hub_coordinator
 
 
 def test_settings_above_the_ceilings_are_named() -> None:
@@ -44,33 +38,9 @@ def test_the_meter_stops_a_round_past_its_steps_or_seconds() -> None:
 
 def _run_one_round(limits: WorkLimits, options: dict[str, object]) -> tuple[int, str]:
     """A round with a limited device and an unlimited one: (participants, limited's detail)."""
-    settings = SimulationSettings.load(
-        None, task="digits", algorithm="fedavg", devices=2, rounds=1, algorithm_options=options
-    )
-    task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="digits", rounds=1, quorum=0.5),
-    )
-    shards = task.make_fleet(2, PartitionSpec(), 0)
-    for index, (device_id, device_limits) in enumerate((("limited", limits), ("free", None))):
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id),
-            task=task,
-            data=shards[index],
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-            limits=device_limits,
-        ).start()
+    coordinator = hub_coordinator(broker, "fedavg", 2, 1, **options)
+    hub_agents(broker, ["limited", "free"], lambda index: {"limits": (limits, None)[index]})
     statuses: list[DeviceStatus] = []
     watcher = broker.connect("watcher")
     watcher.subscribe(

@@ -42,6 +42,7 @@ from protocols.messages import (
 )
 from protocols.transport import chunking
 from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
 from tests.e2e.conftest import Processes
 from tests.provisioned import ProvisionedBroker, start_provisioned
 
@@ -154,10 +155,7 @@ class Attacker:
     transport: MqttTransport | None = None
 
     def __enter__(self) -> Attacker:
-        credential = self.fleet.broker.account(EVIL)
-        self.transport = MqttTransport(
-            self.fleet.broker.settings(credential.username, credential.password), EVIL
-        )
+        self.transport = MqttTransport(attacker_settings(self.fleet), EVIL)
         self.transport.subscribe(topics.round_announcement(FLEET), self._on_announcement)
         self.transport.subscribe(topics.command(FLEET), self._on_command)
         return self
@@ -208,6 +206,12 @@ class Attacker:
         command, _ = decode_frame(payload)
         if isinstance(command, Command) and command.action == "hello" and self.joined is not None:
             self.hello(self.joined)
+
+
+def attacker_settings(fleet: Fleet) -> BrokerSettings:
+    """The `evil` account's; it never gives its id up (its own connections displace it)."""
+    credential = fleet.broker.account(EVIL)
+    return fleet.broker.settings(credential.username, credential.password, max_takeovers=0)
 
 
 def _header(frame: bytes) -> bytes:
@@ -351,10 +355,8 @@ def flood(attacker: Attacker, announcement: RoundAnnouncement) -> None:
 
 def takeover(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     """Connections under the coordinator's and a device's client ids, each round."""
-    credential = attacker.fleet.broker.account(EVIL)
-    settings = attacker.fleet.broker.settings(credential.username, credential.password)
     for client_id in (f"pfl-coord-{FLEET}", "pfl-coordinator", device_name(1)):
-        MqttTransport(settings, client_id).close()
+        MqttTransport(attacker_settings(attacker.fleet), client_id).abort()
     attacker.decline(announcement)
 
 

@@ -1,0 +1,67 @@
+"""A coordinator and real device agents on one in-process hub: the quickest whole fleet."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.settings import SimulationSettings
+from device_agent.agent import DeviceAgent
+from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.registry import load_task
+from protocols.transport.inprocess import InProcessBroker
+
+TASK = "digits"
+
+
+def hub_coordinator(
+    broker: InProcessBroker, algorithm: str, devices: int, rounds: int, **options: Any
+) -> Coordinator:
+    """A coordinator of `algorithm` on digits; `options` go to the algorithm's config."""
+    settings = SimulationSettings.load(
+        None,
+        task=TASK,
+        algorithm=algorithm,
+        devices=devices,
+        rounds=rounds,
+        algorithm_options=options,
+    )
+    task = load_task(TASK)
+    model = task.build_model(0)
+    return build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task=TASK, rounds=rounds, quorum=0.5),
+    )
+
+
+def hub_agents(
+    broker: InProcessBroker,
+    device_ids: Sequence[str],
+    extra: Callable[[int], dict[str, Any]] = lambda index: {},
+) -> list[DeviceAgent]:
+    """Started agents on the shards of a digits fleet of len(device_ids); `extra(i)` overrides."""
+    task = load_task(TASK)
+    shards = task.make_fleet(len(device_ids), PartitionSpec(), 0)
+    agents = []
+    for index, device_id in enumerate(device_ids):
+        workspace = task.build_model(0)
+        arguments: dict[str, Any] = {
+            "device_id": device_id,
+            "fleet": "default",
+            "transport": broker.connect(device_id),
+            "task": task,
+            "data": shards[index],
+            "seed": 0,
+            "store": MemoryStateStore(),
+            "workspace": workspace,
+            "initial_state": {k: v.clone() for k, v in workspace.state_dict().items()},
+        }
+        agent = DeviceAgent(**{**arguments, **extra(index)})
+        agent.start()
+        agents.append(agent)
+    return agents
