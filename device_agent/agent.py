@@ -210,7 +210,10 @@ class DeviceAgent:
         That is the will of a connection the broker dropped, e.g. when another client with
         this id took our session over and then left.
         """
-        message, _ = decode_frame(payload)
+        try:
+            message, _ = decode_frame(payload)
+        except PflError:
+            return  # only a liveness hint: whatever else lands here is not this agent's concern
         if isinstance(message, DeviceStatus) and message.state == "offline" and not self._stopping:
             logger.info("device %s: marked offline while running; saying hello", self.device_id)
             self.rejoin()
