@@ -271,7 +271,7 @@ def provision(
     _write_private(
         out / "credentials.json",
         json.dumps(
-            _credentials_json(fleet, url, ca_file, (coordinator, operator), accounts, files),
+            _credentials_json(fleet, url, ca_file, coordinator, operator, accounts, files),
             indent=2,
         ),
     )
@@ -285,7 +285,8 @@ def _credentials_json(
     fleet: str,
     url: str,
     ca_file: str,
-    operators: tuple[Credential, Credential],
+    coordinator: Credential,
+    operator: Credential,
     accounts: Mapping[str, Credential],
     files: Mapping[str, Path],
 ) -> dict[str, object]:
@@ -301,8 +302,8 @@ def _credentials_json(
         "fleet": fleet,
         "broker_url": url,
         "ca_file": ca_file,
-        "coordinator": entry(operators[0]),
-        "operator": entry(operators[1]),
+        "coordinator": entry(coordinator),
+        "operator": entry(operator),
         "devices": {device_id: entry(c) for device_id, c in accounts.items()},
     }
 

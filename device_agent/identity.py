@@ -31,7 +31,8 @@ def machine_fingerprint() -> str:
 def default_device_id() -> str:
     """`<host name>-<8 hex of the machine id>`, e.g. `raspberrypi-3f2a1c9b`."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname().split(".")[0]).strip("-._")
-    candidate = f"{host[:40] or 'device'}-{machine_fingerprint()[:8]}"
+    machine = machine_fingerprint()
+    candidate = f"{host[:40] or 'device'}-{machine[:8]}"
     if topics.device_id_problem(candidate) is not None:  # e.g. a host named pfl-something
-        candidate = f"device-{machine_fingerprint()[:12]}"
+        candidate = f"device-{machine[:12]}"
     return candidate
