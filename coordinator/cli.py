@@ -18,6 +18,8 @@ from coordinator.cli_options import (
     BatchSizeOption,
     CaOption,
     CertOption,
+    CompressDownOption,
+    CompressOption,
     ConfigOption,
     DevicesOption,
     EvalEveryOption,
@@ -94,6 +96,8 @@ def simulate(
     norm_bound: NormBoundOption = None,
     max_samples: MaxSamplesOption = None,
     quarantine_after: QuarantineOption = None,
+    compress: CompressOption = None,
+    compress_down: CompressDownOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -212,6 +216,8 @@ def serve(
     norm_bound: NormBoundOption = None,
     max_samples: MaxSamplesOption = None,
     quarantine_after: QuarantineOption = None,
+    compress: CompressOption = None,
+    compress_down: CompressDownOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

@@ -72,6 +72,20 @@ QuarantineOption = Annotated[
         "(default: 64)"
     ),
 ]
+CompressOption = Annotated[
+    str | None,
+    typer.Option(
+        help="how devices send updates: none, int8, int8:stochastic or topk:<fraction> such as "
+        "topk:0.01, with error feedback (default: none)"
+    ),
+]
+CompressDownOption = Annotated[
+    str | None,
+    typer.Option(
+        help="none, or int8: a device holding the previous model downloads an int8 delta "
+        "(default: none)"
+    ),
+]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 ConfigOption = Annotated[
     Path | None,

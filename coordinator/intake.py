@@ -7,12 +7,22 @@ one dropped, counted message. Nothing here touches the network or the model.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from protocols import topics
-from protocols.codec import decode_frame
+from protocols.codec import Tensors, decode_frame, unpack_tensors
+from protocols.compression import decode, encoded_layout
 from protocols.errors import ProtocolError, RoundError
-from protocols.messages import DeviceHello, DeviceUpdate, EvaluationReport, Message, PeerRequest
+from protocols.messages import (
+    Compression,
+    DeviceHello,
+    DeviceUpdate,
+    EvaluationReport,
+    Message,
+    PeerRequest,
+    TensorSpec,
+)
 
 Answer = TypeVar("Answer")
 Expected = TypeVar("Expected", bound=Message)
@@ -124,3 +134,21 @@ def answered_collector(
     else:
         return collector
     raise RoundError(msg, device_id=message.device_id, round_id=message.round_id, topic=topic)
+
+
+def unpack_delta(
+    update: DeviceUpdate, blob: bytes, expected: Sequence[TensorSpec], uplink: Compression
+) -> Tensors:
+    """An update's dense delta, decoded from the run's uplink codec and checked on the way.
+
+    The encoded layout follows from `expected` and the codec, so a compressed frame is held to
+    the same exact-layout, checksum and finiteness rules as a dense one.
+
+    Raises:
+        ProtocolError: another codec than the run's, or a blob that does not fit it.
+    """
+    if update.compression != uplink:
+        msg = f"update encoded as {update.compression}, the run sends {uplink}"
+        raise ProtocolError(msg, device_id=update.device_id, round_id=update.round_id)
+    encoded = unpack_tensors(update.manifest, blob, expected=encoded_layout(expected, uplink))
+    return decode(encoded, expected, uplink)

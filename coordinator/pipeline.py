@@ -87,7 +87,8 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     """Pretraining (if asked) then the chosen algorithm.
 
     Raises:
-        ValueError: an unknown algorithm or invalid hyperparameters.
+        ValueError: an unknown algorithm, invalid hyperparameters, or compression the algorithm
+            refuses.
     """
     config = settings.algorithm_config()
     split = resolve_split(model, task.personal_patterns, config)
@@ -97,6 +98,10 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
         pretrain = parse_algorithm_config("fedavg", common)
         stages.append(Stage(pretrain, tuple(model.state_dict()), settings.pretrain_rounds))
     stages.append(Stage(config, split.shared, settings.pretrain_rounds + settings.rounds))
+    for stage in stages:
+        problem = stage.config.compression_problem(settings.uplink(), settings.compress_down)
+        if problem is not None:
+            raise ValueError(problem)
     return Stages(tuple(stages), settings.participation)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
+from coordinator.downlink import DownlinkCodec, ModelPublisher
 from coordinator.flapping import FlapWatch
 from coordinator.intake import (
     Collector,
@@ -24,6 +25,7 @@ from coordinator.intake import (
     check_claims,
     check_hello,
     device_message,
+    unpack_delta,
 )
 from coordinator.metrics import summarize_evaluations
 from coordinator.quarantine import Quarantine
@@ -31,16 +33,12 @@ from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
 from protocols import topics
-from protocols.codec import (
-    Tensors,
-    describe_tensors,
-    encode_frame,
-    pack_tensors,
-    unpack_tensors,
-)
+from protocols.codec import Tensors, describe_tensors, encode_frame
+from protocols.compression import NO_COMPRESSION
 from protocols.errors import PflError, RoundError, describe
 from protocols.messages import (
     Command,
+    Compression,
     CoordinatorStatus,
     DeviceAssignment,
     DeviceHello,
@@ -51,7 +49,6 @@ from protocols.messages import (
     FleetStatus,
     PeerRequest,
     RoundAnnouncement,
-    SharedModel,
 )
 from protocols.offences import Offences
 from protocols.transport.base import Transport, Will
@@ -64,7 +61,7 @@ MAX_LISTED_STRANGERS = 100
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How rounds run: deadline, quorum and evaluation cadence."""
+    """How rounds run: deadline, quorum, evaluation cadence and how models travel."""
 
     fleet: str = "default"
     task: str = ""
@@ -74,6 +71,8 @@ class EngineSettings:
     eval_every: int = 0
     seed: int = 0
     guard: GuardSettings = field(default_factory=GuardSettings)
+    uplink: Compression = NO_COMPRESSION
+    downlink: DownlinkCodec = "none"
 
 
 @dataclass
@@ -139,7 +138,7 @@ class Coordinator:
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.flaps = FlapWatch()
         self.last_scalars: dict[str, float] = {}
-        self._model_sha = ""
+        self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
         self._state = "online"
         self._announcement: bytes | None = None
         self._specs = describe_tensors(self.shared)
@@ -218,16 +217,11 @@ class Coordinator:
         )
 
     def publish_model(self, *, force: bool = True) -> None:
-        """Retain the current model so devices (and late joiners) hold it.
+        """Retain the current model for the devices asked to work on it (`coordinator.downlink`).
 
         With force=False an unchanged model is not sent again.
         """
-        manifest, blob = pack_tensors(self.model)
-        if not force and manifest.sha256 == self._model_sha:
-            return
-        self._model_sha = manifest.sha256
-        frame = encode_frame(SharedModel(round_id=self.round_id, manifest=manifest), blob)
-        self._broadcast(topics.shared_model(self.settings.fleet), frame, retain=True)
+        self.models.publish(self.model, self.round_id, force=force)
 
     def publish_fleet_status(self) -> None:
         """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
@@ -379,16 +373,20 @@ class Coordinator:
             phase=phase,  # type: ignore[arg-type]
             algorithm=self.strategy.name,
             config=self.strategy.config.model_dump(mode="json"),
-            model_sha256=self._model_sha,
+            model_sha256=self.models.sha,
             deadline_s=self.settings.round_timeout_s,
             assignments=assignments,
             final=final,
             peers=self.relay.peers(self.registry.snapshot()),
+            uplink=self.settings.uplink,
+            delta_base_sha256=self.models.delta_base,
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
+        asked = assignments or self.registry.online_ids()
+        self.bytes_down += self.models.download_bytes(asked)
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
@@ -435,6 +433,7 @@ class Coordinator:
         hello, _ = device_message(topic, payload, DeviceHello)
         check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
         self.registry.on_hello(hello)
+        self.models.forget(hello.device_id)
         if self.flaps.note(hello.device_id):
             self.publish_fleet_status()
 
@@ -457,6 +456,7 @@ class Coordinator:
                     status.detail,
                 )
                 collector.decline(status.device_id)
+                self.models.acknowledge(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = device_message(topic, payload, DeviceUpdate)
@@ -464,7 +464,8 @@ class Coordinator:
         declared = self.registry.declared_samples(update.device_id)
         check_claims(update, self.strategy.name, declared, topic)
         expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
-        delta = unpack_tensors(update.manifest, blob, expected=expected)
+        delta = unpack_delta(update, blob, expected, self.settings.uplink)
+        self.models.acknowledge(update.device_id)
         received = ReceivedUpdate(
             update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
         )
@@ -495,3 +496,4 @@ class Coordinator:
         answered_collector(self._evaluation, report, self.run_id, topic).offer(
             report.device_id, report
         )
+        self.models.acknowledge(report.device_id)

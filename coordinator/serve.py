@@ -102,6 +102,8 @@ def run_serve(
             eval_every=settings.eval_every,
             seed=settings.seed,
             guard=settings.guard_settings(),
+            uplink=settings.uplink(),
+            downlink=settings.compress_down,
         )
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
         coordinator.offences = offences

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coordinator.aggregate_guard import GuardSettings
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
+from protocols.messages import Compression
 from protocols.program_settings import BrokerAccess, TomlSettings
 
 
@@ -49,10 +50,25 @@ class RunSettings(TomlSettings):
     quarantine_after: int = Field(
         64, ge=0, description="dropped messages before a device sits out the round (0: off)"
     )
+    compress: str = Field(
+        "none", description="how devices send updates: none, int8, int8:stochastic, topk:<f>"
+    )
+    compress_down: Literal["none", "int8"] = Field(
+        "none", description="send models as int8 deltas to devices holding the previous one"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
     task_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("compress")
+    @classmethod
+    def _known_codec(cls, value: str) -> str:
+        return str(Compression.parse(value))
+
+    def uplink(self) -> Compression:
+        """The codec devices encode their updates with (`protocols.compression`)."""
+        return Compression.parse(self.compress)
 
     def guard_settings(self) -> GuardSettings:
         """The bounds on one device's influence (coordinator/aggregate_guard.py)."""

@@ -126,6 +126,8 @@ def _run(
         eval_every=settings.eval_every,
         seed=settings.seed,
         guard=settings.guard_settings(),
+        uplink=settings.uplink(),
+        downlink=settings.compress_down,
     )
     coordinator = build_coordinator(
         lambda: connect("coordinator", coordinator_will(settings.fleet)),

@@ -16,10 +16,11 @@ from torch import nn
 from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.capabilities import probe_capabilities
 from device_agent.context import RoundContexts
+from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import ExportSource, answer_export_command, export_device_model
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
-from device_agent.relay import RelayClient, deployable, has_global_model
+from device_agent.relay import RelayClient, deployable, has_global_model, latest_round
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
 from device_agent.work_limits import WorkLimits
@@ -36,6 +37,7 @@ from protocols.messages import (
     EvaluationReport,
     ExportReport,
     MemoryPlan,
+    ModelDelta,
     PeerModels,
     RoundAnnouncement,
     SharedModel,
@@ -114,15 +116,18 @@ class DeviceAgent:
         self._slots = ModelSlots(workspace)
         self.last_loss: float | None = None
         self._model: ReceivedModel | None = None
-        self._pending: RoundAnnouncement | None = None
+        self._pending: tuple[RoundAnnouncement, bytes] | None = None
+        self._export_command: Command | None = None  # waiting for the model it exports
+        self.downloads = ModelDownloads(transport, fleet, self._on_model, self._on_model_delta)
         self._answered: set[tuple[str, int, str, float]] = set()
         self._reply: tuple[tuple[str, int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
+        self._last_frame = b""
         self._stopping = False
 
     def start(self) -> None:
-        """Subscribe to the fleet's topics, then say hello."""
-        self.transport.subscribe(topics.shared_model(self.fleet), self._on_model)
+        """Subscribe to the fleet's topics (the model only when needed), then say hello."""
+        self.downloads.clear()
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
         self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
@@ -186,9 +191,33 @@ class DeviceAgent:
         received = ReceivedModel(message, blob)
         # validated on arrival: a corrupt model is dropped and the previous one stays usable
         self.model_cache.decode(received, self.contexts.model_layout)
-        self._model = received
-        self.received.remember_model(message, payload)
+        self._hold(received, payload)
+
+    def _on_model_delta(self, topic: str, payload: bytes) -> None:
+        message, blob = self.model_cache.frame(payload)
+        if not isinstance(message, ModelDelta):
+            msg = f"expected a model delta, got {message.kind}"
+            raise ProtocolError(msg, topic=topic)
+        if self._model is None or message.target_sha256 != self.downloads.wanted:
+            return  # not the step this device waits for (an older retained copy)
+        try:
+            received, frame = rebuild_from_delta(
+                self._model, message, blob, self.contexts.model_layout, self.model_cache
+            )
+        except ProtocolError:
+            self.downloads.fetch("model")  # whatever went wrong, the whole model will do
+            raise
+        self._hold(received, frame)
+
+    def _hold(self, model: ReceivedModel, frame: bytes) -> None:
+        """A valid model arrived: keep it, stop fetching it, do the work that waited for it."""
+        self._model = model
+        self.received.remember_model(model.header, frame)
+        self.downloads.arrived(model.header.manifest.sha256)
         self._serve_pending()
+        if self._export_command is not None and self.downloads.wanted is None:
+            command, self._export_command = self._export_command, None
+            self._answer_export(command)
 
     def _on_round(self, topic: str, payload: bytes) -> None:
         message, _ = self.model_cache.frame(payload)
@@ -196,12 +225,9 @@ class DeviceAgent:
             msg = f"expected a round announcement, got {message.kind}"
             raise ProtocolError(msg, topic=topic)
         self.last_announcement = message
-        self.received.remember_round(message, payload)
-        if (
-            message.addresses(self.device_id)
-            and _sighting(message) not in self._answered
-        ):
-            self._pending = message
+        self._last_frame = payload
+        if message.addresses(self.device_id) and _sighting(message) not in self._answered:
+            self._pending = (message, payload)
             self._serve_pending()
 
     def _on_own_status(self, topic: str, payload: bytes) -> None:
@@ -229,10 +255,28 @@ class DeviceAgent:
             self.store.clear()
             logger.info("device %s: personal state cleared on request", self.device_id)
         elif message.action == "export":
-            report = answer_export_command(
-                self.export_source(), message, self.store, self.publish_status
-            )
-            self._publish("export-report", encode_frame(report))
+            announced = self.last_announcement
+            if announced is None or self._holds(announced.model_sha256):
+                self._answer_export(message)
+            else:  # not asked lately: fetch the model retained now, answer when it is here
+                self._export_command = message
+                self.downloads.latest()
+
+    def _answer_export(self, command: Command) -> None:
+        if self.last_announcement is not None:
+            self.received.remember_round(self.last_announcement, self._last_frame)
+        report = answer_export_command(
+            self.export_source(), command, self.store, self.publish_status
+        )
+        self._publish("export-report", encode_frame(report))
+
+    def _holds(self, sha: str) -> bool:
+        return self._model is not None and self._model.header.manifest.sha256 == sha
+
+    def _need_model(self, announcement: RoundAnnouncement) -> bool:
+        """Whether this device holds `announcement`'s model; if not, fetch it."""
+        held = None if self._model is None else self._model.header.manifest.sha256
+        return self.downloads.need(announcement.model_sha256, held, announcement.delta_base_sha256)
 
     def _on_relay(self, topic: str, payload: bytes) -> None:
         message, blob = decode_frame(payload)
@@ -243,12 +287,14 @@ class DeviceAgent:
         self._work(announcement, model, models)
 
     def _serve_pending(self) -> None:
-        announcement, model = self._pending, self._model
-        if announcement is None or model is None:
+        if self._pending is None:
             return
-        if model.header.manifest.sha256 != announcement.model_sha256:
-            return  # the announced model has not arrived yet
+        announcement, frame = self._pending
+        if not self._need_model(announcement) or self._model is None:
+            return  # the announced model is on its way
+        model = self._model
         self._pending = None
+        self.received.remember_round(announcement, frame)  # kept with the model it uses
         self._answered.add(_sighting(announcement))
         if self._reply is not None and self._reply[0] == _work_key(announcement):
             # The same work announced again (a retried round or a restarted coordinator):
@@ -311,8 +357,9 @@ class DeviceAgent:
     ) -> None:
         update, ctx = self.contexts.build(announcement, model, peer_models)
         result = update.run(ctx)
-        self.contexts.keep(announcement, result)
-        manifest, blob = pack_tensors(result.shared_delta)
+        encoded, residual = self.contexts.compress(announcement, result.shared_delta)
+        self.contexts.keep(announcement, result, residual)
+        manifest, blob = pack_tensors(encoded)
         message = DeviceUpdate(
             run_id=announcement.run_id,
             round_id=announcement.round_id,
@@ -321,6 +368,7 @@ class DeviceAgent:
             num_samples=result.num_samples,
             train_loss=result.train_loss,
             scalars=result.scalars,
+            compression=announcement.uplink,
             manifest=manifest,
         )
         self._reply_with(announcement, "update", encode_frame(message, blob))
@@ -415,7 +463,7 @@ class DeviceAgent:
 
     def latest_round_id(self) -> int:
         """The round of the latest shared model received (0 before any)."""
-        return 0 if self._model is None else self._model.header.round_id
+        return 0 if self._model is None else latest_round(self._model, self.last_announcement)
 
     def load_received(
         self,

@@ -27,12 +27,15 @@ from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import Tensors, describe_tensors
+from protocols.compression import with_error_feedback
 from protocols.errors import MemoryBudgetError, ProtocolError, StateError
 from protocols.messages import MemoryPlan, RoundAnnouncement
 
 logger = logging.getLogger(__name__)
 
 STATE_PREFIX = "state:"
+RESIDUAL_PREFIX = "uplink-residual:"
+"""Kept beside the personal state: what compression left out of earlier updates."""
 """Stored names of algorithm state, apart from the model's own tensor names."""
 
 
@@ -193,17 +196,45 @@ class RoundContexts:
         )
         return plan.update, context
 
-    def keep(self, announcement: RoundAnnouncement, result: LocalResult) -> None:
-        """Persist the round's personal part and algorithm state (stateful devices only).
+    def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
+        """(what the update carries, the residual to keep) under the round's uplink codec.
+
+        Error feedback: the residual of earlier rounds (kept on stateful devices, none on
+        stateless ones) is added before compressing, and what did not make it is kept.
+        """
+        residual: Tensors = {}
+        if self.stateful and announcement.uplink.lossy:
+            plan = self.plan(announcement)
+            stored = self.store.load(plan.fingerprint, announcement.run_id) or {}
+            residual = {
+                k.removeprefix(RESIDUAL_PREFIX): v
+                for k, v in stored.items()
+                if k.startswith(RESIDUAL_PREFIX)
+            }
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, self.device_id, announcement.round_id, "uplink")
+        )
+        encoded, residual = with_error_feedback(delta, residual, announcement.uplink, generator)
+        return encoded, residual if self.stateful else {}
+
+    def keep(
+        self, announcement: RoundAnnouncement, result: LocalResult, residual: Tensors | None = None
+    ) -> None:
+        """Persist the round's personal part, algorithm state and uplink residual (if stateful).
 
         Raises:
             TrainingError: a non-finite tensor (the stored state stays as it was).
             StateError: the write failed; the previous state is intact.
         """
         plan = self.plan(announcement)
-        if not self.stateful or not (plan.split.personal or result.state):
+        residual = residual or {}
+        if not self.stateful or not (plan.split.personal or result.state or residual):
             return
-        kept = {**result.personal, **{STATE_PREFIX + k: v for k, v in result.state.items()}}
+        kept = {
+            **result.personal,
+            **{STATE_PREFIX + k: v for k, v in result.state.items()},
+            **{RESIDUAL_PREFIX + k: v for k, v in residual.items()},
+        }
         require_finite(kept, "personal state")
         self.store.save(plan.fingerprint, kept, announcement.run_id)
 
@@ -232,13 +263,13 @@ class RoundContexts:
         )
         return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
 
-    def _load_personal(
-        self, plan: Plan, received: Tensors, run_id: str
-    ) -> tuple[Tensors, Tensors]:
+    def _load_personal(self, plan: Plan, received: Tensors, run_id: str) -> tuple[Tensors, Tensors]:
         """This run's stored personal part and algorithm state, else the coordinator's start."""
         stored = self.store.load(plan.fingerprint, run_id) if self.stateful else None
         if stored is not None:
-            personal = {k: v for k, v in stored.items() if not k.startswith(STATE_PREFIX)}
+            personal = {
+                k: v for k, v in stored.items() if not k.startswith((STATE_PREFIX, RESIDUAL_PREFIX))
+            }
             state = {
                 k.removeprefix(STATE_PREFIX): v
                 for k, v in stored.items()

@@ -108,11 +108,15 @@ class RelayClient:
     def export_round(
         self, update: LocalUpdate, announcement: RoundAnnouncement, model: ReceivedModel
     ) -> int:
-        """The round an export stems from: the shared model's, or a relay's latest round.
+        """The round an export stems from: the latest round that used the held model.
 
-        A relay's models come with its rounds; its broadcast template never changes.
+        A device does not download a model it holds, so an unchanged model (a relay's template,
+        a fleet whose shared part does not change) keeps the round it was first published in;
+        the announcement that used it says how far training went.
         """
-        return announcement.round_id if is_relay(update) else model.header.round_id
+        if is_relay(update):
+            return announcement.round_id
+        return latest_round(model, announcement)
 
     def _verified_models(self, message: PeerModels, blob: bytes) -> dict[str, Tensors]:
         """Decode the sent models and take the unchanged ones from the held copies, all verified.
@@ -140,3 +144,11 @@ class RelayClient:
                 raise ProtocolError(msg, device_id=self.device_id, round_id=message.round_id)
             models[item.owner] = model
         return models
+
+
+def latest_round(model: ReceivedModel, announcement: RoundAnnouncement | None) -> int:
+    """The round of `model`, or of `announcement` if that is later and used the same model."""
+    held = model.header.round_id
+    if announcement is not None and announcement.model_sha256 == model.header.manifest.sha256:
+        return max(held, announcement.round_id)
+    return held

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from protocols.messages import WireModel
+from protocols.messages import Compression, WireModel
 
 PersonalDefault = Literal["none", "all", "task"]
 PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters"]
@@ -50,6 +50,11 @@ class AlgorithmConfig(WireModel):
     def relayed_models(self) -> int:
         """Whole models a device holds at once in a round besides its own (relay algorithms)."""
         return 0
+
+    def compression_problem(self, uplink: Compression, downlink: str) -> str | None:
+        """Why this algorithm cannot run with these update and model codecs, or None."""
+        del uplink, downlink
+        return None
 
     @model_validator(mode="after")
     def _one_personal_source(self) -> AlgorithmConfig:
@@ -260,6 +265,20 @@ class SelfFlConfig(AlgorithmConfig):
     sigma0_sq: Annotated[float, Field(ge=0)] | None = None
     variance_exclude: tuple[str, ...] = ("*running_mean", "*running_var", "*num_batches_tracked")
 
+    def compression_problem(self, uplink: Compression, downlink: str) -> str | None:
+        """sigma_0^2 (Eq. 14) is the spread of the fleet's deltas: top-k would measure the codec.
+
+        int8 adds at most (scale/2)^2 per entry to each delta's spread, which the estimate
+        absorbs; a top-k delta is mostly zeros and residuals, so its spread is not the fleet's.
+        """
+        del downlink
+        if uplink.codec == "topk":
+            return (
+                f"{self.name} weighs devices by the spread of their deltas (sigma_0^2), which "
+                "top-k sparsification destroys: use --compress int8 or none"
+            )
+        return None
+
 
 class SelfFlAugConfig(SelfFlConfig):
     """Self-FL, Algorithm 2 (selffl.md §3): also trains to a local optimum every round.
@@ -327,6 +346,15 @@ class FedericoConfig(AlgorithmConfig):
     def relayed_models(self) -> int:
         """Its own model and M peers, each with a contribution."""
         return self.neighbours + 1
+
+    def compression_problem(self, uplink: Compression, downlink: str) -> str | None:
+        """Contributions go to each model's owner's Adam, and models travel by relay, not delta."""
+        if uplink.lossy or downlink != "none":
+            return (
+                "federico sends per-owner contributions and relays whole per-device models, not "
+                "one shared model and its delta: run it with --compress none --compress-down none"
+            )
+        return None
 
     @model_validator(mode="after")
     def _whole_models(self) -> FedericoConfig:

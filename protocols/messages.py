@@ -185,11 +185,82 @@ class FleetStatus(Message):
     """The last round's fleet scalars (e.g. Self-FL's sigma_0^2), as in metrics.jsonl."""
 
 
+class Compression(WireModel):
+    """How a delta travels: dense float32 (`none`), `int8`, or `topk` of a fraction of entries."""
+
+    codec: Literal["none", "int8", "topk"] = "none"
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """topk: the share of entries sent."""
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    """int8: round to the nearest level, or up/down with the probability that makes it unbiased."""
+
+    @model_validator(mode="after")
+    def _options_fit_codec(self) -> Compression:
+        if self.fraction != 1.0 and self.codec != "topk":
+            msg = f"a fraction applies to topk only, not to {self.codec}"
+            raise ValueError(msg)
+        if self.rounding != "nearest" and self.codec != "int8":
+            msg = f"stochastic rounding applies to int8 only, not to {self.codec}"
+            raise ValueError(msg)
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> Compression:
+        """`none`, `int8`, `int8:stochastic` or `topk:<fraction>` (e.g. `topk:0.01`).
+
+        Raises:
+            ValueError: anything else, with the accepted forms.
+        """
+        name, _, option = text.strip().lower().partition(":")
+        try:
+            if name in ("none", "int8") and not option:
+                return cls(codec=name)  # type: ignore[arg-type]
+            if name == "int8" and option == "stochastic":
+                return cls(codec="int8", rounding="stochastic")
+            if name == "topk" and option:
+                fraction = float(option)
+                if not 0 < fraction <= 1:
+                    raise ValueError
+                return cls(codec="topk", fraction=fraction)
+        except ValueError:  # a fraction outside (0, 1] or not a number
+            msg = f"invalid compression {text!r}: the top-k fraction is a number in (0, 1]"
+            raise ValueError(msg) from None
+        msg = f"invalid compression {text!r}: use none, int8, int8:stochastic or topk:<fraction>"
+        raise ValueError(msg)
+
+    def __str__(self) -> str:
+        if self.codec == "topk":
+            return f"topk:{self.fraction:g}"
+        if self.codec == "int8" and self.rounding == "stochastic":
+            return "int8:stochastic"
+        return self.codec
+
+    @property
+    def lossy(self) -> bool:
+        """Whether decoding loses information (and error feedback has something to carry)."""
+        return self.codec != "none"
+
+
 class SharedModel(Message):
     """The shared parameters the coordinator holds; retained, so late devices catch up."""
 
     kind: Literal["shared-model"] = "shared-model"
     round_id: NonNegativeInt
+    manifest: TensorManifest
+
+
+class ModelDelta(Message):
+    """The shared model as an int8 delta from the one before it (compressed downlink).
+
+    Retained beside the whole model. A device holding exactly `base_sha256` adds the decoded
+    tensors the manifest lists (int8 with per-tensor scales, `protocols.compression`) to it; the
+    result's manifest SHA-256 must equal `target_sha256`, else it fetches the whole model.
+    """
+
+    kind: Literal["model-delta"] = "model-delta"
+    round_id: NonNegativeInt
+    base_sha256: Digest
+    target_sha256: Digest
     manifest: TensorManifest
 
 
@@ -218,6 +289,10 @@ class RoundAnnouncement(Message):
     final: bool = False
     peers: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_PEERS)
     """The model owners a relay algorithm's devices may ask for (FedeRiCo); empty otherwise."""
+    uplink: Compression = Field(default_factory=Compression)
+    """How devices encode the delta they send back (the run's `--compress`)."""
+    delta_base_sha256: Digest | None = None
+    """The model a retained `ModelDelta` to `model_sha256` starts from (None: no delta)."""
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""
@@ -285,6 +360,8 @@ class DeviceUpdate(Message):
     num_samples: Count
     train_loss: BoundedFloat
     scalars: Scalars = Field(default_factory=dict)
+    compression: Compression = Field(default_factory=Compression)
+    """How the delta's tensors are encoded: the round's `uplink`, anything else is refused."""
     manifest: TensorManifest
 
 
@@ -352,6 +429,7 @@ AnyMessage = Annotated[
     | CoordinatorStatus
     | FleetStatus
     | SharedModel
+    | ModelDelta
     | RoundAnnouncement
     | PeerRequest
     | PeerModels
@@ -368,6 +446,7 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     CoordinatorStatus,
     FleetStatus,
     SharedModel,
+    ModelDelta,
     RoundAnnouncement,
     PeerRequest,
     PeerModels,

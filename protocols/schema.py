@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from protocols import topics
+from protocols import compression, topics
 from protocols.codec import DEFAULT_MAX_FRAME_BYTES, MAGIC
 from protocols.messages import ALL_MESSAGE_TYPES, Message
 from protocols.versions import PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS
@@ -50,7 +50,7 @@ Every message is published at QoS 1, so every handler is idempotent on (round, d
 topics, the round announcement and the shared model are retained, so a device that (re)connects
 mid-round catches up. Payloads above a configurable size are chunked by the MQTT transport and
 reassembled, with integrity checks, before they reach the frame decoder; that layer is described
-in its own section.
+in [brokers.md](brokers.md#sizes).
 """
 
 
@@ -65,6 +65,8 @@ def render_protocol_markdown() -> str:
         ),
         "## Topics\n",
         _topic_layout(),
+        "## Compressed tensors\n",
+        _compression_section(),
         "## Messages\n",
         "Each header is validated against the JSON Schema of its `kind`; unknown fields are "
         "rejected.\n",
@@ -75,15 +77,24 @@ def render_protocol_markdown() -> str:
 
 def _topic_layout() -> str:
     """The topics module's docstring, with its table (indented or column-aligned) as code."""
-    body = inspect.cleandoc(topics.__doc__ or "").split("\n", 1)[-1].strip("\n")
+    return _as_markdown(inspect.cleandoc(topics.__doc__ or "").split("\n", 1)[-1])
+
+
+def _as_markdown(body: str) -> str:
+    """Paragraphs as they are, indented or column-aligned blocks as code."""
     blocks = []
-    for block in body.split("\n\n"):
+    for block in body.strip("\n").split("\n\n"):
         lines = block.splitlines()
         if all(line.startswith("    ") or "  " in line.strip() for line in lines):
             blocks.append(f"```text\n{textwrap.dedent(block)}\n```\n")
         else:
             blocks.append(block.strip() + "\n")
     return "\n".join(blocks)
+
+
+def _compression_section() -> str:
+    """The compression module's docstring: what each codec's tensors are on the wire."""
+    return _as_markdown(inspect.cleandoc(compression.__doc__ or "").split("\n", 1)[-1])
 
 
 def _message_section(message_type: type[Message]) -> str:

@@ -3,7 +3,8 @@
     pfl/<fleet>/coordinator/status          retained, last-will "offline"     coordinator -> all
     pfl/<fleet>/coordinator/fleet           retained FleetStatus, every round  coordinator -> all
     pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
-    pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> all
+    pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> asked
+    pfl/<fleet>/model-delta                 retained ModelDelta (int8 downlink) coordinator -> asked
     pfl/<fleet>/command/<device>            Command (or "all" for every one)   coordinator -> device
     pfl/<fleet>/relay/<device>              PeerModels + models (FedeRiCo)     coordinator -> device
     pfl/<fleet>/device/<device>/hello       DeviceHello                        device -> coordinator
@@ -15,6 +16,7 @@
     <any topic above>/chunk/<index>         one chunk of a payload too large for one message
 
 A device publishes only under its own `device/<id>/` subtree; everything else is the coordinator's.
+A device subscribes to `model` (or `model-delta`) only while it needs a model it does not hold.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ BROADCAST: Final = "all"
 RESERVED_PREFIX: Final = "pfl-"
 """The coordinator's and the operator commands' broker accounts and client ids start with it."""
 DeviceTopicKind = Literal["hello", "status", "update", "request", "evaluation", "export-report"]
-FleetTopicKind = Literal["coordinator-status", "fleet-status", "round", "model", "command", "relay"]
+FleetTopicKind = Literal[
+    "coordinator-status", "fleet-status", "round", "model", "model-delta", "command", "relay"
+]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
 CHUNK_SEGMENT: Final = "chunk"
 _SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -89,6 +93,11 @@ def shared_model(fleet: str) -> str:
     return f"{ROOT}/{_segment(fleet, 'fleet')}/model"
 
 
+def model_delta(fleet: str) -> str:
+    """Retained int8 delta from the previous shared model to the current one."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/model-delta"
+
+
 def command(fleet: str, device_id: str = BROADCAST) -> str:
     """Commands for one device, or for every device with the default."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/command/{_segment(device_id, 'device id')}"
@@ -139,6 +148,7 @@ def device_readable(fleet: str, device_id: str) -> tuple[str, ...]:
         fleet_status(fleet),
         round_announcement(fleet),
         shared_model(fleet),
+        model_delta(fleet),
         command(fleet),
     )
 
@@ -197,7 +207,7 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, "coordinator-status")
     if rest == ["coordinator", "fleet"]:
         return TopicRef(fleet, "fleet-status")
-    if rest in (["round"], ["model"]):
+    if rest in (["round"], ["model"], ["model-delta"]):
         return TopicRef(fleet, rest[0])
     if len(rest) == 2 and rest[0] == "command":
         return TopicRef(fleet, rest[0], _segment(rest[1], "device id"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-PROTOCOL_VERSION: Final = 2
-"""2: a run id in announcements and in every answer to one."""
-SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({2})
+PROTOCOL_VERSION: Final = 3
+"""2: a run id in announcements and in every answer to one. 3: devices fetch the model only
+for work they are asked to do; compressed uplink (`uplink`, `compression`) and model deltas."""
+SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({3})

@@ -18,9 +18,15 @@ TASK = "digits"
 
 
 def hub_coordinator(
-    broker: InProcessBroker, algorithm: str, devices: int, rounds: int, **options: Any
+    broker: InProcessBroker,
+    algorithm: str,
+    devices: int,
+    rounds: int,
+    *,
+    run: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Coordinator:
-    """A coordinator of `algorithm` on digits; `options` go to the algorithm's config."""
+    """A coordinator of `algorithm` on digits; `run` overrides settings, `options` the config."""
     settings = SimulationSettings.load(
         None,
         task=TASK,
@@ -28,6 +34,7 @@ def hub_coordinator(
         devices=devices,
         rounds=rounds,
         algorithm_options=options,
+        **(run or {}),
     )
     task = load_task(TASK)
     model = task.build_model(0)
@@ -35,7 +42,13 @@ def hub_coordinator(
         lambda: broker.connect("coordinator"),
         plan_stages(settings, task, model),
         model,
-        EngineSettings(task=TASK, rounds=rounds, quorum=0.5),
+        EngineSettings(
+            task=TASK,
+            rounds=rounds,
+            quorum=0.5,
+            uplink=settings.uplink(),
+            downlink=settings.compress_down,
+        ),
     )
 
 

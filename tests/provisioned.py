@@ -63,7 +63,6 @@ class ProvisionedBroker:
             self.process.wait(timeout=5)
 
 
-
 def start_provisioned(
     directory: Path, devices: Sequence[str], fleet: str, **options: Any
 ) -> ProvisionedBroker:

@@ -202,9 +202,7 @@ def summed_loss_and_gradient(
     parameters = dict(model.named_parameters())
     gradients = {name: p.grad for name, p in parameters.items() if p.grad is not None}
     gradient = {
-        name: (
-            gradients[name].detach().clone() if name in gradients else torch.zeros_like(value)
-        )
+        name: (gradients[name].detach().clone() if name in gradients else torch.zeros_like(value))
         for name, value in model.state_dict().items()
         if value.is_floating_point()
     }

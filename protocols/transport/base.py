@@ -51,6 +51,13 @@ class Transport(Protocol):
         """Call `handler(topic, payload)` for every message matching the MQTT `pattern`."""
         ...
 
+    def unsubscribe(self, pattern: str) -> None:
+        """Stop receiving `pattern`: its handlers are dropped and the broker stops sending.
+
+        Harmless for a pattern not subscribed (it also clears one a kept session still holds).
+        """
+        ...
+
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Let messages flow until `predicate()` holds or `timeout_s` passes; return predicate().
 

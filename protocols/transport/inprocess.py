@@ -18,11 +18,12 @@ from protocols.transport.base import MessageHandler, TransportStats, Will
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Subscription:
     pattern: str
     handler: MessageHandler
     client: InProcessTransport
+    active: bool = True
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class _Delivery:
 class InProcessBroker:
     """The hub every in-process client connects to."""
 
-    _exact: dict[str, list[_Subscription]] = field(default_factory=dict)
+    _exact: dict[str, dict[int, _Subscription]] = field(default_factory=dict)
     _wildcards: list[_Subscription] = field(default_factory=list)
     _retained: dict[str, bytes] = field(default_factory=dict)
     _queue: deque[_Delivery] = field(default_factory=deque)
@@ -58,15 +59,23 @@ class InProcessBroker:
         if "+" in subscription.pattern or "#" in subscription.pattern:
             self._wildcards.append(subscription)
         else:
-            self._exact.setdefault(subscription.pattern, []).append(subscription)
+            self._exact.setdefault(subscription.pattern, {})[id(subscription)] = subscription
         for topic, payload in list(self._retained.items()):
             if topic_matches(subscription.pattern, topic):
                 self._queue.append(_Delivery(topic, payload, subscription))
 
+    def _unsubscribe(self, subscriptions: list[_Subscription]) -> None:
+        for subscription in subscriptions:
+            subscription.active = False  # retained copies queued for it are not delivered
+            if subscription in self._wildcards:
+                self._wildcards.remove(subscription)
+            else:
+                self._exact.get(subscription.pattern, {}).pop(id(subscription), None)
+
     def _drop(self, client: InProcessTransport) -> None:
-        self._wildcards = [s for s in self._wildcards if s.client is not client]
-        for pattern, subscriptions in list(self._exact.items()):
-            self._exact[pattern] = [s for s in subscriptions if s.client is not client]
+        for subscriptions in client._subscriptions.values():
+            self._unsubscribe(subscriptions)
+        client._subscriptions.clear()
 
     def pump(self, predicate: Callable[[], bool]) -> bool:
         """Deliver queued messages until `predicate()` holds or nothing is left to deliver."""
@@ -86,8 +95,10 @@ class InProcessBroker:
             targets = [delivery.only]
         else:  # exact subscriptions by lookup: a fleet of 1000 has 4000 of them
             targets = [s for s in self._wildcards if topic_matches(s.pattern, topic)]
-            targets += self._exact.get(topic, [])
+            targets += self._exact.get(topic, {}).values()
         for subscription in targets:
+            if not subscription.active:  # dropped by a handler earlier in this delivery
+                continue
             stats = subscription.client.stats
             stats.bytes_received += len(payload)
             stats.messages_received += 1
@@ -111,6 +122,7 @@ class InProcessTransport:
         self.stats = TransportStats()
         self._broker = broker
         self._will = will
+        self._subscriptions: dict[str, list[_Subscription]] = {}
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Queue `payload` for every matching subscriber."""
@@ -120,7 +132,13 @@ class InProcessTransport:
 
     def subscribe(self, pattern: str, handler: MessageHandler) -> None:
         """Receive matching messages, retained ones first."""
-        self._broker._subscribe(_Subscription(pattern, handler, self))
+        subscription = _Subscription(pattern, handler, self)
+        self._subscriptions.setdefault(pattern, []).append(subscription)
+        self._broker._subscribe(subscription)
+
+    def unsubscribe(self, pattern: str) -> None:
+        """Stop receiving `pattern`."""
+        self._broker._unsubscribe(self._subscriptions.pop(pattern, []))
 
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Deliver messages until `predicate()` holds; time does not pass in-process."""

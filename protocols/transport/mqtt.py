@@ -162,6 +162,24 @@ class MqttTransport:
             raise
         self._dispatcher.put(Replay(pattern, handler))
 
+    def unsubscribe(self, pattern: str) -> None:
+        """Stop receiving `pattern` (and its chunk topics); does not wait for the UNSUBACK.
+
+        A message already on its way lands unclaimed and goes to the next matching subscription.
+        Also sent for a pattern without handlers: it clears what a kept session still holds.
+        """
+        filters = [pattern] if pattern.endswith("#") else [pattern, chunk_subscription(pattern)]
+        with self._dispatcher.lock:
+            self._dispatcher.handlers = [
+                (p, h) for p, h in self._dispatcher.handlers if p != pattern
+            ]
+            self._filters = [f for f in self._filters if f not in filters]
+        try:
+            self._client.unsubscribe(filters)
+        except ValueError as error:
+            msg = f"invalid subscription pattern: {error}"
+            raise ProtocolError(msg, topic=pattern) from error
+
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Let messages flow until `predicate()` holds or `timeout_s` passes; return predicate().
 

@@ -38,7 +38,11 @@ def _round(round_id: int, phase: str = "train") -> tuple[RoundAnnouncement, Rece
     manifest, blob = pack_tensors(LAYOUT)
     announcement = RoundAnnouncement(
         run_id="0" * 32,
-        round_id=round_id, phase=phase, algorithm="federico", config={}, model_sha256="0" * 64
+        round_id=round_id,
+        phase=phase,
+        algorithm="federico",
+        config={},
+        model_sha256="0" * 64,
     )
     return announcement, ReceivedModel(SharedModel(round_id=0, manifest=manifest), blob)
 

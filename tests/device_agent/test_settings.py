@@ -57,7 +57,6 @@ def test_the_agent_splits_data_exactly_as_the_simulation_from_one_config(
     assert agent.partition_spec() == simulation.partition_spec() == expected
 
 
-
 def test_the_default_device_id_is_this_machines_and_valid(monkeypatch) -> None:
     from device_agent.identity import default_device_id
     from protocols import topics

@@ -28,6 +28,7 @@ def test_bad_frames_log_one_line_and_the_agent_keeps_answering(
     )
     agent = build_agent(settings)
     agent.start()
+    agent.downloads.fetch("model")  # as while it waits for a model: it reads the model topic too
     sender = MqttTransport(BrokerSettings(url=mosquitto.url), "garbage")
     hellos: list[bytes] = []
     sender.subscribe(topics.device("default", "dev-1", "hello"), lambda _t, p: hellos.append(p))

@@ -134,8 +134,7 @@ def _update(
     manifest, blob = pack_tensors(tensors)
     fields = {"algorithm": "fedavg", "num_samples": 10, "train_loss": 0.5, **extra}
     header = DeviceUpdate(
-        run_id=RUN,
-        round_id=round_id, device_id=device_id, manifest=manifest, sent_at=0.0, **fields
+        run_id=RUN, round_id=round_id, device_id=device_id, manifest=manifest, sent_at=0.0, **fields
     )
     return encode_frame(header, blob)
 
@@ -164,7 +163,11 @@ def _agent_frames(specs: dict[str, torch.Tensor]) -> list[bytes]:
     manifest, blob = pack_tensors(_zeros(specs))
     announcement = RoundAnnouncement(
         run_id=RUN,
-        round_id=1, phase="train", algorithm="fedavg", model_sha256=manifest.sha256, sent_at=0.0
+        round_id=1,
+        phase="train",
+        algorithm="fedavg",
+        model_sha256=manifest.sha256,
+        sent_at=0.0,
     )
     return [
         encode_frame(SharedModel(round_id=1, manifest=manifest, sent_at=0.0), blob),
@@ -338,7 +341,11 @@ def test_malformed_messages_during_a_run_change_nothing(data: st.DataObject) -> 
         for m in sent
         if m.target == "agent"
     )
-    assert len(failures) == agent_rejections
+    # an agent reads the model topic only while it fetches a model: those may or may not arrive
+    on_model_topic = len(fleet.agents) * sum(
+        m.topic == topics.shared_model(FLEET) for m in sent if m.target == "agent"
+    )
+    assert agent_rejections <= len(failures) <= agent_rejections + on_model_topic
     # Assert: the run ended exactly where an undisturbed one does (and it did train)
     assert not during
     initial = load_task(TASK).build_model(0).state_dict()
@@ -348,8 +355,8 @@ def test_malformed_messages_during_a_run_change_nothing(data: st.DataObject) -> 
 
 
 def _agent_topics(agent: DeviceAgent) -> list[str]:
+    """The topics an agent always reads (the model topic only while it fetches one)."""
     return [
-        topics.shared_model(FLEET),
         topics.round_announcement(FLEET),
         topics.command(FLEET),
         topics.command(FLEET, agent.device_id),

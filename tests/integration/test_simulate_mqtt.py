@@ -27,10 +27,7 @@ def test_virtual_devices_over_mosquitto_match_the_in_process_run(mosquitto) -> N
         assert torch.equal(tensor, wire.final_shared[name]), name
     assert wire.summary.metrics == hub.summary.metrics
     assert wire.summary.bytes_up > 0
-    assert (
-        abs(wire.summary.bytes_down - hub.summary.bytes_down)
-        < 0.01 * hub.summary.bytes_down
-    )
+    assert abs(wire.summary.bytes_down - hub.summary.bytes_down) < 0.01 * hub.summary.bytes_down
 
 
 def test_without_a_broker_simulate_mqtt_serves_an_embedded_one() -> None:

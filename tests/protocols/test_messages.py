@@ -13,6 +13,7 @@ from protocols.messages import (
     ALL_MESSAGE_TYPES,
     Capabilities,
     Command,
+    Compression,
     CoordinatorStatus,
     DeviceAssignment,
     DeviceHello,
@@ -25,6 +26,7 @@ from protocols.messages import (
     FleetStatus,
     MemoryPlan,
     Message,
+    ModelDelta,
     PeerModels,
     PeerRequest,
     RelayedModel,
@@ -77,12 +79,17 @@ FLEET = FleetStatus(
     round_id=5,
     devices=(
         FleetDevice(
-            device_id="pi-3", online=True, last_seen=1.0, round_id=5, last_loss=0.5,
+            device_id="pi-3",
+            online=True,
+            last_seen=1.0,
+            round_id=5,
+            last_loss=0.5,
             num_train_samples=97,
         ),
     ),
 )
 MODEL = SharedModel(round_id=5, manifest=MANIFEST)
+DELTA = ModelDelta(round_id=5, base_sha256="ab" * 32, target_sha256=MODEL_SHA256, manifest=MANIFEST)
 RUN = "0123456789abcdef" * 2
 ROUND = RoundAnnouncement(
     run_id=RUN,
@@ -93,6 +100,8 @@ ROUND = RoundAnnouncement(
     model_sha256=MODEL_SHA256,
     deadline_s=30.0,
     assignments={"pi-3": DeviceAssignment(scalars={"sigma0_sq": 0.5})},
+    uplink=Compression(codec="int8"),
+    delta_base_sha256="ab" * 32,
 )
 UPDATE = DeviceUpdate(
     run_id=RUN,
@@ -102,6 +111,7 @@ UPDATE = DeviceUpdate(
     num_samples=97,
     train_loss=0.31,
     scalars={"sigma_m_sq": 0.02},
+    compression=Compression(codec="int8"),
     manifest=MANIFEST,
 )
 EVALUATION = EvaluationReport(
@@ -127,7 +137,11 @@ EXPORT = ExportReport(
 )
 REQUEST = PeerRequest(
     run_id=RUN,
-    round_id=5, phase="train", device_id="pi-3", models=("pi-3", "pi-7"), cached={"pi-7": "ab" * 32}
+    round_id=5,
+    phase="train",
+    device_id="pi-3",
+    models=("pi-3", "pi-7"),
+    cached={"pi-7": "ab" * 32},
 )
 RELAY = PeerModels(
     round_id=5,
@@ -146,6 +160,7 @@ EXAMPLES: tuple[Message, ...] = (
     COORDINATOR,
     FLEET,
     MODEL,
+    DELTA,
     ROUND,
     REQUEST,
     RELAY,

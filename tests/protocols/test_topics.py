@@ -238,6 +238,7 @@ def test_a_device_reads_its_own_and_the_fleets_topics_but_no_other_devices() -> 
         "fleet-status",
         "round",
         "model",
+        "model-delta",
         "command",
         "relay",
     }
