@@ -24,12 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.common import init_worker, markdown_table, mean_std_cell, write_section
+from coordinator.rounds import RoundRecord
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from pfl_tasks.registry import load_task
+from protocols import topics
 from protocols.codec import encode_frame, pack_tensors
-from protocols.messages import SharedModel
+from protocols.compression import encode
+from protocols.messages import Compression, DeviceUpdate, SharedModel
+from protocols.transport.inprocess import InProcessBroker
 
 MARKER = "<!-- compression -->"
 CODECS = ("none", "int8", "topk:0.1", "topk:0.01")
@@ -49,6 +55,7 @@ class Cell:
     algorithm: str
     codec: str
     seed: int
+    rounds: int
     accuracy: float
     bytes_up_per_round: float
     bytes_per_update: float
@@ -74,6 +81,7 @@ def run_cell(task: str, algorithm: str, codec: str, seed: int, rounds: int) -> C
         algorithm=algorithm,
         codec=codec,
         seed=seed,
+        rounds=rounds,
         accuracy=float((result.summary.metrics or {}).get("personalized_mean") or 0.0),
         bytes_up_per_round=statistics.fmean(r.bytes_up for r in training),
         bytes_per_update=statistics.median(r.bytes_up / r.participants for r in training),
@@ -104,16 +112,26 @@ def downloads(
         compress_down=downlink,
         seed=0,
     )
-    result = run_simulation(settings)
+    hub = InProcessBroker()
+    per_round: list[dict[str, int]] = []
+
+    def after_round(record: RoundRecord) -> None:
+        models = hub.delivered[topics.shared_model("default")]
+        models += hub.delivered[topics.model_delta("default")]
+        per_round.append({"all": record.bytes_down, "models": models})
+        hub.delivered.clear()
+
+    result = run_simulation(settings, on_round=after_round, broker=hub)
     sent, received = result.device_bytes()
-    model = _model_frame_bytes(task)
+    training = per_round[1:-1]  # from round 2 (round 1 also sends the first model), no evaluation
     return {
         "task": task,
         "devices": devices,
         "participation": participation,
         "downlink": downlink,
-        "bytes_down_per_round": statistics.fmean(r.bytes_down for r in result.records[1:-1]),
-        "model_frame": model,
+        "bytes_down_per_round": statistics.fmean(r["all"] for r in training),
+        "model_bytes_per_round": statistics.fmean(r["models"] for r in training),
+        "model_frame": _model_frame_bytes(task),
         "device_received": received,
         "device_sent": sent,
     }
@@ -124,7 +142,13 @@ def _model_frame_bytes(task: str) -> int:
     return len(encode_frame(SharedModel(round_id=1, manifest=manifest), blob))
 
 
-def render(cells: Sequence[Cell], down: Sequence[dict[str, float]], seeds: int, rounds: int) -> str:
+def render(
+    cells: Sequence[Cell],
+    long_cells: Sequence[Cell],
+    down: Sequence[dict[str, Any]],
+    seeds: int,
+    rounds: int,
+) -> str:
     """The markdown section."""
     lines = [
         MARKER,
@@ -147,6 +171,66 @@ def render(cells: Sequence[Cell], down: Sequence[dict[str, float]], seeds: int, 
         "personalized accuracy",
         "Δ vs none (points)",
     ]
+    lines += markdown_table(header, _uplink_rows(cells, CODECS))
+    long_rounds = long_cells[0].rounds if long_cells else 0
+    lines += [
+        "",
+        f"Top-1% moves 1% of the entries a round, so FedAvg needs more rounds: {long_rounds} "
+        "rounds, the same seeds:",
+        "",
+        *markdown_table(header, _uplink_rows(long_cells, ("none", "topk:0.01"))),
+    ]
+    lines += [
+        "",
+        f"![accuracy against bytes up]({PLOT.relative_to('docs')})",
+        "",
+        "Downlink: FedAvg, 10 rounds, bytes the devices received in training rounds 2 to 9 "
+        "(mean per round): all of it (announcements, own status echoes, models) and the model "
+        "frames alone (whole or delta), against p x devices x model frame. *Run total* is what "
+        "the devices received and sent over the whole run, including the final evaluation, "
+        "for which every device fetches the last model.",
+        "",
+    ]
+    rows = [
+        [
+            f"{d['task']}, {d['devices']}",
+            f"{d['participation']:g}",
+            str(d["downlink"]),
+            f"{d['bytes_down_per_round']:,.0f}",
+            f"{d['model_bytes_per_round']:,.0f}",
+            f"**{d['model_bytes_per_round'] / _selected_models(d):.3f}x**",
+            f"{d['devices'] * d['model_frame']:,.0f}",
+            f"{d['device_received'] / 1e6:.1f} MB / {d['device_sent'] / 1e6:.1f} MB",
+        ]
+        for d in down
+    ]
+    lines += markdown_table(
+        [
+            "task, devices",
+            "participation p",
+            "model codec",
+            "received / round",
+            "model bytes / round",
+            "vs p x devices x model",
+            "a model to every device",
+            "run total received / sent",
+        ],
+        rows,
+    )
+    lines += [
+        "",
+        "Update size by model size: one update frame per codec against the raw float32 size, "
+        "and in brackets its tensor payload alone; the JSON header (run id, manifest, checksum) "
+        "is about 0.5-0.7 KB whatever the model.",
+        "",
+    ]
+    lines += markdown_table(["parameters", "raw bytes", *CODECS], frame_sizes())
+    lines += ["", "Command: `python -m benchmarks.compression`.", MARKER]
+    return "\n".join(lines)
+
+
+def _uplink_rows(cells: Sequence[Cell], codecs: Sequence[str]) -> list[list[str]]:
+    """One row per task, algorithm and codec, against the same group's uncompressed runs."""
     rows = []
     for task in TASKS:
         for algorithm in ALGORITHMS:
@@ -156,7 +240,7 @@ def render(cells: Sequence[Cell], down: Sequence[dict[str, float]], seeds: int, 
                 continue
             base_up = statistics.fmean(c.bytes_up_per_round for c in base)
             base_acc = statistics.fmean(c.accuracy for c in base)
-            for codec in CODECS:
+            for codec in codecs:
                 runs = [c for c in group if c.codec == codec]
                 if not runs:
                     continue
@@ -175,46 +259,7 @@ def render(cells: Sequence[Cell], down: Sequence[dict[str, float]], seeds: int, 
                         f"{delta:+.1f}",
                     ]
                 )
-    lines += markdown_table(header, rows)
-    lines += [
-        "",
-        f"![accuracy against bytes up]({PLOT.relative_to('docs')})",
-        "",
-        "Downlink: FedAvg, 10 rounds. *Bytes down / round* is the coordinator's count for "
-        "training rounds 2 to 10 (a model to each device that fetches one, plus one "
-        "announcement per online device); *received by devices* is what the devices' "
-        "transports received over the whole run, final evaluation included (every device "
-        "fetches the last model to evaluate it).",
-        "",
-    ]
-    rows = [
-        [
-            f"{d['task']}, {d['devices']}",
-            f"{d['participation']:g}",
-            str(d["downlink"]),
-            f"{d['bytes_down_per_round']:,.0f}",
-            f"{d['bytes_down_per_round'] / _selected_models(d):.3f}x",
-            f"{d['devices'] * d['model_frame']:,.0f}",
-            f"{d['device_received'] / 1e6:.1f} MB",
-            f"{d['device_sent'] / 1e6:.1f} MB",
-        ]
-        for d in down
-    ]
-    lines += markdown_table(
-        [
-            "task, devices",
-            "participation p",
-            "model codec",
-            "bytes down / round",
-            "vs p x devices x model",
-            "a model to every device",
-            "received by devices",
-            "sent by devices",
-        ],
-        rows,
-    )
-    lines += ["", "Command: `python -m benchmarks.compression`.", MARKER]
-    return "\n".join(lines)
+    return rows
 
 
 def _selected_models(row: dict[str, Any]) -> float:
@@ -222,10 +267,41 @@ def _selected_models(row: dict[str, Any]) -> float:
     return float(row["participation"] * row["devices"] * row["model_frame"])
 
 
+def frame_sizes(hidden: Sequence[int] = (64, 1000, 13_500)) -> list[list[str]]:
+    """Bytes of one update frame per codec against raw float32, for digits MLPs of several widths.
+
+    Sizes do not depend on the values, so a random delta stands in for a trained one.
+    """
+    rows = []
+    for width in hidden:
+        state = load_task("digits", {"hidden": width}).build_model(0).state_dict()
+        delta = {name: torch.randn_like(value) for name, value in state.items()}
+        raw = sum(4 * value.numel() for value in delta.values())
+        row = [f"{sum(v.numel() for v in delta.values()):,}", f"{raw:,}"]
+        for codec in CODECS:
+            compression = Compression.parse(codec)
+            manifest, blob = pack_tensors(encode(delta, compression))
+            header = DeviceUpdate(
+                run_id="0" * 32,
+                round_id=1,
+                device_id="dev-0000",
+                algorithm="fedavg",
+                num_samples=1,
+                train_loss=0.0,
+                compression=compression,
+                manifest=manifest,
+            )
+            frame = encode_frame(header, blob)
+            row.append(f"{len(frame) / raw:.3f}x ({len(blob) / raw:.3f}x)")
+        rows.append(row)
+    return rows
+
+
 def plot(cells: Sequence[Cell], path: Path) -> None:
     """Personalized accuracy against bytes up per round, one panel per task and algorithm."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     figure = Figure(figsize=(12, 3.6), layout="constrained")
     FigureCanvasAgg(figure)
@@ -242,6 +318,7 @@ def plot(cells: Sequence[Cell], path: Path) -> None:
                     label=codec,
                 )
         axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(NullFormatter())  # overlapping labels on a short range
         axes.set_xlabel("bytes up per round")
         axes.set_title(f"{task}, {algorithm}", fontsize="medium")
         axes.grid(alpha=0.3)
@@ -257,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--long-rounds", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     arguments = parser.parse_args(argv)
@@ -267,14 +345,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         for codec in CODECS
         for seed in range(arguments.seeds)
     ]
+    longer = [
+        (task, "fedavg", codec, seed, arguments.long_rounds)
+        for task in TASKS
+        for codec in ("none", "topk:0.01")
+        for seed in range(arguments.seeds)
+    ]
     with ProcessPoolExecutor(arguments.workers, initializer=init_worker) as pool:
         cells = list(pool.map(_run, jobs))
+        long_cells = list(pool.map(_run, longer))
     init_worker()
     down = [downloads(p) for p in (0.1, 0.3, 1.0)]
     down.append(downloads(1.0, "int8"))
     down.append(downloads(0.1, task="synthetic", devices=1000))
     plot(cells, PLOT)
-    section = render(cells, down, arguments.seeds, arguments.rounds)
+    section = render(cells, long_cells, down, arguments.seeds, arguments.rounds)
     write_section(arguments.out, section, MARKER)
     print(section)
 

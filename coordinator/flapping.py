@@ -3,12 +3,15 @@
 Each of two agents with one id takes the broker session from the other and says hello again,
 every second or two, so neither ever stays. The coordinator cannot tell them apart, but it sees
 the hellos: one id rejoining `threshold` times within `window_s` is flapping, which the log and
-`pfl-coord status` say, with the likely cause.
+`pfl-coord status` say, with the likely cause. A broker that does not knock the older connection
+off shows no flapping, but then the hello of a second running instance (its own random token)
+arrives while the first is online: a clash, which counts as flapping at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -30,23 +33,29 @@ class FlapWatch:
         self.window_s = window_s
         self._clock = clock
         self._joins: dict[str, deque[float]] = {}
+        self._clashes: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def note(self, device_id: str) -> bool:
-        """A hello from `device_id`; True when it has just started flapping (logged once)."""
+    def note(self, device_id: str, clash: bool = False) -> bool:
+        """A hello from `device_id` (`clash`: from a second running instance of it).
+
+        True when it has just started flapping (logged once).
+        """
         now = self._clock()
         with self._lock:
-            joins = self._joins.setdefault(device_id, deque(maxlen=self.threshold))
-            was = self._is_flapping(joins, now)
-            joins.append(now)
-            started = not was and self._is_flapping(joins, now)
+            was = self._is_flapping(device_id, now)
+            self._joins.setdefault(device_id, deque(maxlen=self.threshold)).append(now)
+            if clash:
+                self._clashes[device_id] = now
+            started = not was and self._is_flapping(device_id, now)
         if started:
             logger.warning(
-                "device %s rejoined %d times within %.0f s: two devices probably run with this "
-                "id (or its connection keeps dropping); see docs/troubleshooting.md",
+                "device %s %s: two devices probably run with this id (or its connection keeps "
+                "dropping); see docs/troubleshooting.md",
                 device_id,
-                self.threshold,
-                self.window_s,
+                "joined from a second running instance"
+                if clash
+                else f"rejoined {self.threshold} times within {self.window_s:.0f} s",
             )
         return started
 
@@ -54,7 +63,10 @@ class FlapWatch:
         """The device ids that rejoined `threshold` times within the last `window_s`."""
         now = self._clock()
         with self._lock:
-            return frozenset(d for d, joins in self._joins.items() if self._is_flapping(joins, now))
+            return frozenset(d for d in self._joins if self._is_flapping(d, now))
 
-    def _is_flapping(self, joins: deque[float], now: float) -> bool:
-        return len(joins) >= self.threshold and now - joins[0] <= self.window_s
+    def _is_flapping(self, device_id: str, now: float) -> bool:
+        if now - self._clashes.get(device_id, -math.inf) <= self.window_s:
+            return True
+        joins = self._joins.get(device_id)
+        return joins is not None and len(joins) >= self.threshold and now - joins[0] <= self.window_s

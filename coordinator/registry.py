@@ -31,10 +31,19 @@ class FleetRegistry:
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceRecord] = {}
 
-    def on_hello(self, hello: DeviceHello) -> None:
-        """A device (re)joined: it is online and eligible from the next round on."""
+    def on_hello(self, hello: DeviceHello) -> bool:
+        """A device (re)joined: it is online and eligible from the next round on.
+
+        True when the id is online under another running instance of the agent (a clash).
+        """
         with self._lock:
             previous = self._devices.get(hello.device_id)
+            before = previous.hello if previous is not None and previous.online else None
+            clash = (
+                before is not None
+                and before.instance != hello.instance
+                and "" not in (before.instance, hello.instance)
+            )
             base = previous or DeviceRecord(hello.device_id, True, time.time())
             self._devices[hello.device_id] = replace(
                 base,
@@ -43,6 +52,7 @@ class FleetRegistry:
                 num_train_samples=hello.num_train_samples,
                 hello=hello,
             )
+        return clash
 
     def on_status(self, status: DeviceStatus) -> None:
         """Track liveness; an "offline" status (often the broker's last-will) excludes a device."""

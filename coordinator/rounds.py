@@ -281,11 +281,13 @@ class Coordinator:
         collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
         self._train = collector
         self.relay.start_round(round_id)
-        assignments = {
-            d: DeviceAssignment(scalars=dict(plan.scalars.get(d, {}))) for d in plan.devices
+        assignments = {  # scalars only for the devices that have any: every device reads this
+            d: DeviceAssignment(scalars=dict(plan.scalars[d]))
+            for d in plan.devices
+            if plan.scalars.get(d)
         }
         needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
-        self._announce(round_id, "train", assignments)
+        self._announce(round_id, "train", tuple(sorted(plan.devices)), assignments)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), needed),
             self.settings.round_timeout_s,
@@ -345,7 +347,7 @@ class Coordinator:
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
-        self._announce(self.round_id, "evaluate", {}, final=final)
+        self._announce(self.round_id, "evaluate", (), {}, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
         )
@@ -364,6 +366,7 @@ class Coordinator:
         self,
         round_id: int,
         phase: str,
+        selected: tuple[str, ...],
         assignments: dict[str, DeviceAssignment],
         final: bool = False,
     ) -> None:
@@ -375,6 +378,7 @@ class Coordinator:
             config=self.strategy.config.model_dump(mode="json"),
             model_sha256=self.models.sha,
             deadline_s=self.settings.round_timeout_s,
+            selected=selected,
             assignments=assignments,
             final=final,
             peers=self.relay.peers(self.registry.snapshot()),
@@ -385,7 +389,7 @@ class Coordinator:
         self._broadcast(
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
-        asked = assignments or self.registry.online_ids()
+        asked = selected or self.registry.online_ids()
         self.bytes_down += self.models.download_bytes(asked)
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
@@ -432,9 +436,9 @@ class Coordinator:
     def _on_hello(self, topic: str, payload: bytes) -> None:
         hello, _ = device_message(topic, payload, DeviceHello)
         check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
-        self.registry.on_hello(hello)
+        clash = self.registry.on_hello(hello)
         self.models.forget(hello.device_id)
-        if self.flaps.note(hello.device_id):
+        if self.flaps.note(hello.device_id, clash):
             self.publish_fleet_status()
 
     def _on_status(self, topic: str, payload: bytes) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from pathlib import Path
 
 from torch import nn
@@ -123,6 +124,7 @@ class DeviceAgent:
         self._reply: tuple[tuple[str, int, str, str], topics.DeviceTopicKind, bytes] | None = None
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
+        self.instance = secrets.token_hex(8)  # tells two processes with one id apart
         self._stopping = False
 
     def start(self) -> None:
@@ -157,6 +159,7 @@ class DeviceAgent:
             capabilities=self.capabilities or probe_capabilities(),
             memory_plan=self.memory_plan,
             stateful=self.stateful,
+            instance=self.instance,
         )
         self._publish("hello", encode_frame(hello))
 

@@ -125,6 +125,8 @@ class DeviceHello(Message):
     capabilities: Capabilities
     memory_plan: MemoryPlan | None = None
     stateful: bool = True
+    instance: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
+    """A random token per agent process: two running at once under one id show as a clash."""
 
 
 class DeviceStatus(Message):
@@ -273,8 +275,9 @@ class DeviceAssignment(WireModel):
 class RoundAnnouncement(Message):
     """A call for work on the current shared model: train, evaluate or export.
 
-    `model_sha256` names the SharedModel the work uses. `assignments` lists the devices asked to
-    answer; an empty mapping means every device.
+    `model_sha256` names the SharedModel the work uses. `selected` lists the devices asked to
+    answer (with `assignments` holding the scalars of those that have any); both empty means
+    every device. Every device receives the announcement, so it stays small: ids only.
     """
 
     kind: Literal["round"] = "round"
@@ -285,6 +288,7 @@ class RoundAnnouncement(Message):
     config: dict[str, Any] = Field(default_factory=dict)
     model_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     deadline_s: Annotated[float, Field(gt=0)] = 600.0
+    selected: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_PEERS)
     assignments: dict[DeviceId, DeviceAssignment] = Field(default_factory=dict)
     final: bool = False
     peers: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_PEERS)
@@ -296,7 +300,9 @@ class RoundAnnouncement(Message):
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""
-        return not self.assignments or device_id in self.assignments
+        if not self.selected and not self.assignments:
+            return True
+        return device_id in self.assignments or device_id in self.selected
 
 
 class PeerRequest(Message):

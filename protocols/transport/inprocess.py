@@ -7,7 +7,7 @@ is deterministic. Retained messages and last-wills behave as on an MQTT broker.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +42,8 @@ class InProcessBroker:
     _retained: dict[str, bytes] = field(default_factory=dict)
     _queue: deque[_Delivery] = field(default_factory=deque)
     _dispatching: bool = False
+    delivered: Counter[str] = field(default_factory=Counter)
+    """Payload bytes delivered per topic, summed over recipients (what a broker sends out)."""
 
     def connect(self, client_id: str, will: Will | None = None) -> InProcessTransport:
         """A new client of this hub."""
@@ -101,6 +103,7 @@ class InProcessBroker:
                 continue
             stats = subscription.client.stats
             stats.bytes_received += len(payload)
+            self.delivered[topic] += len(payload)
             stats.messages_received += 1
             try:
                 subscription.handler(topic, payload)

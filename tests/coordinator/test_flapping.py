@@ -1,4 +1,4 @@
-"""An id that keeps rejoining is named, once, and forgotten when it settles."""
+"""An id rejoining often, or running twice at once, is named once and forgotten when it settles."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import logging
 import pytest
 
 from coordinator.flapping import FlapWatch
+from coordinator.registry import FleetRegistry
+from device_agent.capabilities import probe_capabilities
+from protocols.messages import DeviceHello, DeviceStatus
 
 
 def test_three_joins_within_the_window_flap_and_quiet_ones_do_not(
@@ -26,3 +29,41 @@ def test_three_joins_within_the_window_flap_and_quiet_ones_do_not(
         now[0] = moment
         assert not watch.note("dev-2")
     assert len([r for r in caplog.records if "two devices probably run" in r.getMessage()]) == 1
+
+
+def test_a_second_running_instance_flaps_at_once_and_a_restart_after_its_will_does_not() -> None:
+    # Prepare: what a broker that never knocks the older connection off shows the coordinator
+    now = [0.0]
+    watch = FlapWatch(threshold=3, window_s=30.0, clock=lambda: now[0])
+    registry = FleetRegistry()
+
+    def hello(device_id: str, instance: str) -> bool:
+        clash = registry.on_hello(_hello(device_id, instance))
+        watch.note(device_id, clash)
+        return clash
+
+    # Execute / Assert: two instances of dev-1 online together
+    assert not hello("dev-1", "aa01")
+    assert hello("dev-1", "bb02")
+    assert watch.flapping() == {"dev-1"}
+    assert not hello("dev-1", "bb02")  # the same instance saying hello again is no clash
+    now[0] = 40.0
+    assert watch.flapping() == frozenset()  # forgotten when it settles
+    # a device that restarts after its will (offline) was published is no clash
+    assert not hello("dev-2", "cc03")
+    registry.on_status(DeviceStatus(device_id="dev-2", state="offline"))
+    assert not hello("dev-2", "dd04")
+    assert watch.flapping() == frozenset()
+    # agents of older versions send no token: never a clash
+    assert not hello("dev-3", "")
+    assert not hello("dev-3", "ee05")
+
+
+def _hello(device_id: str, instance: str) -> DeviceHello:
+    return DeviceHello(
+        device_id=device_id,
+        task="digits",
+        num_train_samples=10,
+        capabilities=probe_capabilities(),
+        instance=instance,
+    )

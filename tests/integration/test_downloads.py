@@ -39,7 +39,7 @@ def _addressed(coordinator: Coordinator) -> set[str]:
     assert coordinator._announcement is not None
     announcement, _ = decode_frame(coordinator._announcement)
     assert isinstance(announcement, RoundAnnouncement)
-    return set(announcement.assignments) or {f"dev-{i}" for i in range(DEVICES)}
+    return set(announcement.selected) or {f"dev-{i}" for i in range(DEVICES)}
 
 
 def test_only_selected_devices_download_the_model() -> None:

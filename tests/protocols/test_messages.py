@@ -359,10 +359,14 @@ def test_round_addresses_only_assigned_devices_unless_none_are() -> None:
     # Prepare
     everyone = ROUND.model_copy(update={"assignments": {}})
 
+    selected = ROUND.model_copy(update={"assignments": {}, "selected": ("pi-5",)})
+
     # Execute / Assert
     assert ROUND.addresses("pi-3")
     assert not ROUND.addresses("pi-4")
     assert everyone.addresses("pi-4")
+    assert selected.addresses("pi-5")  # selected without scalars
+    assert not selected.addresses("pi-3")
 
 
 def test_a_peer_request_names_each_owner_once() -> None:
