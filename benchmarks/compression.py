@@ -67,6 +67,7 @@ def run_cell(task: str, algorithm: str, codec: str, seed: int, rounds: int) -> C
     """One simulated run with `codec` on the uplink."""
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task=task,
         algorithm=algorithm,
         rounds=rounds,
@@ -104,6 +105,7 @@ def downloads(
     """
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task=task,
         algorithm="fedavg",
         devices=devices,

@@ -41,6 +41,7 @@ def measure(transport: str, broker: str | None, rounds: int) -> dict[str, float]
     """Median training-round seconds and bytes per update for one transport."""
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task="digits",
         task_options={"hidden": HIDDEN},
         algorithm="fedavg",

@@ -24,7 +24,8 @@ from export import choose_model
 def guarded_accuracy(seed: int, stateless: bool) -> dict[str, float]:
     """Mean test accuracy of personalized, global and guard-chosen models over the fleet."""
     settings = SimulationSettings.load(
-        None, task="digits", algorithm="fedalt", devices=100, pretrain_rounds=15, rounds=15,
+        None, workers=1, task="digits", algorithm="fedalt", devices=100, pretrain_rounds=15,
+        rounds=15,
         local_epochs=2, lr=0.1, alpha=0.3, seed=seed, stateless=stateless,
     )  # fmt: skip
     result = run_simulation(settings)

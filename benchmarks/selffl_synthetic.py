@@ -197,6 +197,7 @@ def simulation_agreement(reps: int) -> list[str]:
                 result = run_simulation(
                     SimulationSettings.load(
                         None,
+                        workers=1,
                         task="gaussian",
                         algorithm="selffl",
                         devices=M,
@@ -249,6 +250,7 @@ def digits_table(rounds: int) -> list[str]:
         summary = run_simulation(
             SimulationSettings.load(
                 None,
+                workers=1,
                 task="digits",
                 algorithm=algorithm,
                 devices=20,

@@ -101,6 +101,13 @@ def simulate(
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="processes running the virtual devices; results do not depend on it "
+            "(default: one per available core)"
+        ),
+    ] = None,
     personal_preset: PresetOption = None,
     pretrain_rounds: PretrainOption = None,
     stateless: Annotated[

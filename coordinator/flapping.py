@@ -69,4 +69,6 @@ class FlapWatch:
         if now - self._clashes.get(device_id, -math.inf) <= self.window_s:
             return True
         joins = self._joins.get(device_id)
-        return joins is not None and len(joins) >= self.threshold and now - joins[0] <= self.window_s
+        if joins is None or len(joins) < self.threshold:
+            return False
+        return now - joins[0] <= self.window_s

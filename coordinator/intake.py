@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Generic, TypeVar
 
 from protocols import topics
@@ -59,7 +60,7 @@ class Collector(Generic[Answer]):
         with self._lock:
             return len(self.answers) >= len(self.expected)
 
-    def settled(self, online: set[str], needed: int) -> bool:
+    def settled(self, online: AbstractSet[str], needed: int) -> bool:
         """All asked devices answered, or every one still online did and the quorum is met."""
         with self._lock:
             if len(self.answers) >= len(self.expected):

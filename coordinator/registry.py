@@ -30,6 +30,7 @@ class FleetRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceRecord] = {}
+        self._online: frozenset[str] = frozenset()  # kept as records change: read per message
 
     def on_hello(self, hello: DeviceHello) -> bool:
         """A device (re)joined: it is online and eligible from the next round on.
@@ -45,12 +46,14 @@ class FleetRegistry:
                 and "" not in (before.instance, hello.instance)
             )
             base = previous or DeviceRecord(hello.device_id, True, time.time())
-            self._devices[hello.device_id] = replace(
-                base,
-                online=True,
-                last_seen=time.time(),
-                num_train_samples=hello.num_train_samples,
-                hello=hello,
+            self._store(
+                replace(
+                    base,
+                    online=True,
+                    last_seen=time.time(),
+                    num_train_samples=hello.num_train_samples,
+                    hello=hello,
+                )
             )
         return clash
 
@@ -61,13 +64,15 @@ class FleetRegistry:
             if previous is None and status.state == "offline":
                 return
             base = previous or DeviceRecord(status.device_id, True, time.time())
-            self._devices[status.device_id] = replace(
-                base,
-                online=status.state != "offline" and base.hello is not None,
-                last_seen=time.time(),
-                round_id=status.round_id if status.round_id is not None else base.round_id,
-                last_loss=status.last_loss if status.last_loss is not None else base.last_loss,
-                detail=status.detail,
+            self._store(
+                replace(
+                    base,
+                    online=status.state != "offline" and base.hello is not None,
+                    last_seen=time.time(),
+                    round_id=status.round_id if status.round_id is not None else base.round_id,
+                    last_loss=status.last_loss if status.last_loss is not None else base.last_loss,
+                    detail=status.detail,
+                )
             )
 
     def on_update(self, device_id: str, round_id: int, train_loss: float) -> None:
@@ -75,8 +80,10 @@ class FleetRegistry:
         with self._lock:
             previous = self._devices.get(device_id)
             if previous is not None:
-                self._devices[device_id] = replace(
-                    previous, last_seen=time.time(), round_id=round_id, last_loss=train_loss
+                self._store(
+                    replace(
+                        previous, last_seen=time.time(), round_id=round_id, last_loss=train_loss
+                    )
                 )
 
     def knows(self, device_id: str) -> bool:
@@ -93,20 +100,28 @@ class FleetRegistry:
 
     def online_count(self) -> int:
         """How many devices can take part now."""
-        with self._lock:
-            return sum(1 for record in self._devices.values() if record.online)
+        return len(self._online)
 
-    def online_ids(self) -> set[str]:
-        """Ids of the devices that can take part now."""
-        with self._lock:
-            return {key for key, record in self._devices.items() if record.online}
+    def online_ids(self) -> frozenset[str]:
+        """Ids of the devices that can take part now (O(1): a round checks it per message)."""
+        return self._online
+
+    def _store(self, record: DeviceRecord) -> None:
+        """Keep `record` (under the lock) and the online set with it."""
+        self._devices[record.device_id] = record
+        if record.online != (record.device_id in self._online):
+            self._online = (
+                self._online | {record.device_id}
+                if record.online
+                else self._online - {record.device_id}
+            )
 
     def restore(self, device_id: str, num_train_samples: int) -> None:
         """A device known from a checkpoint: offline and not selectable until it says hello."""
         with self._lock:
             if device_id not in self._devices:
-                self._devices[device_id] = DeviceRecord(
-                    device_id, False, time.time(), num_train_samples=num_train_samples
+                self._store(
+                    DeviceRecord(device_id, False, time.time(), num_train_samples=num_train_samples)
                 )
 
     def records(self) -> list[DeviceRecord]:

@@ -103,6 +103,9 @@ class SimulationSettings(RunSettings, PartitionSettings):
     devices: int = Field(20, ge=1, description="virtual devices")
     stateless: bool = Field(False, description="devices keep no personal state between rounds")
     transport: Literal["inprocess", "mqtt"] = "inprocess"
+    workers: int = Field(
+        0, ge=0, description="processes running the virtual devices (0: one per available core)"
+    )
     broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
     export_dir: Path | None = Field(
         None, description="after the final evaluation, export every device's model here"

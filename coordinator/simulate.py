@@ -1,8 +1,10 @@
 """Simulation: the real coordinator and N real device agents on one machine.
 
 Every message is encoded exactly as on the wire and counted, over the in-process hub (or MQTT).
-Virtual devices share one model object and keep only their own personal state, so a thousand of
-them fit in memory; handlers run one at a time, so a run is deterministic for its seed.
+Virtual devices share one model object per process and keep only their own personal state, so
+thousands fit in memory. They run in this process or in one worker process per core
+(`workers`); handlers run one at a time per process and the coordinator aggregates in device
+order, so a run's results depend on its seed alone, not on the number of workers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
 
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
@@ -24,26 +28,44 @@ from coordinator.pipeline import (
 )
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
-from device_agent.capabilities import probe_capabilities
+from coordinator.simulation_workers import WorkerDevices, worker_count
+from device_agent.agent import DeviceAgent
 from device_agent.exporting import export_fleet
-from device_agent.received import DecodedModelCache
-from device_agent.state_store import MemoryStateStore
+from device_agent.virtual_fleet import VirtualFleet, device_name
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.transport.base import Transport, Will
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
+from protocols.transport.process_hub import ProcessHub
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
-Connect = Callable[[str, Will], Transport]
+__all__ = ["DeviceHost", "SimulationResult", "device_name", "run_simulation"]
+
+
+class DeviceHost(Protocol):
+    """Where a simulation's virtual devices run: this process, or worker processes."""
+
+    agents: list[DeviceAgent]
+    """The agents, when they live in this process (for inspection); empty otherwise."""
+
+    def settle(self) -> tuple[int, int]:
+        """Let messages in flight arrive; payload bytes all devices sent and received."""
+        ...
+
+    def export(self, directory: Path, *, quantize: str | None, guard: bool) -> dict[str, Any]:
+        """Every device's personalized model, exported and verified: the summary's entry."""
+        ...
 
 
 @dataclass
 class SimulationResult(RunResult):
-    """A simulated run's result, and its virtual devices (for byte counts and inspection)."""
+    """A simulated run's result, and its virtual devices (for byte counts and inspection).
+
+    `agents` is empty when the devices ran in worker processes.
+    """
 
     agents: list[DeviceAgent] = field(default_factory=list)
 
@@ -58,9 +80,34 @@ def _device_bytes(agents: list[DeviceAgent]) -> tuple[int, int]:
     return sent, received
 
 
-def device_name(index: int) -> str:
-    """The id of virtual device `index`."""
-    return f"dev-{index:04d}"
+class LocalDevices:
+    """Virtual devices in this process: on the hub, or MQTT clients with a thread each."""
+
+    def __init__(self, agents: list[DeviceAgent], hub: InProcessBroker | None) -> None:
+        self.agents = agents
+        self._hub = hub
+
+    def settle(self) -> tuple[int, int]:
+        """See `DeviceHost.settle`."""
+        if self._hub is not None:
+            self._hub.pump(lambda: False)
+        return _device_bytes(self.agents)
+
+    def export(self, directory: Path, *, quantize: str | None, guard: bool) -> dict[str, Any]:
+        """See `DeviceHost.export`."""
+        sources = [agent.export_source() for agent in self.agents]
+        return export_fleet(sources, directory, quantize=quantize, guard=guard)
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    connect_coordinator: Callable[[], Transport]
+    host: Callable[[VirtualFleet], DeviceHost]
+
+
+def join_timeout(devices: int) -> float:
+    """Seconds a simulation waits for its devices' hellos (10,000 take a while to start)."""
+    return max(60.0, 0.05 * devices)
 
 
 def run_simulation(
@@ -70,25 +117,58 @@ def run_simulation(
 ) -> SimulationResult:
     """Run a whole federated training and evaluation with virtual devices.
 
-    Byte counts in the summary and the round records are measured at the devices' transports.
-    A caller may pass its own `broker`, e.g. with a wiretap subscribed to `#`.
+    Byte counts in the summary and the round records are measured at the devices' transports,
+    each once the messages of its round have all arrived. A caller may pass its own `broker`,
+    e.g. with a wiretap subscribed to `#` (a `ProcessHub` when the devices run in workers).
 
     Raises:
         ValueError: an unknown task, algorithm or option.
-        RoundError: a round could not close (e.g. every device failed).
+        RoundError: a round could not close (e.g. every device failed), or a worker died.
     """
     with ExitStack() as cleanup:
-        connect = _transports(settings, broker, cleanup)
-        return _run(settings, connect, on_round)
+        return _run(settings, _wiring(settings, broker, cleanup), on_round)
 
 
-def _transports(
+def _wiring(
     settings: SimulationSettings, broker: InProcessBroker | None, cleanup: ExitStack
-) -> Connect:
-    """How virtual devices reach the coordinator: the in-process hub or real MQTT clients."""
-    if settings.transport == "inprocess":
+) -> _Wiring:
+    """How the coordinator and the virtual devices reach each other, and where devices run."""
+    every = range(settings.devices)
+    if settings.transport == "mqtt":
+        return _mqtt_wiring(settings, cleanup)
+    workers = worker_count(settings.workers, settings.devices)
+    if workers == 1:
         hub = broker or InProcessBroker()
-        return lambda client_id, will: hub.connect(client_id, will)
+
+        def host_here(fleet: VirtualFleet) -> DeviceHost:
+            return LocalDevices(fleet.build(every, hub.connect, threaded=False), hub)
+
+        will = coordinator_will(settings.fleet)
+        return _Wiring(lambda: hub.connect("coordinator", will), host_here)
+    if broker is not None and not isinstance(broker, ProcessHub):
+        msg = "a caller's InProcessBroker serves devices in this process only: pass a ProcessHub"
+        raise ValueError(msg)
+    process_hub = broker or ProcessHub()
+
+    def host_in_workers(fleet: VirtualFleet) -> DeviceHost:
+        devices = WorkerDevices(process_hub, fleet, settings.devices, workers)
+        cleanup.callback(devices.close)
+        return devices
+
+    return _Wiring(
+        lambda: process_hub.connect("coordinator", coordinator_will(settings.fleet)),
+        host_in_workers,
+    )
+
+
+def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
+    """Every virtual device a real MQTT client of its own, in this process."""
+    if settings.workers > 1:
+        msg = (
+            "--workers runs devices on the in-process hub; over MQTT, spread them over "
+            "processes or machines with `pfl-agent pool`"
+        )
+        raise ValueError(msg)
     url = settings.broker
     if url is None:
         embedded = cleanup.enter_context(EmbeddedBroker())
@@ -101,17 +181,18 @@ def _transports(
         cleanup.callback(transport.close)
         return transport
 
-    return connect
+    def host(fleet: VirtualFleet) -> DeviceHost:
+        return LocalDevices(fleet.build(range(settings.devices), connect, threaded=True), None)
+
+    return _Wiring(lambda: connect("coordinator", coordinator_will(settings.fleet)), host)
 
 
 def _run(
-    settings: SimulationSettings, connect: Connect, on_round: RoundCallback | None
+    settings: SimulationSettings, wiring: _Wiring, on_round: RoundCallback | None
 ) -> SimulationResult:
     started = time.perf_counter()
     task = load_task(settings.task, settings.task_options)
-    fleet_data = task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
     workspace = task.build_model(settings.seed)
-    initial_state = {name: value.detach().clone() for name, value in workspace.state_dict().items()}
     stages = plan_stages(settings, task, workspace)
     if settings.stateless and stages.final.config.stateful_only:
         msg = (
@@ -130,45 +211,31 @@ def _run(
         downlink=settings.compress_down,
     )
     coordinator = build_coordinator(
-        lambda: connect("coordinator", coordinator_will(settings.fleet)),
+        wiring.connect_coordinator,
         stages,
         workspace,
         engine,
         task,
     )
-    # Over MQTT every device handles messages on its own thread: each needs its own workspace.
-    threaded = settings.transport != "inprocess"
-    agents: list[DeviceAgent] = []
-    capabilities = probe_capabilities()
-    model_cache = DecodedModelCache()
-    for index, data in enumerate(fleet_data):
-        device_id = device_name(index)
-        agent = DeviceAgent(
-            device_id=device_id,
-            fleet=settings.fleet,
-            transport=connect(device_id, device_will(settings.fleet, device_id)),
-            task=task,
-            data=data,
-            seed=settings.seed,
-            store=MemoryStateStore(),
-            workspace=task.build_model(settings.seed) if threaded else workspace,
-            initial_state=initial_state,
-            stateful=not settings.stateless,
-            capabilities=capabilities,
-            model_cache=DecodedModelCache() if threaded else model_cache,
-        )
-        agent.start()
-        agents.append(agent)
+    fleet = VirtualFleet.create(
+        fleet=settings.fleet,
+        task=task,
+        devices=settings.devices,
+        partition=settings.partition_spec(),
+        seed=settings.seed,
+        stateful=not settings.stateless,
+    )
+    devices = wiring.host(fleet)
     coordinator.start()
-    if not coordinator.wait_for_devices(settings.devices, timeout_s=60.0):
+    if not coordinator.wait_for_devices(settings.devices, timeout_s=join_timeout(settings.devices)):
         msg = f"only {coordinator.registry.online_count()} of {settings.devices} devices joined"
         raise RoundError(msg)
 
     recorder = RunRecorder(settings.out)
-    moved = [_device_bytes(agents)]
+    moved = [devices.settle()]
 
     def after_round(record: RoundRecord) -> None:
-        (sent_before, received_before), (sent, received) = moved[-1], _device_bytes(agents)
+        (sent_before, received_before), (sent, received) = moved[-1], devices.settle()
         record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
         moved.append((sent, received))
         recorder.record_round(record.as_json())
@@ -193,7 +260,7 @@ def _run(
             reports,
             metric_name=task.metric_name,
             devices=settings.devices,
-            traffic=_device_bytes(agents),
+            traffic=devices.settle(),
             started=started,
         ),
         stateless=settings.stateless,
@@ -201,13 +268,10 @@ def _run(
         alpha=settings.alpha,
     )
     if settings.export_dir is not None:  # every device's personalized model, verified
-        exported = export_fleet(
-            [agent.export_source() for agent in agents],
-            settings.export_dir,
-            quantize=settings.export_quantize,
-            guard=settings.export_guard,
+        exported = devices.export(
+            settings.export_dir, quantize=settings.export_quantize, guard=settings.export_guard
         )
         summary = replace(summary, export=exported)
     recorder.write_devices(reports)
     recorder.write_summary(summary)
-    return SimulationResult(summary, records, reports, final_shared, agents)
+    return SimulationResult(summary, records, reports, final_shared, devices.agents)

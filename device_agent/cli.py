@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -11,8 +12,9 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from device_agent.offline_export import export_offline, recorded_device_id
+from device_agent.pool import run_pool
 from device_agent.runner import run_agent
-from device_agent.settings import AgentSettings
+from device_agent.settings import AgentSettings, PoolSettings
 from device_agent.state_store import DiskStateStore
 from protocols.errors import PflError
 
@@ -21,49 +23,68 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 
+BrokerOption = Annotated[
+    str | None, typer.Option(help="mqtt(s):// URL (default: mqtt://127.0.0.1:1883)")
+]
+FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
+TaskOption = Annotated[str | None, typer.Option(help="task name or module:attribute")]
+PartitionOption = Annotated[
+    str | None,
+    typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
+]
+AlphaOption = Annotated[float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")]
+LabelsPerDeviceOption = Annotated[
+    int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
+]
+GroupsOption = Annotated[
+    int | None, typer.Option(help="label groups for the groups partition (default: 2)")
+]
+FractionOption = Annotated[
+    float | None,
+    typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
+]
+SeedOption = Annotated[int | None, typer.Option(help="the run's seed (default: 0)")]
+StatelessOption = Annotated[bool | None, typer.Option("--stateless", help="keep no personal state")]
+UsernameOption = Annotated[str | None, typer.Option(help="broker user name")]
+PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
+CaFileOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
+CertFileOption = Annotated[str | None, typer.Option(help="client certificate")]
+KeyFileOption = Annotated[str | None, typer.Option(help="client certificate's key")]
+TlsInsecureOption = Annotated[
+    bool | None, typer.Option("--tls-insecure", help="skip the host name check")
+]
+ConfigOption = Annotated[
+    Path | None, typer.Option(help="TOML file with any setting (flags and PFL_* win)")
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
+
 
 @app.command()
 def start(
-    broker: Annotated[
-        str | None, typer.Option(help="mqtt(s):// URL (default: mqtt://127.0.0.1:1883)")
-    ] = None,
+    broker: BrokerOption = None,
     device_id: Annotated[
         str | None,
         typer.Option(help="this device's id (default: <host name>-<machine id prefix>)"),
     ] = None,
-    fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
-    task: Annotated[str | None, typer.Option(help="task name or module:attribute")] = None,
+    fleet: FleetOption = None,
+    task: TaskOption = None,
     data_shard: Annotated[
         int | None, typer.Option(help="index of this device's shard of the task's data")
     ] = None,
     num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
-    partition: Annotated[
-        str | None,
-        typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
-    ] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")
-    ] = None,
-    labels_per_device: Annotated[
-        int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-    ] = None,
-    groups: Annotated[
-        int | None, typer.Option(help="label groups for the groups partition (default: 2)")
-    ] = None,
-    fraction: Annotated[
-        float | None,
-        typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="the run's seed (default: 0)")] = None,
+    partition: PartitionOption = None,
+    alpha: AlphaOption = None,
+    labels_per_device: LabelsPerDeviceOption = None,
+    groups: GroupsOption = None,
+    fraction: FractionOption = None,
+    seed: SeedOption = None,
     data: Annotated[
         Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")
     ] = None,
     state_dir: Annotated[
         Path | None, typer.Option(help="personal state directory (default: ./pfl-agent-state)")
     ] = None,
-    stateless: Annotated[
-        bool | None, typer.Option("--stateless", help="keep no personal state")
-    ] = None,
+    stateless: StatelessOption = None,
     min_free_memory: Annotated[
         str | None, typer.Option(help="skip a round when less memory is free (200MB, 10%)")
     ] = None,
@@ -95,32 +116,69 @@ def start(
             "device id, 0 = never (default: 3)"
         ),
     ] = None,
-    username: Annotated[str | None, typer.Option(help="broker user name")] = None,
-    password: Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")] = None,
-    ca_file: Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")] = None,
-    cert_file: Annotated[str | None, typer.Option(help="client certificate")] = None,
-    key_file: Annotated[str | None, typer.Option(help="client certificate's key")] = None,
-    tls_insecure: Annotated[
-        bool | None, typer.Option("--tls-insecure", help="skip the host name check")
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option(help="TOML file with any setting (flags and PFL_* win)")
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    ca_file: CaFileOption = None,
+    cert_file: CertFileOption = None,
+    key_file: KeyFileOption = None,
+    tls_insecure: TlsInsecureOption = None,
+    config: ConfigOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     """Join a fleet and train in its rounds until SIGTERM or Ctrl-C.
 
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
+    values = {k: v for k, v in locals().items() if k not in ("config", "verbose")}
+    _serve(lambda: run_agent(AgentSettings.load(config, **values)), verbose)
+
+
+@app.command()
+def pool(
+    devices: Annotated[
+        str, typer.Option(help="this pool's virtual devices, e.g. 0-499 (first-last, inclusive)")
+    ],
+    num_shards: Annotated[
+        int, typer.Option(help="devices in the whole simulated fleet, over all pools")
+    ],
+    broker: BrokerOption = None,
+    fleet: FleetOption = None,
+    task: TaskOption = None,
+    partition: PartitionOption = None,
+    alpha: AlphaOption = None,
+    labels_per_device: LabelsPerDeviceOption = None,
+    groups: GroupsOption = None,
+    fraction: FractionOption = None,
+    seed: SeedOption = None,
+    stateless: StatelessOption = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    ca_file: CaFileOption = None,
+    cert_file: CertFileOption = None,
+    key_file: KeyFileOption = None,
+    tls_insecure: TlsInsecureOption = None,
+    config: ConfigOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Run virtual devices of a simulated fleet as real MQTT clients until SIGTERM or Ctrl-C.
+
+    Pools on several machines with disjoint --devices ranges and one `pfl-coord serve
+    --min-devices <num-shards>` make a simulation spread over machines: device i holds the data
+    `pfl-coord simulate --devices <num-shards>` gives it. See docs/scaling.md.
+    """
+    values = {k: v for k, v in locals().items() if k not in ("config", "verbose")}
+    _serve(lambda: run_pool(PoolSettings.load(config, **values)), verbose)
+
+
+def _serve(run: Callable[[], None], verbose: bool) -> None:
+    """Log as the agent does and turn a refusal into one error line and exit code 2."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
-    values = {k: v for k, v in locals().items() if k not in ("config", "verbose")}
     try:
-        settings = AgentSettings.load(config, **values)
-        run_agent(settings)
+        run()
     except (PflError, ValueError, FileNotFoundError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from None
@@ -151,8 +209,8 @@ def export(
         str | None, typer.Option(help="this device's id (default: the one the agent recorded)")
     ] = None,
     broker: Annotated[str | None, typer.Option(help="accepted as for start; unused")] = None,
-    fleet: Annotated[str | None, typer.Option(help="fleet name (default: default)")] = None,
-    task: Annotated[str | None, typer.Option(help="task name or module:attribute")] = None,
+    fleet: FleetOption = None,
+    task: TaskOption = None,
     data_shard: Annotated[int | None, typer.Option(help="this device's shard index")] = None,
     num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
     partition: Annotated[
@@ -163,7 +221,7 @@ def export(
     labels_per_device: Annotated[int | None, typer.Option(help="labels per device")] = None,
     groups: Annotated[int | None, typer.Option(help="label groups")] = None,
     fraction: Annotated[float | None, typer.Option(help="share of the pooled data used")] = None,
-    seed: Annotated[int | None, typer.Option(help="the run's seed (default: 0)")] = None,
+    seed: SeedOption = None,
     data: Annotated[
         Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")
     ] = None,

@@ -82,16 +82,8 @@ class DuplicateIdError(BrokerConnectionError):
     """Another client keeps taking this device's id on the broker; the agent gave up."""
 
 
-def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> None:
-    """Serve rounds until `stop` is set (by SIGTERM/SIGINT when called on the main thread).
-
-    On the way out the work in flight finishes, the status turns "offline" and the connection
-    closes cleanly; personal state is only ever replaced atomically, so no stop corrupts it.
-
-    Raises:
-        DuplicateIdError: another client kept taking this device's id (`max_takeovers` times).
-    """
-    stop = stop or threading.Event()
+def stop_on_signals(stop: threading.Event) -> threading.Event:
+    """`stop`, set by SIGTERM or SIGINT when called on the main thread."""
     if threading.current_thread() is threading.main_thread():
 
         def on_signal(number: int, frame: FrameType | None) -> None:
@@ -101,6 +93,19 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> None:
+    """Serve rounds until `stop` is set (by SIGTERM/SIGINT when called on the main thread).
+
+    On the way out the work in flight finishes, the status turns "offline" and the connection
+    closes cleanly; personal state is only ever replaced atomically, so no stop corrupts it.
+
+    Raises:
+        DuplicateIdError: another client kept taking this device's id (`max_takeovers` times).
+    """
+    stop = stop_on_signals(stop or threading.Event())
     agent = build_agent(settings)
     agent.start()
     logger.info(

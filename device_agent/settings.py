@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from device_agent.identity import default_device_id
+from device_agent.virtual_fleet import parse_device_range
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols import topics
@@ -76,3 +77,35 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
             msg = f"data_shard {self.data_shard} must be below num_shards {self.num_shards}"
             raise ValueError(msg)
         return self
+
+
+class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings):
+    """`pfl-agent pool`: a range of a simulated fleet's virtual devices, each a real MQTT client.
+
+    Device `i` holds `make_fleet(num_shards, partition, seed)[i]`, as in `pfl-coord simulate`,
+    so pools on several machines together are the simulation's fleet.
+    """
+
+    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt(s):// URL of the broker")
+    devices: str = Field(description="the virtual devices this pool runs, e.g. 0-499 (inclusive)")
+    num_shards: int = Field(ge=1, description="devices in the whole simulated fleet")
+    fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    task: str = Field("digits", description="built-in task name or module:attribute")
+    task_options: dict[str, Any] = Field(default_factory=dict)
+    seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
+    stateless: bool = Field(False, description="keep no personal state between rounds")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> PoolSettings:
+        last = self.device_range()[-1]
+        if last >= self.num_shards:
+            msg = (
+                f"--devices {self.devices} reaches device {last}, but the fleet has "
+                f"{self.num_shards} (--num-shards): devices are numbered 0-{self.num_shards - 1}"
+            )
+            raise ValueError(msg)
+        return self
+
+    def device_range(self) -> range:
+        """The indices of this pool's devices."""
+        return parse_device_range(self.devices)

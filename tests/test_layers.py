@@ -18,7 +18,11 @@ ALLOWED = {
     "device_agent": {"protocols", "pfl_tasks", "export"},
     "coordinator": {"protocols", "pfl_tasks", "export", "device_agent"},
 }
-COORDINATOR_USES_OF_THE_AGENT = {"coordinator.simulate", "coordinator.cli_docs"}
+COORDINATOR_USES_OF_THE_AGENT = {
+    "coordinator.simulate",
+    "coordinator.simulation_workers",  # runs the virtual devices in its worker processes
+    "coordinator.cli_docs",
+}
 
 
 def _modules() -> dict[str, Path]:

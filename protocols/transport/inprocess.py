@@ -79,8 +79,13 @@ class InProcessBroker:
             self._unsubscribe(subscriptions)
         client._subscriptions.clear()
 
-    def pump(self, predicate: Callable[[], bool]) -> bool:
-        """Deliver queued messages until `predicate()` holds or nothing is left to deliver."""
+    def pump(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Deliver queued messages until `predicate()` holds or nothing is left to deliver.
+
+        Time does not pass in-process, so `timeout_s` does not matter here (a hub fed by other
+        processes waits for them up to it).
+        """
+        del timeout_s
         if self._dispatching:  # a handler waiting inside a handler: let the outer loop deliver
             return predicate()
         self._dispatching = True
@@ -92,29 +97,33 @@ class InProcessBroker:
         return predicate()
 
     def _deliver(self, delivery: _Delivery) -> None:
-        topic, payload = delivery.topic, delivery.payload
+        for subscription in self._targets(delivery):
+            if subscription.active:  # not dropped by a handler earlier in this delivery
+                self._hand(subscription, delivery.topic, delivery.payload)
+
+    def _targets(self, delivery: _Delivery) -> list[_Subscription]:
         if delivery.only is not None:
-            targets = [delivery.only]
-        else:  # exact subscriptions by lookup: a fleet of 1000 has 4000 of them
-            targets = [s for s in self._wildcards if topic_matches(s.pattern, topic)]
-            targets += self._exact.get(topic, {}).values()
-        for subscription in targets:
-            if not subscription.active:  # dropped by a handler earlier in this delivery
-                continue
-            stats = subscription.client.stats
-            stats.bytes_received += len(payload)
-            self.delivered[topic] += len(payload)
-            stats.messages_received += 1
-            try:
-                subscription.handler(topic, payload)
-            except Exception as error:  # a handler must never stop the hub, as with paho's loop
-                logger.debug("handler of %s failed", subscription.client.client_id, exc_info=True)
-                logger.warning(
-                    "%s dropped a message on %s: %s",
-                    subscription.client.client_id,
-                    topic,
-                    describe(error),
-                )
+            return [delivery.only]
+        # exact subscriptions by lookup: a fleet of 1000 has 4000 of them
+        targets = [s for s in self._wildcards if topic_matches(s.pattern, delivery.topic)]
+        targets += self._exact.get(delivery.topic, {}).values()
+        return targets
+
+    def _hand(self, subscription: _Subscription, topic: str, payload: bytes) -> None:
+        stats = subscription.client.stats
+        stats.bytes_received += len(payload)
+        stats.messages_received += 1
+        self.delivered[topic] += len(payload)
+        try:
+            subscription.handler(topic, payload)
+        except Exception as error:  # a handler must never stop the hub, as with paho's loop
+            logger.debug("handler of %s failed", subscription.client.client_id, exc_info=True)
+            logger.warning(
+                "%s dropped a message on %s: %s",
+                subscription.client.client_id,
+                topic,
+                describe(error),
+            )
 
 
 class InProcessTransport:
@@ -144,9 +153,8 @@ class InProcessTransport:
         self._broker._unsubscribe(self._subscriptions.pop(pattern, []))
 
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Deliver messages until `predicate()` holds; time does not pass in-process."""
-        del timeout_s
-        return self._broker.pump(predicate)
+        """Deliver messages until `predicate()` holds (`timeout_s`: for other processes)."""
+        return self._broker.pump(predicate, timeout_s)
 
     def close(self) -> None:
         """Leave without a will."""

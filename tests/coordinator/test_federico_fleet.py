@@ -34,7 +34,7 @@ def _settings(**values: object) -> SimulationSettings:
         "lr": 0.03,
     }
     base.update(values)
-    return SimulationSettings.load(None, **base)
+    return SimulationSettings.load(None, workers=1, **base)
 
 
 def _memory(agent) -> Collaborators:
@@ -127,26 +127,26 @@ def test_an_offline_owner_model_is_still_served_and_trained() -> None:
 
 def _capture(broker: InProcessBroker, agents: list) -> InProcessBroker:
     """Keep the device agents as they connect (the first one is stopped mid-run)."""
-    from coordinator import simulate
+    from device_agent import virtual_fleet
 
-    original = simulate.DeviceAgent
+    original = virtual_fleet.DeviceAgent
 
     class Recording(original):  # type: ignore[misc, valid-type]
         def __init__(self, **kwargs: object) -> None:
             super().__init__(**kwargs)
             agents.append(self)
 
-    simulate.DeviceAgent = Recording  # restored by the fixture below
+    virtual_fleet.DeviceAgent = Recording  # restored by the fixture below
     return broker
 
 
 @pytest.fixture(autouse=True)
 def _restore_agent_class():
-    from coordinator import simulate
+    from device_agent import virtual_fleet
 
-    original = simulate.DeviceAgent
+    original = virtual_fleet.DeviceAgent
     yield
-    simulate.DeviceAgent = original
+    virtual_fleet.DeviceAgent = original
 
 
 def test_stateless_devices_are_refused_with_a_clear_error() -> None:

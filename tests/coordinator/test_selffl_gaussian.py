@@ -12,6 +12,7 @@ OBS_VAR = 0.1
 def _simulate(sigma0_sq: float, n_max: int, rounds: int, rho: float, **options: object):
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task="gaussian",
         algorithm="selffl",
         devices=20,
@@ -89,6 +90,7 @@ def test_estimated_variances_and_client_sampling_run_clean() -> None:
     # No oracle: round-1 fallbacks, Eq. (13)/(14) estimates, C = 0.5 smoothing; no NaN (oracle 7)
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task="gaussian",
         algorithm="selffl-aug",
         devices=8,
@@ -122,7 +124,8 @@ def test_the_fleet_scalars_reach_the_retained_fleet_status() -> None:
     )
     # Execute
     result = simulate(
-        Settings.load(None, task="gaussian", algorithm="selffl", devices=6, rounds=3), broker=broker
+        Settings.load(None, workers=1, task="gaussian", algorithm="selffl", devices=6, rounds=3),
+        broker=broker,
     )
     # Assert: what `pfl-coord status` shows is the last round's sigma_0^2, as in metrics.jsonl
     assert seen

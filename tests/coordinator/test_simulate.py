@@ -11,7 +11,7 @@ from protocols.transport.inprocess import InProcessBroker
 def _settings(**values: object) -> SimulationSettings:
     base: dict[str, object] = {"task": "digits", "devices": 8, "rounds": 3, "seed": 0}
     base.update(values)
-    return SimulationSettings.load(None, **base)
+    return SimulationSettings.load(None, workers=1, **base)
 
 
 def test_a_run_is_deterministic_for_its_seed() -> None:
@@ -115,6 +115,7 @@ def test_a_thousand_virtual_devices_share_one_model() -> None:
     result = run_simulation(
         SimulationSettings.load(
             None,
+            workers=1,
             task="synthetic",
             algorithm="fedavg",
             devices=1000,

@@ -20,6 +20,7 @@ from tests.hub_fleet import hub_agents, hub_coordinator
 def _fleet(tmp_path, algorithm_options: dict[str, object]):
     settings = SimulationSettings.load(
         None,
+        workers=1,
         task="digits",
         algorithm="fedalt",
         devices=1,
@@ -128,8 +129,8 @@ def test_a_failed_write_keeps_the_previous_good_state(tmp_path, monkeypatch) -> 
 
 def test_stateless_devices_keep_nothing_and_stateful_ones_keep_their_part() -> None:
     common = {"task": "digits", "algorithm": "fedalt", "devices": 3, "rounds": 2, "seed": 0}
-    stateless = run_simulation(SimulationSettings.load(None, stateless=True, **common))
-    stateful = run_simulation(SimulationSettings.load(None, **common))
+    stateless = run_simulation(SimulationSettings.load(None, workers=1, stateless=True, **common))
+    stateful = run_simulation(SimulationSettings.load(None, workers=1, **common))
     assert all(agent.store._tensors is None for agent in stateless.agents)
     for agent in stateful.agents:
         assert set(agent.store._tensors) == {"output.weight", "output.bias"}

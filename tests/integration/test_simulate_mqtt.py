@@ -14,7 +14,7 @@ def _settings(**values: object) -> SimulationSettings:
         "seed": 3,
     }
     base.update(values)
-    return SimulationSettings.load(None, **base)
+    return SimulationSettings.load(None, workers=1, **base)
 
 
 @pytest.mark.mosquitto

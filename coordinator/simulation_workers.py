@@ -1,0 +1,168 @@
+"""Simulation on every core: the virtual devices run in worker processes, the coordinator here.
+
+Workers are forked after the fleet's data is built, so they read it from pages the OS shares
+instead of copying it N times. Device `i` runs in worker `i mod N`; each worker's devices share
+one workspace and handle their messages one at a time, exactly as in one process. The parent's
+hub remains the only broker (see `protocols.transport.process_hub`), and the coordinator
+aggregates in device order, so a run's results do not depend on N.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from device_agent.agent import DeviceAgent
+from device_agent.exporting import export_fleet
+from device_agent.virtual_fleet import VirtualFleet
+from protocols.errors import describe
+from protocols.transport.process_hub import ProcessHub, WorkerLink
+from protocols.transport.process_link import (
+    DELIVER,
+    REPLY,
+    REQUEST,
+    STOP,
+    SYNC,
+    SYNCED,
+    Frame,
+    WorkerEnd,
+    decode_link_frame,
+)
+
+logger = logging.getLogger(__name__)
+ANSWER_TIMEOUT_S = 3600.0
+"""How long the parent waits for workers to finish what it asked (an export of 10,000 models)."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_count(requested: int, devices: int) -> int:
+    """`requested` workers (0: one per available core), never more than there are devices."""
+    return max(1, min(requested or available_cores(), devices))
+
+
+def threads_per_worker(workers: int) -> int:
+    """Torch intra-op threads for each of `workers` processes: together no more than the cores."""
+    return max(1, available_cores() // workers)
+
+
+class WorkerDevices:
+    """Virtual devices in worker processes, reached through `hub`."""
+
+    def __init__(self, hub: ProcessHub, fleet: VirtualFleet, devices: int, workers: int) -> None:
+        """Fork `workers` processes running devices 0..devices-1 between them."""
+        self.hub = hub
+        self.agents: list[DeviceAgent] = []  # they live in the workers
+        self._processes: list[BaseProcess] = []
+        threads = threads_per_worker(workers)
+        context = multiprocessing.get_context("fork")
+        inherited: list[Connection] = []
+        for index in range(workers):
+            down_reader, down_writer = context.Pipe(duplex=False)
+            up_reader, up_writer = context.Pipe(duplex=False)
+            inherited += [down_writer, up_reader]
+            process = context.Process(
+                target=_worker_main,
+                args=(fleet, range(index, devices, workers), threads, down_reader, up_writer),
+                kwargs={"inherited": tuple(inherited)},
+                name=f"pfl-sim-worker-{index}",
+                daemon=True,
+            )
+            process.start()
+            down_reader.close()
+            up_writer.close()
+            self._processes.append(process)
+            hub.links.append(WorkerLink(index, down_writer, up_reader, process))
+        for link in hub.links:  # threads only after the last fork
+            link.start()
+
+    def settle(self) -> tuple[int, int]:
+        """Let the messages in flight arrive; payload bytes all devices sent and received."""
+        return self.hub.quiesce(ANSWER_TIMEOUT_S)
+
+    def export(self, directory: Path, *, quantize: str | None, guard: bool) -> dict[str, Any]:
+        """Every device's personalized model exported and verified by its worker."""
+        ask = {"export": {"dir": str(directory), "quantize": quantize, "guard": guard}}
+        return merge_exports([a["export"] for a in self.hub.request(ask, ANSWER_TIMEOUT_S)])
+
+    def close(self) -> None:
+        """Stop the workers (they finish what they hold), then make sure they are gone."""
+        for link in self.hub.links:
+            link.stop()
+        for process in self._processes:
+            process.join(timeout=10.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5.0)
+
+
+def merge_exports(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One summary "export" entry from the workers' entries."""
+    failures: dict[str, str] = {}
+    for part in parts:
+        failures.update(part["failures"])
+    return {
+        "dir": parts[0]["dir"],
+        "ok": sum(int(part["ok"]) for part in parts),
+        "failed": len(failures),
+        "failures": dict(sorted(failures.items())),
+        "total_bytes": sum(int(part["total_bytes"]) for part in parts),
+        "shipped_global": sum(int(part["shipped_global"]) for part in parts),
+    }
+
+
+def _worker_main(
+    fleet: VirtualFleet,
+    indices: range,
+    threads: int,
+    down: Connection,
+    up: Connection,
+    *,
+    inherited: tuple[Connection, ...],
+) -> None:
+    for connection in inherited:  # the parent's ends: the parent alone must hold them
+        connection.close()
+    torch.set_num_threads(threads)
+    end = WorkerEnd(up)
+    try:
+        agents = fleet.build(indices, lambda device, will: end.connect(device), threaded=False)
+        while True:
+            frame = decode_link_frame(down.recv_bytes())
+            if frame.kind == DELIVER:
+                end.deliver(frame)
+            elif frame.kind == SYNC:
+                sent, received = end.traffic()
+                end.send(Frame(SYNCED, {"sent": sent, "received": received}))
+            elif frame.kind == REQUEST:
+                end.send(Frame(REPLY, _answer(agents, frame.header)))
+            elif frame.kind == STOP:
+                return
+    except EOFError:  # the parent went away
+        return
+    except Exception as error:
+        logger.exception("simulation worker for devices %s failed", indices)
+        end.send(Frame(REPLY, {"error": describe(error)}))
+
+
+def _answer(agents: list[DeviceAgent], request: dict[str, Any]) -> dict[str, Any]:
+    options = request["export"]
+    exported = export_fleet(
+        [agent.export_source() for agent in agents],
+        Path(options["dir"]),
+        quantize=options["quantize"],
+        guard=bool(options["guard"]),
+    )
+    return {"export": exported}

@@ -1,0 +1,80 @@
+"""`pfl-agent pool`: many virtual devices of a simulated fleet as real MQTT clients, one process.
+
+Pools on several machines, each with its own `--devices` range, against one broker and one
+`pfl-coord serve`, are a simulation spread over machines: the same agents and data as
+`pfl-coord simulate`, over a real network. Each device is its own MQTT client (own id, will
+and status); their handlers take turns, so they share one workspace model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from device_agent.runner import stop_on_signals
+from device_agent.settings import PoolSettings
+from device_agent.virtual_fleet import VirtualFleet
+from pfl_tasks.registry import load_task
+from protocols.transport.base import Transport, Will
+from protocols.transport.mqtt import MqttTransport
+
+logger = logging.getLogger(__name__)
+
+
+def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> None:
+    """Serve rounds with every device of the pool until `stop` is set (or SIGTERM/SIGINT).
+
+    Raises:
+        ValueError: unknown task, or a range outside the fleet.
+        BrokerConnectionError: the broker cannot be reached.
+    """
+    stop = stop_on_signals(stop or threading.Event())
+    fleet = VirtualFleet.create(
+        fleet=settings.fleet,
+        task=load_task(settings.task, settings.task_options),
+        devices=settings.num_shards,
+        partition=settings.partition_spec(),
+        seed=settings.seed,
+        stateful=not settings.stateless,
+    )
+    broker = settings.broker_settings(settings.broker)
+    transports: list[MqttTransport] = []
+
+    def connect(device_id: str, will: Will) -> Transport:
+        transport = MqttTransport(broker, device_id, will=will, clean_start=True)
+        transports.append(transport)
+        return transport
+
+    agents = []
+    try:
+        agents = fleet.build(settings.device_range(), connect, threaded=True)
+        for agent, transport in zip(agents, transports, strict=True):
+            transport.on_reconnect = _serialized(agent.rejoin, agent.transport)
+        logger.info(
+            "pool of %d devices (%s) serving fleet %s on %s",
+            len(agents),
+            settings.devices,
+            settings.fleet,
+            settings.broker,
+        )
+        stop.wait()
+    finally:
+        for agent in agents:
+            agent.stop()
+        for transport in transports[len(agents) :]:  # connected, but its agent never started
+            transport.close()
+        logger.info("pool of %d devices stopped", len(agents))
+
+
+def _serialized(hook: Callable[[], None], transport: object) -> Callable[[], None]:
+    """`hook` under the lock the pool's handlers take (a reconnect runs on a dispatch thread)."""
+    lock = getattr(transport, "lock", None)
+    if lock is None:
+        return hook
+
+    def serialized() -> None:
+        with lock:
+            hook()
+
+    return serialized

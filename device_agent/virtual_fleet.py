@@ -1,0 +1,157 @@
+"""Virtual devices: real `DeviceAgent`s for a range of a simulated fleet, one process holding many.
+
+Simulation (in one process or in worker processes) and `pfl-agent pool` (real MQTT clients on
+several machines) build them here, so device `dev-0042` holds the same data and seed wherever
+it runs. The agents of one process share one workspace model and one decoded-model cache: only
+their personal state is their own, which keeps an idle virtual device small. MQTT clients call
+handlers on a thread each, so there a lock lets one handler run at a time.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from device_agent.agent import DeviceAgent, device_will
+from device_agent.capabilities import probe_capabilities
+from device_agent.received import DecodedModelCache
+from device_agent.state_store import MemoryStateStore
+from pfl_tasks.base import DeviceData, PartitionSpec, Task
+from protocols.codec import Tensors
+from protocols.transport.base import MessageHandler, Transport, TransportStats, Will
+
+Connect = Callable[[str, Will], Transport]
+
+
+def device_name(index: int) -> str:
+    """The id of virtual device `index`."""
+    return f"dev-{index:04d}"
+
+
+def parse_device_range(text: str) -> range:
+    """`"0-499"` (inclusive) or `"7"`: the indices of a pool's virtual devices.
+
+    Raises:
+        ValueError: not `N` or `A-B` with A <= B.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None or (match[2] is not None and int(match[2]) < int(match[1])):
+        msg = f"--devices {text!r}: expected a range such as 0-499 (first-last, inclusive) or 7"
+        raise ValueError(msg)
+    first = int(match[1])
+    return range(first, int(match[2] or first) + 1)
+
+
+@dataclass(frozen=True)
+class VirtualFleet:
+    """What every virtual device of one simulated fleet shares."""
+
+    fleet: str
+    task: Task
+    data: Sequence[DeviceData]
+    """Every device's data, indexed by device: a range picks its own."""
+    seed: int
+    stateful: bool
+    initial_state: Tensors
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        fleet: str,
+        task: Task,
+        devices: int,
+        partition: PartitionSpec,
+        seed: int,
+        stateful: bool,
+    ) -> VirtualFleet:
+        """The fleet of `devices` that `task`'s data split by `partition` and `seed` gives."""
+        model = task.build_model(seed)
+        return cls(
+            fleet=fleet,
+            task=task,
+            data=task.make_fleet(devices, partition, seed),
+            seed=seed,
+            stateful=stateful,
+            initial_state={k: v.detach().clone() for k, v in model.state_dict().items()},
+        )
+
+    def build(
+        self, indices: Iterable[int], connect: Connect, *, threaded: bool
+    ) -> list[DeviceAgent]:
+        """Started agents for `indices`, connected through `connect(device_id, will)`.
+
+        `threaded`: the transports call handlers on threads of their own (MQTT), so a lock
+        serializes the handlers of all these agents.
+        """
+        workspace = self.task.build_model(self.seed)
+        cache = DecodedModelCache()
+        capabilities = probe_capabilities()
+        one_at_a_time = threading.Lock() if threaded else None
+        agents = []
+        for index in indices:
+            device_id = device_name(index)
+            transport = connect(device_id, device_will(self.fleet, device_id))
+            if one_at_a_time is not None:
+                transport = SerializedTransport(transport, one_at_a_time)
+            agent = DeviceAgent(
+                device_id=device_id,
+                fleet=self.fleet,
+                transport=transport,
+                task=self.task,
+                data=self.data[index],
+                seed=self.seed,
+                store=MemoryStateStore(),
+                workspace=workspace,
+                initial_state=self.initial_state,
+                stateful=self.stateful,
+                capabilities=capabilities,
+                model_cache=cache,
+            )
+            agent.start()
+            agents.append(agent)
+        return agents
+
+
+class SerializedTransport:
+    """A transport whose handlers take `lock`: many such agents may share one workspace."""
+
+    def __init__(self, inner: Transport, lock: threading.Lock) -> None:
+        self.inner = inner
+        self.client_id = inner.client_id
+        self.lock = lock
+
+    @property
+    def stats(self) -> TransportStats:
+        """The inner transport's counters."""
+        return self.inner.stats
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish through the inner transport."""
+        self.inner.publish(topic, payload, retain=retain)
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Subscribe with `handler` run under the lock."""
+
+        def serialized(topic: str, payload: bytes) -> None:
+            with self.lock:
+                handler(topic, payload)
+
+        self.inner.subscribe(pattern, serialized)
+
+    def unsubscribe(self, pattern: str) -> None:
+        """Unsubscribe through the inner transport."""
+        self.inner.unsubscribe(pattern)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait through the inner transport."""
+        return self.inner.wait_until(predicate, timeout_s)
+
+    def close(self) -> None:
+        """Close the inner transport."""
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> object:  # e.g. `displaced`, `wire_bytes_*` in stats
+        return getattr(self.inner, name)
