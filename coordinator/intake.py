@@ -40,6 +40,8 @@ class Collector(Generic[Answer]):
         self.answers: dict[str, Answer] = {}
         self.declined: set[str] = set()
         self._lock = threading.Lock()
+        self._online_seen: AbstractSet[str] | None = None
+        self._expected_online = 0
 
     def decline(self, device_id: str) -> None:
         """A device will not answer (it is on battery, failed, or is quarantined): stop waiting."""
@@ -65,6 +67,10 @@ class Collector(Generic[Answer]):
         with self._lock:
             if len(self.answers) >= len(self.expected):
                 return True
+            if online is not self._online_seen:  # the registry hands out a new set on change
+                self._online_seen, self._expected_online = online, len(self.expected & online)
+            if len(self.answers) + len(self.declined) < self._expected_online:
+                return False  # someone online must still be waited for: the common case
             waiting = (self.expected & online) - set(self.answers) - self.declined
             return not waiting and len(self.answers) >= needed
 

@@ -58,13 +58,16 @@ class InProcessBroker:
         self._queue.append(_Delivery(topic, payload))
 
     def _subscribe(self, subscription: _Subscription) -> None:
-        if "+" in subscription.pattern or "#" in subscription.pattern:
+        pattern = subscription.pattern
+        if "+" in pattern or "#" in pattern:
             self._wildcards.append(subscription)
-        else:
-            self._exact.setdefault(subscription.pattern, {})[id(subscription)] = subscription
-        for topic, payload in list(self._retained.items()):
-            if topic_matches(subscription.pattern, topic):
-                self._queue.append(_Delivery(topic, payload, subscription))
+            retained = [(t, p) for t, p in self._retained.items() if topic_matches(pattern, t)]
+        else:  # by lookup: 10,000 devices each retain a status
+            self._exact.setdefault(pattern, {})[id(subscription)] = subscription
+            payload = self._retained.get(pattern)
+            retained = [] if payload is None else [(pattern, payload)]
+        for topic, payload in retained:
+            self._queue.append(_Delivery(topic, payload, subscription))
 
     def _unsubscribe(self, subscriptions: list[_Subscription]) -> None:
         for subscription in subscriptions:
