@@ -50,7 +50,16 @@ def available_cores() -> int:
 
 
 def worker_count(requested: int, devices: int) -> int:
-    """`requested` workers (0: one per available core), never more than there are devices."""
+    """`requested` workers (0: one per available core), never more than there are devices.
+
+    Raises:
+        ValueError: more than one asked for where processes cannot be forked (Windows).
+    """
+    if "fork" not in multiprocessing.get_all_start_methods():
+        if requested > 1:
+            msg = "--workers needs the fork start method, which this platform lacks: use 1"
+            raise ValueError(msg)
+        return 1
     return max(1, min(requested or available_cores(), devices))
 
 
