@@ -14,7 +14,6 @@ from rich.table import Table
 from coordinator.cli_fleet import export, provision, status
 from coordinator.cli_options import (
     AlgorithmOption,
-    AlphaOption,
     BatchSizeOption,
     CaOption,
     CertOption,
@@ -24,11 +23,8 @@ from coordinator.cli_options import (
     DevicesOption,
     EvalEveryOption,
     FleetOption,
-    FractionOption,
-    GroupsOption,
     InsecureOption,
     KeyOption,
-    LabelsOption,
     LocalEpochsOption,
     LrOption,
     MaxSamplesOption,
@@ -36,7 +32,6 @@ from coordinator.cli_options import (
     NormBoundOption,
     OutOption,
     ParticipationOption,
-    PartitionOption,
     PasswordOption,
     PersonalOption,
     PresetOption,
@@ -67,6 +62,13 @@ from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
+from protocols.program_options import (
+    AlphaOption,
+    FractionOption,
+    GroupsOption,
+    LabelsOption,
+    PartitionOption,
+)
 
 app = typer.Typer(
     help="pfl-edge coordinator: run federated rounds for a fleet of devices.", no_args_is_help=True

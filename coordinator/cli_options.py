@@ -93,21 +93,6 @@ ConfigOption = Annotated[
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
 DevicesOption = Annotated[int | None, typer.Option(help="virtual devices (default: 20)")]
-PartitionOption = Annotated[
-    str | None,
-    typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
-]
-AlphaOption = Annotated[float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")]
-LabelsOption = Annotated[
-    int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-]
-GroupsOption = Annotated[
-    int | None, typer.Option(help="label groups for the groups partition (default: 2)")
-]
-FractionOption = Annotated[
-    float | None,
-    typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
-]
 UserOption = Annotated[str | None, typer.Option(help="broker user name", envvar="PFL_USERNAME")]
 PasswordOption = Annotated[str | None, typer.Option(help="broker password", envvar="PFL_PASSWORD")]
 CaOption = Annotated[

@@ -17,6 +17,13 @@ from device_agent.runner import run_agent
 from device_agent.settings import AgentSettings, PoolSettings
 from device_agent.state_store import DiskStateStore
 from protocols.errors import PflError
+from protocols.program_options import (
+    AlphaOption,
+    FractionOption,
+    GroupsOption,
+    LabelsOption,
+    PartitionOption,
+)
 
 app = typer.Typer(
     help="pfl-edge device agent: train personalized models on this device.", no_args_is_help=True
@@ -28,21 +35,6 @@ BrokerOption = Annotated[
 ]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 TaskOption = Annotated[str | None, typer.Option(help="task name or module:attribute")]
-PartitionOption = Annotated[
-    str | None,
-    typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
-]
-AlphaOption = Annotated[float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")]
-LabelsPerDeviceOption = Annotated[
-    int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-]
-GroupsOption = Annotated[
-    int | None, typer.Option(help="label groups for the groups partition (default: 2)")
-]
-FractionOption = Annotated[
-    float | None,
-    typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
-]
 SeedOption = Annotated[int | None, typer.Option(help="the run's seed (default: 0)")]
 StatelessOption = Annotated[bool | None, typer.Option("--stateless", help="keep no personal state")]
 UsernameOption = Annotated[str | None, typer.Option(help="broker user name")]
@@ -74,7 +66,7 @@ def start(
     num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
     partition: PartitionOption = None,
     alpha: AlphaOption = None,
-    labels_per_device: LabelsPerDeviceOption = None,
+    labels_per_device: LabelsOption = None,
     groups: GroupsOption = None,
     fraction: FractionOption = None,
     seed: SeedOption = None,
@@ -146,7 +138,7 @@ def pool(
     task: TaskOption = None,
     partition: PartitionOption = None,
     alpha: AlphaOption = None,
-    labels_per_device: LabelsPerDeviceOption = None,
+    labels_per_device: LabelsOption = None,
     groups: GroupsOption = None,
     fraction: FractionOption = None,
     seed: SeedOption = None,

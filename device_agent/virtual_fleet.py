@@ -20,7 +20,7 @@ from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
 from protocols.codec import Tensors
-from protocols.transport.base import MessageHandler, Transport, TransportStats, Will
+from protocols.transport.base import MessageHandler, Transport, TransportWrapper, Will
 
 Connect = Callable[[str, Will], Transport]
 
@@ -115,22 +115,12 @@ class VirtualFleet:
         return agents
 
 
-class SerializedTransport:
+class SerializedTransport(TransportWrapper):
     """A transport whose handlers take `lock`: many such agents may share one workspace."""
 
     def __init__(self, inner: Transport, lock: threading.Lock) -> None:
-        self.inner = inner
-        self.client_id = inner.client_id
+        super().__init__(inner)
         self.lock = lock
-
-    @property
-    def stats(self) -> TransportStats:
-        """The inner transport's counters."""
-        return self.inner.stats
-
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        """Publish through the inner transport."""
-        self.inner.publish(topic, payload, retain=retain)
 
     def subscribe(self, pattern: str, handler: MessageHandler) -> None:
         """Subscribe with `handler` run under the lock."""
@@ -141,17 +131,5 @@ class SerializedTransport:
 
         self.inner.subscribe(pattern, serialized)
 
-    def unsubscribe(self, pattern: str) -> None:
-        """Unsubscribe through the inner transport."""
-        self.inner.unsubscribe(pattern)
-
-    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait through the inner transport."""
-        return self.inner.wait_until(predicate, timeout_s)
-
-    def close(self) -> None:
-        """Close the inner transport."""
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> object:  # e.g. `displaced`, `wire_bytes_*` in stats
+    def __getattr__(self, name: str) -> object:  # e.g. the MQTT transport's `displaced`
         return getattr(self.inner, name)

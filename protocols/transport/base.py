@@ -69,3 +69,36 @@ class Transport(Protocol):
     def close(self) -> None:
         """Disconnect cleanly: the broker does not publish the will."""
         ...
+
+
+class TransportWrapper:
+    """A transport that forwards every call to `inner`: subclasses change what they need."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.client_id = inner.client_id
+
+    @property
+    def stats(self) -> TransportStats:
+        """The inner transport's counters."""
+        return self.inner.stats
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish through the inner transport."""
+        self.inner.publish(topic, payload, retain=retain)
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Subscribe through the inner transport."""
+        self.inner.subscribe(pattern, handler)
+
+    def unsubscribe(self, pattern: str) -> None:
+        """Unsubscribe through the inner transport."""
+        self.inner.unsubscribe(pattern)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait through the inner transport."""
+        return self.inner.wait_until(predicate, timeout_s)
+
+    def close(self) -> None:
+        """Close the inner transport."""
+        self.inner.close()
