@@ -14,7 +14,6 @@ import multiprocessing
 import os
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,6 @@ class WorkerDevices:
         """Fork `workers` processes running devices 0..devices-1 between them."""
         self.hub = hub
         self.agents: list[DeviceAgent] = []  # they live in the workers
-        self._processes: list[BaseProcess] = []
         threads = threads_per_worker(workers)
         context = multiprocessing.get_context("fork")
         inherited: list[Connection] = []
@@ -93,7 +91,6 @@ class WorkerDevices:
             process.start()
             down_reader.close()
             up_writer.close()
-            self._processes.append(process)
             hub.links.append(WorkerLink(index, down_writer, up_reader, process))
         for link in hub.links:  # threads only after the last fork
             link.start()
@@ -111,11 +108,6 @@ class WorkerDevices:
         """Stop the workers (they finish what they hold), then make sure they are gone."""
         for link in self.hub.links:
             link.stop()
-        for process in self._processes:
-            process.join(timeout=10.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=5.0)
 
 
 def merge_exports(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

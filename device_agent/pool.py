@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from typing import cast
 
 from device_agent.runner import stop_on_signals
 from device_agent.settings import PoolSettings
-from device_agent.virtual_fleet import VirtualFleet
+from device_agent.virtual_fleet import SerializedTransport, VirtualFleet
 from pfl_tasks.registry import load_task
 from protocols.transport.base import Transport, Will
 from protocols.transport.mqtt import MqttTransport
@@ -50,7 +50,8 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     try:
         agents = fleet.build(settings.device_range(), connect, threaded=True)
         for agent, transport in zip(agents, transports, strict=True):
-            transport.on_reconnect = _serialized(agent.rejoin, agent.transport)
+            serialized = cast(SerializedTransport, agent.transport)  # built threaded
+            transport.on_reconnect = serialized.serialized(agent.rejoin)
         logger.info(
             "pool of %d devices (%s) serving fleet %s on %s",
             len(agents),
@@ -65,16 +66,3 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
         for transport in transports[len(agents) :]:  # connected, but its agent never started
             transport.close()
         logger.info("pool of %d devices stopped", len(agents))
-
-
-def _serialized(hook: Callable[[], None], transport: object) -> Callable[[], None]:
-    """`hook` under the lock the pool's handlers take (a reconnect runs on a dispatch thread)."""
-    lock = getattr(transport, "lock", None)
-    if lock is None:
-        return hook
-
-    def serialized() -> None:
-        with lock:
-            hook()
-
-    return serialized

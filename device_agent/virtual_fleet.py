@@ -131,5 +131,14 @@ class SerializedTransport(TransportWrapper):
 
         self.inner.subscribe(pattern, serialized)
 
+    def serialized(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """`hook` run under the lock (e.g. the reconnect hook, run on a dispatch thread)."""
+
+        def locked() -> None:
+            with self.lock:
+                hook()
+
+        return locked
+
     def __getattr__(self, name: str) -> object:  # e.g. the MQTT transport's `displaced`
         return getattr(self.inner, name)

@@ -69,11 +69,15 @@ class WorkerLink:
         self._outbox.put(encode_link_frame(frame))
 
     def stop(self) -> None:
-        """Ask the worker to stop and flush what is queued."""
+        """Ask the worker to stop after what is queued, then make sure it is gone."""
         self.send(Frame(STOP, {}))
         self._outbox.put(None)
         if self._writer is not None:
             self._writer.join(timeout=10.0)
+        self._process.join(timeout=10.0)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=5.0)
 
     def failure(self) -> RoundError:
         """The error for a worker that went away."""
