@@ -96,6 +96,7 @@ class RoundContexts:
         self._slots = ModelSlots(workspace)
         self._memory: MemoryModel | None = None
         self._plans: dict[tuple[str, str], Plan] = {}
+        self._plan_for: tuple[RoundAnnouncement, Plan] | None = None  # the last one asked
 
     def plan_memory_at_start(self) -> MemoryPlan | None:
         """Measure once, then plan plain training at the default batch for the hello.
@@ -122,6 +123,9 @@ class RoundContexts:
         Raises:
             ProtocolError: an unknown algorithm or an invalid config.
         """
+        cached = self._plan_for
+        if cached is not None and cached[0] is announcement:  # asked again in the same round
+            return cached[1]
         key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
         plan = self._plans.get(key)
         if plan is None:
@@ -133,6 +137,7 @@ class RoundContexts:
             split = resolve_split(self.workspace, self.task.personal_patterns, config)
             plan = Plan(config, update, split, self.fingerprint(split))
             self._plans = {key: plan}
+        self._plan_for = (announcement, plan)
         return plan
 
     def plan_work(self, announcement: RoundAnnouncement) -> Plan:
@@ -202,8 +207,10 @@ class RoundContexts:
         Error feedback: the residual of earlier rounds (kept on stateful devices, none on
         stateless ones) is added before compressing, and what did not make it is kept.
         """
+        if not announcement.uplink.lossy:
+            return dict(delta), {}
         residual: Tensors = {}
-        if self.stateful and announcement.uplink.lossy:
+        if self.stateful:
             plan = self.plan(announcement)
             stored = self.store.load(plan.fingerprint, announcement.run_id) or {}
             residual = {

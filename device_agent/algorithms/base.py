@@ -15,7 +15,6 @@ from device_agent.training import (
     TrainSpec,
     TrainStats,
     difference,
-    snapshot,
     train,
 )
 from pfl_tasks.base import DeviceData, Task
@@ -172,11 +171,12 @@ def train_phase(
 
 def round_result(ctx: LocalContext, stats: TrainStats) -> LocalResult:
     """Report the shared delta (local - global) and keep the personal tensors on the device."""
+    live = {name: value.detach() for name, value in ctx.model.state_dict(keep_vars=True).items()}
     return LocalResult(
-        shared_delta=difference(snapshot(ctx.model, ctx.split.shared), ctx.global_shared),
+        shared_delta=difference(live, ctx.global_shared),  # global_shared names the shared part
         num_samples=len(ctx.data.train),
         train_loss=stats.mean_loss,
-        personal=snapshot(ctx.model, ctx.split.personal),
+        personal={name: live[name].clone() for name in ctx.split.personal},
     )
 
 

@@ -134,3 +134,31 @@ def test_learning_rates_for_tensors_that_do_not_train_are_refused() -> None:
             _spec(trainable=("output.weight",), lr_by_name={"hidden.weight": 0.5}),
             torch.Generator(),
         )
+
+
+def _torch_sgd(model: nn.Module, spec: TrainSpec, generator: torch.Generator) -> None:
+    """The reference: torch.optim.SGD over the same minibatches."""
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+    for inputs, targets in minibatches(_data(), spec.batch_size, spec.epochs, generator):
+        optimizer.zero_grad()
+        _Regression().loss(model(inputs), targets).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"momentum": 0.9}, {"weight_decay": 0.01}], ids=["plain", "momentum", "decay"]
+)
+def test_steps_are_bit_identical_to_torch_sgd(changes: dict[str, float]) -> None:
+    # Prepare: plain SGD takes a direct path; momentum and weight decay use torch.optim.SGD
+    ours, reference = _model(), _model()
+    spec = _spec(**changes)
+    # Execute
+    train(ours, _Regression(), _data(), spec, torch.Generator().manual_seed(5))
+    _torch_sgd(reference, spec, torch.Generator().manual_seed(5))
+    # Assert
+    for (name, a), (_, b) in zip(
+        ours.state_dict().items(), reference.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
