@@ -22,6 +22,7 @@ import torch
 from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
+from coordinator.simulation_workers import worker_count
 from pfl_tasks.registry import load_task
 
 WORKLOAD = {
@@ -72,10 +73,13 @@ def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
     return time.perf_counter() - started, sum(accuracies) / len(accuracies)
 
 
-def simulated(settings: SimulationSettings) -> tuple[float, float, int]:
-    """The same workload through `run_simulation`; (seconds, mean accuracy, bytes moved)."""
+def simulated(settings: SimulationSettings, workers: int = 1) -> tuple[float, float, int]:
+    """The same workload through `run_simulation`; (seconds, mean accuracy, bytes moved).
+
+    One worker by default: the devices run in this process, one at a time, like the bare loop.
+    """
     started = time.perf_counter()
-    result = run_simulation(settings)
+    result = run_simulation(settings.model_copy(update={"workers": workers}))
     seconds = time.perf_counter() - started
     metrics = result.summary["metrics"]
     return (
@@ -89,16 +93,18 @@ def compare(settings: SimulationSettings, repeats: int) -> dict[str, float]:
     """Median seconds of both, alternating, after one warm-up of each."""
     simulated(settings)  # warm-up: imports, data set load, allocator
     bare_loop(settings)
-    bare_times, sim_times = [], []
+    bare_times, sim_times, parallel_times = [], [], []
     for _ in range(repeats):
         bare_seconds, bare_accuracy = bare_loop(settings)
         sim_seconds, sim_accuracy, moved = simulated(settings)
+        parallel_times.append(simulated(settings, workers=0)[0])
         bare_times.append(bare_seconds)
         sim_times.append(sim_seconds)
     bare, sim = statistics.median(bare_times), statistics.median(sim_times)
     return {
         "bare": bare,
         "sim": sim,
+        "parallel": statistics.median(parallel_times),
         "bare_accuracy": bare_accuracy,
         "sim_accuracy": sim_accuracy,
         "moved": moved,
@@ -118,6 +124,7 @@ def main() -> None:
         run = compare(settings, args.repeats)
         rows.append(
             f"| {epochs} | {run['bare']:.2f} | {run['sim']:.2f} | **{run['ratio']:.2f}x** | "
+            f"{run['parallel']:.2f} ({run['parallel'] / run['bare']:.2f}x) | "
             f"{run['bare_accuracy']:.3f} | {run['sim_accuracy']:.3f} | {run['moved']:,} |"
         )
     config = SimulationSettings.load(None, **WORKLOAD).algorithm_config()
@@ -132,9 +139,10 @@ def main() -> None:
             f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
             f"torch {torch.__version__}; median of {args.repeats} alternating repeats.",
             "",
-            "| local epochs | bare loop (s) | simulate (s) | ratio | bare accuracy "
+            "| local epochs | bare loop (s) | simulate, 1 worker (s) | ratio "
+            f"| simulate, {worker_count(0, WORKLOAD['devices'])} workers (s) | bare accuracy "
             "| simulate accuracy | payload bytes moved |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             "Command: `python -m benchmarks.simulation_overhead`. Target: within 1.3x.",

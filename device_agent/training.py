@@ -171,14 +171,15 @@ def _optimizer_step(spec: TrainSpec, parameters: Mapping[str, nn.Parameter]) -> 
             momentum=spec.momentum,
             weight_decay=spec.weight_decay,
         )
-        return optimizer.step  # type: ignore[return-value]
+        return optimizer.step
 
     @torch.no_grad()
     def plain_step() -> None:
         for lr, group in groups.items():
-            stepped = [p for p in group if p.grad is not None]
+            stepped: list[torch.Tensor] = [p for p in group if p.grad is not None]
             if stepped:
-                torch._foreach_add_(stepped, [p.grad for p in stepped], alpha=-lr)
+                grads = [p.grad for p in stepped if p.grad is not None]
+                torch._foreach_add_(stepped, grads, alpha=-lr)
 
     return plain_step
 

@@ -14,6 +14,7 @@ from coordinator.settings import SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from coordinator.simulation_workers import (
     available_cores,
+    balanced_shares,
     merge_exports,
     threads_per_worker,
     worker_count,
@@ -151,3 +152,17 @@ def test_merged_export_entries_add_up_and_keep_every_failure() -> None:
         "total_bytes": 15,
         "shipped_global": 1,
     }
+
+
+def test_worker_shares_cover_every_device_once_with_even_work() -> None:
+    # Prepare: power-law sizes, as the synthetic fleet has
+    work = [int(1000 / (rank + 1)) + 20 for rank in range(97)]
+    # Execute
+    shares = balanced_shares(work, 3)
+    # Assert
+    assert sorted(i for share in shares for i in share) == list(range(97))
+    loads = [sum(work[i] for i in share) for share in shares]
+    assert max(loads) - min(loads) <= max(work)
+    round_robin = [sum(work[i::3]) for i in range(3)]
+    assert max(loads) - min(loads) < max(round_robin) - min(round_robin)
+    assert balanced_shares(work, 3) == shares  # the same fleet, the same split
