@@ -64,7 +64,9 @@ class Row:
     no_stage_c: bool = False  # finetune_epochs=0: the personal part as stage b left it
 
     def algorithm_options(self) -> dict[str, Any]:
-        """Stage c off for the rows that ask; the algorithm's defaults otherwise."""
+        """Stage c off for the rows that ask; FedAvg+FT fine-tunes every device (the baseline)."""
+        if self.algorithm == "fedavg-ft":
+            return {"finetune_select": False}
         return {"finetune_epochs": 0} if self.no_stage_c else {}
 
     def task_options(self) -> dict[str, Any]:

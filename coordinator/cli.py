@@ -68,6 +68,7 @@ from protocols.program_options import (
     GroupsOption,
     LabelsOption,
     PartitionOption,
+    exit_with_error,
 )
 
 app = typer.Typer(
@@ -150,8 +151,7 @@ def simulate(
             settings, lambda advance: run_simulation(settings, on_round=advance)
         )
     except (PflError, ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     _print_summary(result)
 
 
@@ -281,8 +281,7 @@ def serve(
             ),
         )
     except (PflError, ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     _print_summary(result)
 
 
@@ -362,8 +361,7 @@ def compare(
                 specs, out, on_run_start=started, on_run_end=finished, on_round=advance
             )
     except (PflError, ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     table = Table(title=f"{len(result.runs)} runs, mean ± std over seeds ({out / 'comparison.md'})")
     table.add_column("algorithm")
     for _, header, _ in COLUMNS:
@@ -382,8 +380,7 @@ def report(
     try:
         result = build_report(run_dir)
     except (FileNotFoundError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     console.print(
         f"{result.runs} run(s) of {', '.join(result.algorithms)}: "
         f"{len(result.plots)} plot(s) in {result.out_dir}"

@@ -27,6 +27,7 @@ from coordinator.provision import provision as provision_fleet
 from coordinator.status import collect_fleet_view
 from protocols.errors import PflError
 from protocols.messages import ExportArguments
+from protocols.program_options import exit_with_error
 from protocols.program_settings import BrokerAccess
 
 BrokerUrlOption = Annotated[
@@ -53,8 +54,7 @@ def status(
         access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
         view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
     except (PflError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     if as_json:
         typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
         return
@@ -124,8 +124,7 @@ def export(
         )
         result = request_exports(access.broker_settings(broker), fleet, request, timeout_s=timeout)
     except (PflError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     if as_json:
         typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True))
     else:
@@ -191,8 +190,7 @@ def provision(
             force=force,
         )
     except (PflError, ValueError, OSError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     console.print(
         f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
         f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"

@@ -23,6 +23,7 @@ from protocols.program_options import (
     GroupsOption,
     LabelsOption,
     PartitionOption,
+    exit_with_error,
 )
 
 app = typer.Typer(
@@ -172,8 +173,7 @@ def _serve(run: Callable[[], None], verbose: bool) -> None:
     try:
         run()
     except (PflError, ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
 
 
 @app.command("reset-state")
@@ -246,8 +246,7 @@ def export(
         settings = AgentSettings.load(config, **values)
         report = export_offline(settings, out, quantize=quantize, guard=guard)
     except (PflError, ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        exit_with_error(console, error)
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     elif report.ok:

@@ -249,6 +249,18 @@ def evaluate(model: nn.Module, task: Task, split: Split, batch_size: int = 1024)
     return total / len(split)
 
 
+def at_least_as_good(metric_name: str, candidate: float, incumbent: float) -> bool:
+    """Whether `candidate` scores no worse than `incumbent` (MSE: lower is better, else higher).
+
+    NaN never wins against a number; an incumbent NaN (e.g. an empty split) keeps the candidate.
+    """
+    if math.isnan(incumbent):
+        return True
+    if math.isnan(candidate):
+        return False
+    return candidate <= incumbent if metric_name == "mse" else candidate >= incumbent
+
+
 class ModelSlots:
     """Copies named tensors into a model in place, without a state_dict() round trip.
 

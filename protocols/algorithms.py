@@ -101,6 +101,9 @@ class FedAvgFtConfig(FedAvgConfig):
     name: ClassVar[str] = "fedavg-ft"
     finetune_epochs: Annotated[int, Field(ge=0)] = 3
     finetune_lr: PositiveFloat = 0.02
+    finetune_select: bool = True
+    """Keep the fine-tuned model only where it scores at least as well as the global model on
+    the device's validation split (per device); False: every device fine-tunes."""
 
 
 class FedProxConfig(FedAvgConfig):

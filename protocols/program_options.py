@@ -6,9 +6,11 @@ pooled data the same way, so their flags are declared once (as `PartitionSetting
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 
 PartitionOption = Annotated[
     str | None,
@@ -25,3 +27,13 @@ FractionOption = Annotated[
     float | None,
     typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
 ]
+
+
+def exit_with_error(console: Console, error: BaseException, code: int = 2) -> NoReturn:
+    """Print `error:` and the error's own words on one line (no wrapping, no markup), then exit.
+
+    A long message wrapped at the terminal's width reads as two problems; an error naming
+    `[brackets]` must not be taken for markup.
+    """
+    console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+    raise typer.Exit(code) from None

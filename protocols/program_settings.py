@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -18,6 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from protocols.settings_errors import SettingsError, describe_settings_error
 from protocols.transport.settings import BrokerSettings
 
 SettingsT = TypeVar("SettingsT", bound="TomlSettings")
@@ -51,6 +52,7 @@ class TomlSettings(BaseSettings):
 
         Raises:
             FileNotFoundError: `config_file` does not exist.
+            SettingsError: a value out of its range or of the wrong kind, in one line.
         """
         if config_file is not None and not Path(config_file).is_file():
             msg = f"config file not found: {config_file}"
@@ -58,6 +60,8 @@ class TomlSettings(BaseSettings):
         token = _CONFIG_FILE.set(config_file)
         try:
             return cls(**{key: value for key, value in overrides.items() if value is not None})
+        except ValidationError as error:
+            raise SettingsError(describe_settings_error(error)) from None
         finally:
             _CONFIG_FILE.reset(token)
 

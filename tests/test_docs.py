@@ -169,3 +169,22 @@ def test_fenced_commands_split_lines_chains_and_comments() -> None:
         ["pfl-coord", "simulate", "--a", "1", "--b", "2"],
         ["pytest"],
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_readme_first_result_is_what_its_command_prints(tmp_path, monkeypatch) -> None:
+    # Prepare: the README's first command exactly as written (no tiny settings)
+    text = (REPO / "README.md").read_text()
+    simulate = next(
+        w for w in fenced_commands(text, ("Two commands",)) if w[:2] == ["pfl-coord", "simulate"]
+    )
+    quoted = dict(re.findall(r"`(personalized_mean|global) (\d\.\d{4})`", text))
+    monkeypatch.chdir(tmp_path)
+    # Execute
+    result = CliRunner().invoke(coord_app, simulate[1:], terminal_width=120)
+    # Assert: the numbers the README quotes are the printed ones, and personalization helps
+    assert result.exit_code == 0, result.output
+    for name in ("personalized_mean", "global"):
+        assert re.search(rf"{name}\s+│\s+{quoted[name]}\b", result.output), (name, result.output)
+    assert float(quoted["personalized_mean"]) > float(quoted["global"])
