@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from coordinator.cli_options import (
@@ -195,8 +196,15 @@ def provision(
         f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
         f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
         f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
-        "\n  the certificates in tls/ are for tests only: see docs/security.md"
+        "\n  the certificates in tls/ are for tests only: see docs/security.md",
+        soft_wrap=True,
     )
+    if result.chown_command is None:
+        console.print("  the broker's files belong to the mosquitto user, as it requires")
+    else:  # mosquitto refuses 0600 files it does not own once it drops to its user
+        console.print(
+            f"  before starting mosquitto: {escape(result.chown_command)}", soft_wrap=True
+        )
 
 
 def _online_cell(online: bool, flapping: bool) -> str:

@@ -7,7 +7,9 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import secrets
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -56,6 +58,32 @@ class ProvisionResult:
     operator: Credential
     devices: dict[str, Credential]
     files: dict[str, Path] = field(default_factory=dict)
+    chown_command: str | None = None
+    """What still gives the broker's user its files (None: done here, as root)."""
+
+
+BROKER_FILES = ("passwords", "acl", "mosquitto.conf", "ca.crt", "server.crt", "server.key")
+"""What mosquitto reads after dropping to its own user; passwords and the key are 0600."""
+
+
+def hand_to_broker_user(files: Mapping[str, Path], user: str = "mosquitto") -> str | None:
+    """Make `user` own the broker's files, or say the command that will.
+
+    mosquitto started as root drops to its `mosquitto` user and then refuses to read 0600 files
+    it does not own. As root on a host that has that user, the files are chowned here;
+    otherwise (not root, or the broker runs on another host) the exact command is returned.
+    """
+    paths = [files[name] for name in BROKER_FILES if name in files]
+    command = f"chown {user}: " + " ".join(shlex.quote(str(path)) for path in paths)
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:  # no broker on this host: run it where the files go
+        return command
+    if os.geteuid() != 0:
+        return "sudo " + command
+    for path in paths:
+        os.chown(path, account.pw_uid, account.pw_gid)
+    return None
 
 
 def generate_password(nbytes: int = 24) -> str:
@@ -278,7 +306,8 @@ def provision(
     files.update(
         {name: out / name for name in ("passwords", "acl", "mosquitto.conf", "credentials.json")}
     )
-    return ProvisionResult(out, fleet, url, coordinator, operator, accounts, files)
+    pending = hand_to_broker_user(files)
+    return ProvisionResult(out, fleet, url, coordinator, operator, accounts, files, pending)
 
 
 def _credentials_json(
