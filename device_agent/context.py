@@ -95,8 +95,8 @@ class RoundContexts:
         self.limits = limits
         self._slots = ModelSlots(workspace)
         self._memory: MemoryModel | None = None
-        self._plans: dict[tuple[str, str], Plan] = {}
-        self._plan_for: tuple[RoundAnnouncement, Plan] | None = None  # the last one asked
+        # the last announcement planned, its (algorithm, config) key and its plan
+        self._last_plan: tuple[RoundAnnouncement, tuple[str, str], Plan] | None = None
 
     def plan_memory_at_start(self) -> MemoryPlan | None:
         """Measure once, then plan plain training at the default batch for the hello.
@@ -123,12 +123,13 @@ class RoundContexts:
         Raises:
             ProtocolError: an unknown algorithm or an invalid config.
         """
-        cached = self._plan_for
-        if cached is not None and cached[0] is announcement:  # asked again in the same round
-            return cached[1]
+        last = self._last_plan
+        if last is not None and last[0] is announcement:  # asked again in the same round
+            return last[2]
         key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
-        plan = self._plans.get(key)
-        if plan is None:
+        if last is not None and last[1] == key:  # a new round of the same algorithm and config
+            plan = last[2]
+        else:
             try:
                 config = parse_algorithm_config(announcement.algorithm, announcement.config)
                 update = build_local_update(announcement.algorithm)
@@ -136,8 +137,7 @@ class RoundContexts:
                 raise ProtocolError(str(error), round_id=announcement.round_id) from None
             split = resolve_split(self.workspace, self.task.personal_patterns, config)
             plan = Plan(config, update, split, self.fingerprint(split))
-            self._plans = {key: plan}
-        self._plan_for = (announcement, plan)
+        self._last_plan = (announcement, key, plan)
         return plan
 
     def plan_work(self, announcement: RoundAnnouncement) -> Plan:
