@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import write_section
-from benchmarks.simulation_overhead import WORKLOAD
+from benchmarks.simulation_overhead import WORKLOAD, local_sgd, mean_test_metric
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from pfl_tasks.base import DeviceData, Task
@@ -61,12 +61,7 @@ def _mean_accuracy(weights: list[np.ndarray]) -> float:
     task, fleet = _fleet()
     model = task.build_model(0)
     _set_weights(model, weights)
-    with torch.no_grad():
-        scores = [
-            task.metric_sum(model(d.test.inputs), d.test.targets) / len(d.test)
-            for d in fleet
-        ]
-    return sum(scores) / len(scores)
+    return mean_test_metric(model, task, fleet)
 
 
 def flower(repeat: int) -> tuple[float, float]:
@@ -90,15 +85,8 @@ def flower(repeat: int) -> tuple[float, float]:
             data = fleet[self.index].train
             model = task.build_model(0)
             _set_weights(model, parameters)
-            optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
             generator = torch.Generator().manual_seed(repeat * 100_000 + self.index)
-            for _ in range(config.local_epochs):
-                order = torch.randperm(len(data), generator=generator)
-                for start in range(0, len(order), config.batch_size):
-                    index = order[start : start + config.batch_size]
-                    optimizer.zero_grad()
-                    task.loss(model(data.inputs[index]), data.targets[index]).backward()
-                    optimizer.step()
+            local_sgd(model, task, data, config, generator)
             return _weights(model), len(data), {}
 
     def client_fn(context: Context) -> Any:
@@ -198,7 +186,7 @@ def main() -> None:
             ),
             "",
             "Command (Flower is optional and not a dependency): see `benchmarks/flower_compare.py`"
-            "'s docstring; in short `pip install \"flwr[simulation]\"` into a separate virtual "
+            '\'s docstring; in short `pip install "flwr[simulation]"` into a separate virtual '
             "environment and run `python -m benchmarks.flower_compare` there. Target: 20x.",
             MARKER,
         ]

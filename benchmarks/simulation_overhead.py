@@ -15,6 +15,7 @@ import argparse
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -23,7 +24,9 @@ from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from coordinator.simulation_workers import worker_count
+from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
+from protocols.algorithms import AlgorithmConfig
 
 WORKLOAD = {
     "task": "digits",
@@ -36,6 +39,31 @@ WORKLOAD = {
     "seed": 0,
 }
 MARKER = "<!-- simulation-overhead -->"
+
+
+def local_sgd(
+    model: torch.nn.Module,
+    task: Task,
+    split: Split,
+    config: AlgorithmConfig,
+    generator: torch.Generator,
+) -> None:
+    """`config.local_epochs` passes of plain torch.optim.SGD over shuffled minibatches."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    for _ in range(config.local_epochs):
+        order = torch.randperm(len(split), generator=generator)
+        for start in range(0, len(order), config.batch_size):
+            index = order[start : start + config.batch_size]
+            optimizer.zero_grad()
+            task.loss(model(split.inputs[index]), split.targets[index]).backward()
+            optimizer.step()
+
+
+@torch.no_grad()
+def mean_test_metric(model: torch.nn.Module, task: Task, fleet: Sequence[DeviceData]) -> float:
+    """The unweighted mean over devices of `model`'s metric on each device's test split."""
+    scores = [task.metric_sum(model(d.test.inputs), d.test.targets) / len(d.test) for d in fleet]
+    return sum(scores) / len(scores)
 
 
 def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
@@ -52,25 +80,14 @@ def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
         mean_delta = {k: torch.zeros_like(v) for k, v in global_state.items()}
         for data in fleet:
             model.load_state_dict(global_state)
-            optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-            for _ in range(config.local_epochs):
-                order = torch.randperm(len(data.train), generator=generator)
-                for start in range(0, len(order), config.batch_size):
-                    index = order[start : start + config.batch_size]
-                    optimizer.zero_grad()
-                    loss = task.loss(model(data.train.inputs[index]), data.train.targets[index])
-                    loss.backward()
-                    optimizer.step()
+            local_sgd(model, task, data.train, config, generator)
             weight = len(data.train) / total
             for name, value in model.state_dict().items():
                 mean_delta[name].add_(value - global_state[name], alpha=weight)
         global_state = {k: v + mean_delta[k] for k, v in global_state.items()}
     model.load_state_dict(global_state)
-    with torch.no_grad():
-        accuracies = [
-            task.metric_sum(model(d.test.inputs), d.test.targets) / len(d.test) for d in fleet
-        ]
-    return time.perf_counter() - started, sum(accuracies) / len(accuracies)
+    accuracy = mean_test_metric(model, task, fleet)
+    return time.perf_counter() - started, accuracy
 
 
 def simulated(settings: SimulationSettings, workers: int = 1) -> tuple[float, float, int]:
