@@ -19,6 +19,8 @@ from amqtt.session import Session
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 10.0
+_DRAIN_TIMEOUT_S = 2.0
+"""How long stop() lets the broker fan out what it accepted (a run's last messages to devices)."""
 
 
 class AcceptAllAuthPlugin(BaseAuthPlugin):
@@ -45,6 +47,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def _quiet_shutdown(record: logging.LogRecord) -> bool:
+    """Drop amqtt's "N messages not broadcasted" at shutdown.
+
+    Those are the wills of the devices whose connections the shutdown itself closes, which no
+    subscriber is left to receive.
+    """
+    return not record.getMessage().endswith("messages not broadcasted")
 
 
 class EmbeddedBroker:
@@ -95,13 +106,17 @@ class EmbeddedBroker:
         """Close every connection and the listener, then end the thread; idempotent."""
         if self._loop is None or self._broker is None:
             return
+        amqtt_logger = logging.getLogger("amqtt.broker")
+        amqtt_logger.addFilter(_quiet_shutdown)
         try:
+            asyncio.run_coroutine_threadsafe(self._drain(), self._loop).result(_START_TIMEOUT_S)
             asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(
                 _START_TIMEOUT_S
             )
         except Exception:  # shutting down must not mask what the caller was doing
             logger.exception("embedded MQTT broker on %s did not shut down cleanly", self.url)
         finally:
+            amqtt_logger.removeFilter(_quiet_shutdown)
             self._halt_loop()
 
     def __enter__(self) -> EmbeddedBroker:
@@ -119,6 +134,19 @@ class EmbeddedBroker:
         }
         self._broker = Broker(config, loop=asyncio.get_running_loop())
         await self._broker.start()
+
+    async def _drain(self) -> None:
+        """Wait (briefly) until messages the broker acknowledged have gone to their subscribers.
+
+        A coordinator's last publishes are acknowledged as soon as the broker queues them;
+        shutting down at once would drop them (amqtt warns "messages not broadcasted").
+        """
+        pending = getattr(self._broker, "_broadcast_queue", None)
+        deadline = asyncio.get_running_loop().time() + _DRAIN_TIMEOUT_S
+        while pending is not None and not pending.empty():
+            if asyncio.get_running_loop().time() > deadline:
+                return
+            await asyncio.sleep(0.01)
 
     def _halt_loop(self) -> None:
         loop, thread = self._loop, self._thread

@@ -40,9 +40,22 @@ from protocols.transport.takeover import TakeoverWatch
 logger = logging.getLogger(__name__)
 _paho_logger = logging.getLogger(f"{__name__}.paho")
 _PAHO_LOG_LEVELS: Final[dict[int, int]] = {int(k): v for k, v in paho.LOGGING_LEVEL.items()}
+_PAHO_RETRYING: Final = "Client is not connected"
 
 _QOS = 1
 _PUBLISH_OVERHEAD = 16  # fixed header, topic length and packet id of a PUBLISH, upper bound
+
+
+def paho_severity(level: int, text: str, *, closed: bool) -> int:
+    """The logging level for one of paho's log lines.
+
+    paho logs "Client is not connected" as an error each time its loop runs between reconnect
+    attempts, and its loop may trip over a socket `close()` just closed; neither is news: the
+    transport says once that it lost the connection and is reconnecting, and says when it is back.
+    """
+    if closed or text.startswith(_PAHO_RETRYING):
+        return logging.DEBUG
+    return _PAHO_LOG_LEVELS.get(level, logging.DEBUG)
 
 
 class BrokerConnectionError(PflError, ConnectionError):
@@ -429,10 +442,9 @@ class MqttTransport:
         self._takeovers.connect_failed()
 
     def _on_log(self, _c: paho.Client, _u: object, level: int, text: str) -> None:
-        severity = _PAHO_LOG_LEVELS.get(level, logging.DEBUG)
-        if self._closed:  # paho's loop thread may trip over the socket close() just closed
-            severity = min(severity, logging.DEBUG)
-        _paho_logger.log(severity, "%s: %s", self.client_id, text)
+        _paho_logger.log(
+            paho_severity(level, text, closed=self._closed), "%s: %s", self.client_id, text
+        )
 
     def _on_message(self, _c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
         try:

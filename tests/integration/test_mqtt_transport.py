@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ import pytest
 
 from protocols.errors import ProtocolError
 from protocols.transport.base import Will
-from protocols.transport.broker import free_port
+from protocols.transport.broker import EmbeddedBroker, free_port
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.settings import BrokerSettings
 
@@ -194,6 +195,27 @@ def test_client_reconnects_and_resubscribes_after_a_broker_restart(
 
 
 @pytest.mark.mosquitto
+def test_a_broker_outage_logs_no_errors_while_the_client_retries(
+    mosquitto: Any, connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare
+    fast = {"reconnect_min_delay_s": 0.1, "reconnect_max_delay_s": 0.2}
+    device = connect(mosquitto.url, "outage-device", **fast)
+    caplog.set_level(logging.DEBUG, logger="protocols")
+
+    # Execute: down long enough for several reconnect attempts
+    mosquitto.restart(down_s=1.5)
+    assert device.wait_until(lambda: device.connected, timeout_s=10)
+
+    # Assert: paho's per-attempt "not connected" stays at debug; one warning says what happens
+    retries = [r for r in caplog.records if "Client is not connected" in r.getMessage()]
+    assert retries, "paho should have logged its retries (at debug)"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("reconnecting" in message for message in warnings)
+
+
+@pytest.mark.mosquitto
 def test_tls_with_a_private_ca(mosquitto_tls: tuple[Any, Path], connect: Connect) -> None:
     broker, ca_file = mosquitto_tls
     url = broker.url.replace("mqtt://", "mqtts://")
@@ -267,3 +289,30 @@ def test_mosquitto_message_size_limit_drops_silently_under_mqtt_311(
     assert publisher.flush(5)
     assert subscriber.wait_until(inbox.has(1), timeout_s=5)
     assert inbox.payloads() == [b"small"]
+
+
+def test_embedded_broker_stops_quietly_under_connected_devices(
+    connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: devices with wills still connected when the run ends, as after `serve`
+    broker = EmbeddedBroker(port=free_port())
+    broker.start()
+    inbox = Inbox()
+    devices = [
+        connect(broker.url, f"quiet-{i}", will=Will(f"pfl/f/status/{i}", b"gone", retain=True))
+        for i in range(3)
+    ]
+    for device in devices:
+        device.subscribe("pfl/f/#", inbox)
+    coordinator = connect(broker.url, "quiet-coordinator")
+    for i in range(20):
+        coordinator.publish("pfl/f/round", b"last words %d" % i)
+    coordinator.flush(5)
+    caplog.set_level(logging.INFO)
+
+    # Execute
+    broker.stop()
+
+    # Assert: the broker says nothing a user would read as a failure (the clients do warn)
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in warned if r.name.startswith("amqtt")] == []
