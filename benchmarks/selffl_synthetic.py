@@ -29,26 +29,26 @@ REFERENCE = {  # selffl.md §5.9: Self-FL global/local, FedAvg global/local, Sel
     (2, 0.8): (0.187, 0.038, 0.208, 0.071, 48.7),
     (2, 1.0): (0.158, 0.038, 0.186, 0.069, 49.7),
 }
-INTRO = """## Self-FL (issue 6): synthetic experiment (selffl.md §5.1) and digits
+INTRO = """## Self-FL: the paper's synthetic experiment, and digits
 
-`python -m benchmarks.selffl_synthetic`. Closed-form shortcut of §5.1, {reps} repetitions,
+`python -m benchmarks.selffl_synthetic`. Closed-form shortcut of the experiment, {reps} repetitions,
 T = 200, eta = 1e-4, theta^0 = 0, oracle variances, l = max(round(Eq. 16), 1), beta = C,
 S_-m over all 19 others; FedAvg: 50 steps, sample weights, its local estimate the post-training
 model; FedAvg+FT: 50 local steps from the final global; Ditto-style: 50 steps of
 v <- v - eta (v - z)/sigma^2 - lambda (v - theta^(t-1)), best lambda of {{1e-3, 1e-2, 1e-1}}.
-Errors are mean l1 against the true theta_0 / theta_m; "ref" are the spec's own regression
-numbers (§5.9, not paper numbers; the paper gives figures only). "vs Bayes" is Self-FL's error
+Errors are mean l1 against the true theta_0 / theta_m; "ref" are reference numbers computed
+from the paper's setting (the paper gives figures only). "vs Bayes" is Self-FL's error
 against theta_m^(FL) / theta^(G) (Eqs. 2-3).
 
-What reproduced: every §5.9 Self-FL and FedAvg number within Monte-Carlo noise (case 2 global
+What reproduced: every reference Self-FL and FedAvg number within Monte-Carlo noise (case 2 global
 errors are dominated by sigma_0^2 = 1 and move by a few 0.01 between seeds), the mean step
 count (4 in case 1, about 49 in case 2), the convergence to the Bayes targets at C >= 0.5
-(case 1) and all C (case 2, local), and the §5.9 finding that case 1 with beta = C has not
+(case 1) and all C (case 2, local), and the reference finding that case 1 with beta = C has not
 converged at C <= 0.2. What did not: the paper's claim "Self-FL best at small C" in case 1
-(as §5.9 already says); in case 2 the plain local estimate and the best Ditto-style lambda
-have a lower local error against the *true* theta_m than Self-FL, because Eq. (3) (client
-identifies its theta_m with theta_0) shrinks towards the others; Self-FL still beats FedAvg,
-FedAvg+FT in both cases and is within 0.004 of its Bayes target.
+(as the reference numbers already show); in case 2 the plain local estimate and the best
+Ditto-style lambda have a lower local error against the *true* theta_m than Self-FL, because
+Eq. (3) (client identifies its theta_m with theta_0) shrinks towards the others; Self-FL still
+beats FedAvg, FedAvg+FT in both cases and is within 0.004 of its Bayes target.
 
 """
 M, THETA_0, OBS_VAR, ETA, ROUNDS, BASE_STEPS = 20, 1.6, 0.1, 1e-4, 200, 50

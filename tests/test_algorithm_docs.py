@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.doc_commands import fenced_commands
 from coordinator.cli import app as coord_app
 from protocols.algorithms import ALGORITHM_CONFIGS
-from tests.test_docs import APPS, fenced_commands, parses, tiny
+from tests.test_docs import APPS, parses, tiny
 
 PAGES = Path(__file__).resolve().parent.parent / "docs" / "algorithms"
 INDEX = PAGES / "README.md"

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from benchmarks.doc_commands import fenced_commands
 from coordinator.cli import app as coord_app
 from coordinator.cli_docs import CLI_MD, render_cli_docs
 from device_agent.cli import app as agent_app
@@ -23,22 +24,6 @@ APPS = {"pfl-coord": coord_app, "pfl-agent": agent_app}
 # Tiny settings replace the documented ones (a missing flag is added for simulate and compare).
 TINY = {"--devices": "4", "--rounds": "2", "--pretrain-rounds": "1", "--seeds": "1"}
 IN_PROCESS = {"simulate", "compare", "report"}
-
-
-def fenced_commands(markdown: str, sections: tuple[str, ...] | None = None) -> list[list[str]]:
-    """The commands of the ```bash blocks (of the `## ` sections named), split on && and lines."""
-    if sections is not None:
-        parts = re.split(r"^## ", markdown, flags=re.MULTILINE)
-        markdown = "\n".join(p for p in parts if p.split("\n", 1)[0].strip() in sections)
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            while words:
-                end = words.index("&&") if "&&" in words else len(words)
-                commands.append(words[:end])
-                words = words[end + 1 :]
-    return commands
 
 
 def tiny(words: list[str]) -> list[str]:
