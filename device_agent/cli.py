@@ -16,6 +16,8 @@ from device_agent.pool import run_pool
 from device_agent.runner import run_agent
 from device_agent.settings import AgentSettings, PoolSettings
 from device_agent.state_store import DiskStateStore
+from pfl_tasks.base import PartitionSpec
+from pfl_tasks.datadir import load_npy, read_csv_columns, save_device_data, split_arrays
 from protocols.errors import PflError
 from protocols.program_options import (
     AlphaOption,
@@ -260,6 +262,52 @@ def export(
         console.print(f"[red]export failed:[/red] {report.error}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command("prepare-data")
+def prepare_data(
+    out: Annotated[Path, typer.Option(help="the device's --data directory to write")],
+    csv_file: Annotated[
+        Path | None, typer.Option("--csv", help="a CSV with a header row, numbers only")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option(help="--csv: the column holding the targets")
+    ] = None,
+    inputs: Annotated[
+        Path | None, typer.Option(help="a .npy of inputs, one row per sample (with --targets)")
+    ] = None,
+    targets: Annotated[Path | None, typer.Option(help="a .npy of targets (with --inputs)")] = None,
+    val_fraction: Annotated[float, typer.Option(help="share kept for validation")] = 0.1,
+    test_fraction: Annotated[float, typer.Option(help="share kept for testing")] = 0.25,
+    seed: Annotated[int, typer.Option(help="seed of the shuffle")] = 0,
+) -> None:
+    """Write a device's --data directory (train/val/test.npz) from a CSV or from .npy arrays.
+
+    CSV targets whose every value is a whole number become class labels; other columns are the
+    inputs. Run `pfl-agent start --data OUT --task ...` on the device afterwards.
+    """
+    try:
+        if (csv_file is None) == (inputs is None or targets is None):
+            msg = "give --csv FILE --target COLUMN, or --inputs X.npy --targets Y.npy"
+            raise ValueError(msg)
+        if csv_file is not None:
+            if target is None:
+                msg = "--csv needs --target, the column holding the targets"
+                raise ValueError(msg)
+            features, values = read_csv_columns(csv_file, target)
+        else:
+            features, values = load_npy(inputs), load_npy(targets)  # type: ignore[arg-type]
+        spec = PartitionSpec(val_fraction=val_fraction, test_fraction=test_fraction)
+        data = split_arrays(features, values, spec, seed)
+        save_device_data(data, out)
+    except (ValueError, OSError) as error:
+        exit_with_error(console, error)
+    console.print(
+        f"wrote {out}: {len(data.train)} train, {len(data.val)} validation, {len(data.test)} "
+        f"test samples; inputs {tuple(data.train.inputs.shape[1:])} "
+        f"{data.train.inputs.dtype}, targets {tuple(data.train.targets.shape[1:])} "
+        f"{data.train.targets.dtype}"
+    )
 
 
 @app.callback()

@@ -15,6 +15,7 @@ from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.datadir import load_device_data
+from pfl_tasks.fit_check import check_model_fits
 from pfl_tasks.registry import load_task
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 
@@ -25,10 +26,12 @@ def load_data(settings: AgentSettings, task: Task) -> DeviceData:
     """This device's data: its own directory, or its shard of the task's data.
 
     Raises:
-        ValueError: the directory or shard cannot be loaded.
+        ValueError: the directory or shard cannot be loaded, or its data does not fit the model.
     """
     if settings.data is not None:
-        return load_device_data(settings.data, settings.data_shard or 0)
+        data = load_device_data(settings.data, settings.data_shard or 0)
+        check_model_fits(task, data.train, f"--data {settings.data}")
+        return data
     fleet = task.make_fleet(settings.num_shards, settings.partition_spec(), settings.seed)
     return fleet[settings.data_shard or 0]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import logging
 import os
 import tempfile
@@ -13,7 +14,8 @@ from typing import Final
 import numpy as np
 import torch
 
-from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.partition import split_device
 
 logger = logging.getLogger(__name__)
 
@@ -123,16 +125,16 @@ def _load_split(path: Path) -> Split:
             f"{targets.shape[0]}"
         )
         raise ValueError(msg)
-    return Split(_to_tensor(inputs, path, "inputs"), _to_tensor(targets, path, "targets"))
+    return Split(_to_tensor(inputs, path.name, "inputs"), _to_tensor(targets, path.name, "targets"))
 
 
-def _to_tensor(array: np.ndarray, path: Path, name: str) -> torch.Tensor:
+def _to_tensor(array: np.ndarray, where: str, name: str) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.floating):
         converted = array.astype(np.float32, copy=False)
     elif np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
         converted = array.astype(np.int64, copy=False)
     else:
-        msg = f"{path.name}: {name} have unsupported dtype {array.dtype}; use floats or integers"
+        msg = f"{where}: {name} have unsupported dtype {array.dtype}; use floats or integers"
         raise ValueError(msg)
     return torch.from_numpy(np.ascontiguousarray(converted))
 
@@ -167,3 +169,85 @@ def _fsync_directory(directory: Path) -> None:
         logger.debug("could not fsync directory %s", directory)
     finally:
         os.close(fd)
+
+
+def split_arrays(
+    inputs: np.ndarray, targets: np.ndarray, spec: PartitionSpec, seed: int
+) -> DeviceData:
+    """One device's arrays shuffled into train, validation and test (the simulation's sizes).
+
+    Floating arrays become float32 and integer or boolean arrays int64, as `load_device_data`
+    reads them back.
+
+    Raises:
+        ValueError: inputs and targets disagree on the sample count, or too few samples.
+    """
+    if inputs.ndim == 0 or targets.ndim == 0 or inputs.shape[0] != targets.shape[0]:
+        msg = f"inputs {inputs.shape} and targets {targets.shape} need one row per sample each"
+        raise ValueError(msg)
+    train, val, test = split_device(np.arange(inputs.shape[0]), spec, np.random.default_rng(seed))
+    features, values = (
+        _to_tensor(inputs, "arrays", "inputs"),
+        _to_tensor(targets, "arrays", "targets"),
+    )
+    return DeviceData(
+        device_index=0,
+        train=Split(features[train], values[train]),
+        val=Split(features[val], values[val]),
+        test=Split(features[test], values[test]),
+    )
+
+
+def read_csv_columns(path: str | os.PathLike[str], target: str) -> tuple[np.ndarray, np.ndarray]:
+    """Numeric CSV columns as (inputs, targets): `target` names the targets, the rest are inputs.
+
+    Targets whose every value is a whole number become integer class labels.
+
+    Raises:
+        ValueError: no such file or column, a non-numeric value, or no input column.
+    """
+    try:
+        with Path(path).open(newline="") as stream:
+            rows = list(csv.reader(stream))
+    except OSError as error:
+        msg = f"cannot read {str(path)!r}: {error.strerror or error}"
+        raise ValueError(msg) from None
+    if len(rows) < 2:
+        msg = f"{str(path)!r} needs a header row and at least one data row"
+        raise ValueError(msg)
+    header = [name.strip() for name in rows[0]]
+    if target not in header:
+        msg = f"{str(path)!r} has no column {target!r} (columns: {', '.join(header)})"
+        raise ValueError(msg)
+    if len(header) < 2:
+        msg = f"{str(path)!r} has no input column besides {target!r}"
+        raise ValueError(msg)
+    try:
+        table = np.array([[float(cell) for cell in row] for row in rows[1:] if row], dtype=float)
+    except ValueError as error:
+        msg = f"{str(path)!r} holds a non-numeric value ({error}); encode it as numbers first"
+        raise ValueError(msg) from None
+    if table.shape[1] != len(header):
+        msg = f"{str(path)!r}: rows have {table.shape[1]} cells, the header {len(header)}"
+        raise ValueError(msg)
+    column = header.index(target)
+    values = table[:, column]
+    targets = values.astype(np.int64) if np.all(values == np.round(values)) else values
+    return np.delete(table, column, axis=1), targets
+
+
+def load_npy(path: str | os.PathLike[str]) -> np.ndarray:
+    """One plain array from a .npy file (no pickle).
+
+    Raises:
+        ValueError: the file is missing or is not a plain .npy array.
+    """
+    try:
+        array = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        msg = f"cannot read {str(path)!r} as a .npy array of plain numbers (no pickle): {error}"
+        raise ValueError(msg) from None
+    if not isinstance(array, np.ndarray):
+        msg = f"{str(path)!r} is a .npz archive, not one .npy array"
+        raise ValueError(msg)
+    return array

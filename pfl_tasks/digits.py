@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.base import DeviceData, PartitionSpec
 from pfl_tasks.models import (
     Classification,
     SplitInputMLP,
@@ -18,7 +18,7 @@ from pfl_tasks.models import (
     build_seeded,
     check_int,
 )
-from pfl_tasks.partition import partition_labels, split_device
+from pfl_tasks.partition import fleet_from_pool
 
 NUM_PIXELS: Final = 64
 NUM_CLASSES: Final = 10
@@ -99,24 +99,4 @@ class DigitsTask(Classification):
             ValueError: If the partition cannot be made (see `partition_labels`).
         """
         pixels, labels = load_digits_pool()
-        partition_rng, split_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
-        )
-        parts = partition_labels(labels.numpy(), num_devices, partition, partition_rng)
-        fleet = []
-        for device_index, (indices, truth) in enumerate(
-            zip(parts.indices, parts.truth, strict=True)
-        ):
-            train, val, test = (
-                torch.from_numpy(idx) for idx in split_device(indices, partition, split_rng)
-            )
-            fleet.append(
-                DeviceData(
-                    device_index=device_index,
-                    train=Split(pixels[train], labels[train]),
-                    val=Split(pixels[val], labels[val]),
-                    test=Split(pixels[test], labels[test]),
-                    truth=truth,
-                )
-            )
-        return fleet
+        return fleet_from_pool(pixels, labels.numpy(), labels, num_devices, partition, seed)

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
+import torch
 
-from pfl_tasks.base import PartitionSpec
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
 
 MIN_DEVICE_SAMPLES: Final = 2
 """Smallest device a partition may produce: one train and one test sample."""
@@ -419,3 +420,38 @@ _PARTITIONERS: Final[dict[str, Partitioner]] = {
     "powerlaw": _partition_powerlaw,
     "groups": _partition_groups,
 }
+
+
+def fleet_from_pool(
+    inputs: torch.Tensor,
+    labels: np.ndarray,
+    targets: torch.Tensor,
+    num_devices: int,
+    spec: PartitionSpec,
+    seed: int,
+) -> list[DeviceData]:
+    """Partition a pooled data set across devices by `labels`, then split each device.
+
+    `labels` drive the partition (the class labels, or any grouping for regression targets);
+    each device's truth is what the scheme records (its label "group" under "groups").
+
+    Raises:
+        ValueError: the partition cannot be made (see `partition_labels`).
+    """
+    partition_rng, split_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
+    )
+    parts = partition_labels(labels, num_devices, spec, partition_rng)
+    fleet = []
+    for device_index, (indices, truth) in enumerate(zip(parts.indices, parts.truth, strict=True)):
+        train, val, test = (torch.from_numpy(i) for i in split_device(indices, spec, split_rng))
+        fleet.append(
+            DeviceData(
+                device_index=device_index,
+                train=Split(inputs[train], targets[train]),
+                val=Split(inputs[val], targets[val]),
+                test=Split(inputs[test], targets[test]),
+                truth=truth,
+            )
+        )
+    return fleet

@@ -1,0 +1,1 @@
+"""Runnable examples of bringing your own model and data (docs/own-task.md)."""
