@@ -149,6 +149,7 @@ def test_pfedme_is_pfedbred_with_the_identity_prior_step_for_step() -> None:
     # Prepare: real minibatches (12 samples, batch 5) so batch order matters, stored state
     x, y = _data()
     common = {"local_steps": 4, "prox_steps": 3, "batch_size": 5, "lam": 6.0, "lr": 0.02}
+    common["personal_lr"] = 0.01  # pFedMe's own default differs from pFedBreD's
     theta = {k: v + 0.5 for k, v in _context(PFedMeConfig(), x, y).global_shared.items()}
     state = {THETA + k: v for k, v in theta.items()} | {MEMORY + k: -v for k, v in theta.items()}
     runs = []
