@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pfl_tasks.base import DeviceData, PartitionSpec, Split
-from pfl_tasks.partition import split_device
+from pfl_tasks.partition import split_samples
 
 logger = logging.getLogger(__name__)
 
@@ -185,16 +185,12 @@ def split_arrays(
     if inputs.ndim == 0 or targets.ndim == 0 or inputs.shape[0] != targets.shape[0]:
         msg = f"inputs {inputs.shape} and targets {targets.shape} need one row per sample each"
         raise ValueError(msg)
-    train, val, test = split_device(np.arange(inputs.shape[0]), spec, np.random.default_rng(seed))
-    features, values = (
+    return split_samples(
         _to_tensor(inputs, "arrays", "inputs"),
         _to_tensor(targets, "arrays", "targets"),
-    )
-    return DeviceData(
-        device_index=0,
-        train=Split(features[train], values[train]),
-        val=Split(features[val], values[val]),
-        test=Split(features[test], values[test]),
+        np.arange(inputs.shape[0]),
+        spec,
+        np.random.default_rng(seed),
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -442,16 +442,33 @@ def fleet_from_pool(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
     )
     parts = partition_labels(labels, num_devices, spec, partition_rng)
-    fleet = []
-    for device_index, (indices, truth) in enumerate(zip(parts.indices, parts.truth, strict=True)):
-        train, val, test = (torch.from_numpy(i) for i in split_device(indices, spec, split_rng))
-        fleet.append(
-            DeviceData(
-                device_index=device_index,
-                train=Split(inputs[train], targets[train]),
-                val=Split(inputs[val], targets[val]),
-                test=Split(inputs[test], targets[test]),
-                truth=truth,
-            )
+    return [
+        split_samples(inputs, targets, indices, spec, split_rng, device_index, truth)
+        for device_index, (indices, truth) in enumerate(
+            zip(parts.indices, parts.truth, strict=True)
         )
-    return fleet
+    ]
+
+
+def split_samples(
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    indices: np.ndarray,
+    spec: PartitionSpec,
+    rng: np.random.Generator,
+    device_index: int = 0,
+    truth: Mapping[str, float] | None = None,
+) -> DeviceData:
+    """One device's samples (`indices` into the arrays) shuffled into train, validation and test.
+
+    Raises:
+        ValueError: See `split_sizes`.
+    """
+    train, val, test = (torch.from_numpy(i) for i in split_device(indices, spec, rng))
+    return DeviceData(
+        device_index=device_index,
+        train=Split(inputs[train], targets[train]),
+        val=Split(inputs[val], targets[val]),
+        test=Split(inputs[test], targets[test]),
+        truth=dict(truth or {}),
+    )
