@@ -10,12 +10,14 @@ where time passes in a simulation.
 from __future__ import annotations
 
 import logging
+import math
 import queue
+import select
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -30,6 +32,9 @@ from protocols.transport.process_link import (
     CLOSE,
     CONNECT,
     DELIVER,
+    KEEP,
+    KEEP_MIN_BYTES,
+    KEPT,
     PUBLISH,
     REPLY,
     REQUEST,
@@ -44,6 +49,8 @@ from protocols.transport.process_link import (
 )
 
 logger = logging.getLogger(__name__)
+_DIRECT_MAX_BYTES = getattr(select, "PIPE_BUF", 512) - 4
+"""An atomic write to a pipe, less the 4-byte length prefix of a frame."""
 
 
 class WorkerLink:
@@ -54,10 +61,14 @@ class WorkerLink:
         self.up = up
         self.clients: dict[int, InProcessTransport] = {}
         self.replies: list[Frame] = []
+        self.kept: dict[str, bytes] = {}
+        """The retained payload the worker keeps per topic, so it goes down the pipe once."""
         self._down = down
         self._process = process
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
+        self._queued = 0  # counted by the hub's thread only
+        self._written = 0  # counted by the writer only: the difference is what it still holds
 
     def start(self) -> None:
         """Start writing: sends never block the hub, so two full pipes cannot deadlock."""
@@ -65,12 +76,26 @@ class WorkerLink:
         self._writer.start()
 
     def send(self, frame: Frame) -> None:
-        """Queue `frame` for the worker."""
-        self._outbox.put(encode_link_frame(frame))
+        """Send `frame` to the worker now if that cannot block, else queue it for the writer.
+
+        A write of at most PIPE_BUF bytes to a pipe that polls writable completes at once; most
+        frames are that small, and handing each to the writer thread cost a thread switch.
+        """
+        data = encode_link_frame(frame)
+        if (
+            self._queued == self._written
+            and len(data) <= _DIRECT_MAX_BYTES
+            and select.select([], [self._down], [], 0)[1]
+        ):
+            self._down.send_bytes(data)
+            return
+        self._queued += 1
+        self._outbox.put(data)
 
     def stop(self) -> None:
         """Ask the worker to stop after what is queued, then make sure it is gone."""
-        self.send(Frame(STOP, {}))
+        self._queued += 1  # in order after everything queued: never sent directly
+        self._outbox.put(encode_link_frame(Frame(STOP, {})))
         self._outbox.put(None)
         if self._writer is not None:
             self._writer.join(timeout=10.0)
@@ -93,6 +118,7 @@ class WorkerLink:
                 self._down.send_bytes(data)
             except OSError:  # the worker is gone; the hub notices on its side of the pipe
                 return
+            self._written += 1
 
 
 @dataclass(eq=False)
@@ -110,6 +136,8 @@ class ProcessHub(InProcessBroker):
     """The in-process hub plus the clients of worker processes behind `links`."""
 
     links: list[WorkerLink] = field(default_factory=list)
+    _readable: Any = None  # one select.poll over the links' readers, kept between waits
+    _by_fd: dict[int, WorkerLink] = field(default_factory=dict)
 
     def pump(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool:
         """Deliver, and wait for the workers, until `predicate()` holds or `timeout_s` passes."""
@@ -136,10 +164,16 @@ class ProcessHub(InProcessBroker):
         Raises:
             RoundError: a worker went away.
         """
-        by_reader = {link.up: link for link in self.links}
+        if len(self._by_fd) != len(self.links):  # links are added before the first round
+            self._by_fd = {link.up.fileno(): link for link in self.links}
+            self._readable = select.poll()
+            for fd in self._by_fd:
+                self._readable.register(fd, select.POLLIN)
         taken = 0
-        for reader in wait(list(by_reader), timeout_s):
-            link = by_reader[reader]  # type: ignore[index]
+        wait_ms = None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
+        ready: list[tuple[int, int]] = self._readable.poll(wait_ms)
+        for fd, _ in ready:
+            link = self._by_fd[fd]
             try:
                 while link.up.poll(0):
                     self._accept(link, decode_link_frame(link.up.recv_bytes()))
@@ -226,4 +260,23 @@ class ProcessHub(InProcessBroker):
             else:
                 self._hand(subscription, delivery.topic, delivery.payload)
         for link, subscriptions in remote.items():
-            link.send(Frame(DELIVER, {"t": delivery.topic, "s": subscriptions}, delivery.payload))
+            link.send(self._delivery_frame(link, delivery, subscriptions))
+
+    def _delivery_frame(
+        self, link: WorkerLink, delivery: _Delivery, subscriptions: list[int]
+    ) -> Frame:
+        """A delivery for `link`: a retained model the worker already keeps goes by reference.
+
+        Every selected device fetches the retained model; without this each of a worker's
+        devices would receive its own copy down the pipe.
+        """
+        topic, payload = delivery.topic, delivery.payload
+        header: dict[str, Any] = {"t": topic, "s": subscriptions}
+        if len(payload) < KEEP_MIN_BYTES:
+            return Frame(DELIVER, header, payload)
+        if link.kept.get(topic) is payload:
+            return Frame(DELIVER, {**header, "k": KEPT}, b"")
+        if self._retained.get(topic) is payload:
+            link.kept[topic] = payload
+            return Frame(DELIVER, {**header, "k": KEEP}, payload)
+        return Frame(DELIVER, header, payload)

@@ -38,6 +38,11 @@ DELIVER = b"M"
 SYNC = b"S"
 REQUEST = b"Q"
 STOP = b"Z"
+# a delivery's "k": keep this retained payload for its topic / the payload is the one kept
+KEEP = 1
+KEPT = 2
+KEEP_MIN_BYTES = 4096
+"""Smaller retained payloads (statuses, announcements) are cheaper to send than to keep."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class WorkerEnd:
         self._up = up
         self._handlers: dict[int, tuple[RemoteTransport, MessageHandler]] = {}
         self._next_subscription = 0
+        self._kept: dict[str, bytes] = {}
         self.transports: list[RemoteTransport] = []
 
     def connect(self, client_id: str) -> RemoteTransport:
@@ -110,15 +116,21 @@ class WorkerEnd:
     def deliver(self, frame: Frame) -> None:
         """Hand one delivery to each subscription it names, in order, as the hub would."""
         topic: str = frame.header["t"]
+        payload = frame.payload
+        keep = frame.header.get("k")
+        if keep == KEEP:
+            self._kept[topic] = payload
+        elif keep == KEPT:
+            payload = self._kept[topic]
         for subscription in frame.header["s"]:
             entry = self._handlers.get(subscription)
             if entry is None:  # unsubscribed since the hub sent it
                 continue
             transport, handler = entry
-            transport.stats.bytes_received += len(frame.payload)
+            transport.stats.bytes_received += len(payload)
             transport.stats.messages_received += 1
             try:
-                handler(topic, frame.payload)
+                handler(topic, payload)
             except Exception as error:  # a handler never stops the worker, as with the hub
                 logger.debug("handler of %s failed", transport.client_id, exc_info=True)
                 logger.warning(
