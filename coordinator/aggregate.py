@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from protocols.codec import Tensors
+from protocols.privacy import clip_to_norm
 
 
 def weighted_mean(
@@ -50,33 +51,6 @@ def apply_delta(
             moved.to(value.dtype) if value.is_floating_point() else moved.round().to(value.dtype)
         )
     return result
-
-
-def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
-    """The L2 norm over every floating tensor together (integer tensors are counters)."""
-    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
-    return float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
-
-
-def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
-    """Scale one update so its L2 norm over all floating tensors is at most `max_norm`.
-
-    delta * min(1, max_norm / ||delta||_2), the norm taken over every floating tensor together
-    (norm-bounded aggregation, Sun et al. 2019, "Can you really backdoor FL?"). Integer tensors
-    are returned unchanged.
-
-    Raises:
-        ValueError: `max_norm` is not positive.
-    """
-    if not max_norm > 0:
-        msg = f"max_norm must be positive, got {max_norm}"
-        raise ValueError(msg)
-    norm = update_norm(delta)
-    scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
-    return {
-        name: (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t.clone()
-        for name, t in delta.items()
-    }
 
 
 def coordinate_median(deltas: Sequence[Mapping[str, torch.Tensor]]) -> Tensors:

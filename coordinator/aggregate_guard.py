@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from coordinator.aggregate import clip_to_norm, update_norm
 from coordinator.strategies.base import Aggregate, ReceivedUpdate, Strategy
 from protocols.codec import Tensors
+from protocols.privacy import clip_to_norm, update_norm
 
 logger = logging.getLogger(__name__)
 

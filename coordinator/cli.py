@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -21,6 +22,14 @@ from coordinator.cli_options import (
     CompressOption,
     ConfigOption,
     DevicesOption,
+    DpAdaptiveClipOption,
+    DpClipOption,
+    DpDeltaOption,
+    DpEpsilonOption,
+    DpNoiseOption,
+    DpOnBudgetOption,
+    DpPlacementOption,
+    DpSamplingOption,
     EvalEveryOption,
     FleetOption,
     InsecureOption,
@@ -101,6 +110,14 @@ def simulate(
     quarantine_after: QuarantineOption = None,
     compress: CompressOption = None,
     compress_down: CompressDownOption = None,
+    dp_noise: DpNoiseOption = None,
+    dp_clip: DpClipOption = None,
+    dp_placement: DpPlacementOption = None,
+    dp_sampling: DpSamplingOption = None,
+    dp_delta: DpDeltaOption = None,
+    dp_epsilon: DpEpsilonOption = None,
+    dp_on_budget: DpOnBudgetOption = None,
+    dp_adaptive_clip: DpAdaptiveClipOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -174,7 +191,9 @@ def _run_with_progress(
         )
 
         def advance(record: RoundRecord) -> None:
-            progress.update(bar, completed=record.round_id, loss=f"{record.train_loss:.4f}")
+            loss = record.train_loss
+            shown = f"{loss:.4f}" if math.isfinite(loss) else "not reported (DP)"
+            progress.update(bar, completed=record.round_id, loss=shown)
 
         return run(advance)
 
@@ -191,6 +210,10 @@ def _print_summary(result: SimulationResult | ServeResult) -> None:
     table.add_column("value", justify="right")
     for key, value in (summary.metrics or {}).items():
         table.add_row(key, "n/a" if value is None else f"{value:.4f}")
+    if summary.privacy is not None:
+        table.add_row(
+            f"DP epsilon (delta {summary.privacy['delta']:g})", f"{summary.privacy['epsilon']:.3f}"
+        )
     table.add_row("bytes up", f"{summary.bytes_up:,}")
     table.add_row("bytes down", f"{summary.bytes_down:,}")
     table.add_row("wall seconds", f"{summary.wall_seconds:.2f}")
@@ -227,6 +250,14 @@ def serve(
     quarantine_after: QuarantineOption = None,
     compress: CompressOption = None,
     compress_down: CompressDownOption = None,
+    dp_noise: DpNoiseOption = None,
+    dp_clip: DpClipOption = None,
+    dp_placement: DpPlacementOption = None,
+    dp_sampling: DpSamplingOption = None,
+    dp_delta: DpDeltaOption = None,
+    dp_epsilon: DpEpsilonOption = None,
+    dp_on_budget: DpOnBudgetOption = None,
+    dp_adaptive_clip: DpAdaptiveClipOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

@@ -79,6 +79,38 @@ CompressOption = Annotated[
         "topk:0.01, with error feedback (default: none)"
     ),
 ]
+DpNoiseOption = Annotated[
+    float | None,
+    typer.Option(
+        help="differential privacy: noise multiplier z; each shared delta is clipped and "
+        "N(0, (z*clip)^2) is added to their sum (default: no DP)"
+    ),
+]
+DpClipOption = Annotated[
+    float | None, typer.Option(help="DP: L2 clip norm of each shared delta (default: 1.0)")
+]
+DpPlacementOption = Annotated[
+    str | None,
+    typer.Option(help="DP: who adds the noise, coordinator or device (default: coordinator)"),
+]
+DpSamplingOption = Annotated[
+    str | None,
+    typer.Option(
+        help="DP: poisson (each device joins with probability --participation) or fixed "
+        "(default: poisson)"
+    ),
+]
+DpDeltaOption = Annotated[float | None, typer.Option(help="DP: delta (default: 1e-5)")]
+DpEpsilonOption = Annotated[
+    float | None, typer.Option(help="DP: epsilon budget; the run stops before passing it")
+]
+DpOnBudgetOption = Annotated[
+    str | None, typer.Option(help="DP: stop or warn at the budget (default: stop)")
+]
+DpAdaptiveClipOption = Annotated[
+    bool | None,
+    typer.Option("--dp-adaptive-clip", help="DP: move the clip norm to the median update norm"),
+]
 CompressDownOption = Annotated[
     str | None,
     typer.Option(

@@ -8,6 +8,7 @@ fine-tuning, happens on the devices when they evaluate or export).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from coordinator.metrics import personalization_effect
+from coordinator.privacy import PrivacyEngine, check_privacy
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
@@ -39,6 +41,7 @@ class RunResult:
     final_shared: Tensors = field(default_factory=dict)
 
 
+logger = logging.getLogger(__name__)
 _COMMON_FIELDS = ("local_epochs", "batch_size", "lr", "max_steps", "momentum", "weight_decay")
 
 
@@ -102,7 +105,12 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
         problem = stage.config.compression_problem(settings.uplink(), settings.compress_down)
         if problem is not None:
             raise ValueError(problem)
-    return Stages(tuple(stages), settings.participation)
+    privacy = settings.privacy()
+    if privacy is not None:
+        for stage in stages:
+            check_privacy(build_strategy(stage.config, settings.participation))
+    poisson = privacy is not None and privacy.sampling == "poisson"
+    return Stages(tuple(stages), 1.0 if poisson else settings.participation)  # Poisson: see DP
 
 
 def build_coordinator(
@@ -111,15 +119,16 @@ def build_coordinator(
     model: nn.Module,
     engine_settings: Any,
     task: Task | None = None,
+    privacy: PrivacyEngine | None = None,
 ) -> Coordinator:
     """A coordinator holding `model`'s initial tensors, set up for the first stage.
 
     With `task`, a relay algorithm (FedeRiCo) starts each device's model from the task's own
-    initialization with a per-device seed.
+    initialization with a per-device seed; with `privacy`, rounds are differentially private.
     """
     first = stages.stages[0]
     tensors = {name: value.detach().clone() for name, value in model.state_dict().items()}
-    return Coordinator(
+    coordinator = Coordinator(
         connect_coordinator(),
         build_strategy(first.config, stages.participation),
         tensors,
@@ -127,6 +136,8 @@ def build_coordinator(
         shared_names=first.shared_names,
         build_model=None if task is None else model_builder(task),
     )
+    coordinator.privacy = privacy
+    return coordinator
 
 
 def model_builder(task: Task) -> Callable[[int], Tensors]:
@@ -155,6 +166,9 @@ def drive_rounds(
     reports: list[EvaluationReport] = []
     total = stages.total_rounds
     while coordinator.round_id < total:
+        if out_of_budget(coordinator):
+            total = coordinator.round_id  # the final evaluation below, on the model so far
+            break
         stages.enter(coordinator, coordinator.round_id + 1)
         record = run_round()
         round_id = record.round_id
@@ -164,10 +178,28 @@ def drive_rounds(
             reports, record.evaluation = coordinator.evaluate(final=True)
         after_round(record)
         records.append(record)
-    if not records:  # resumed after the last round: only the final evaluation is left
-        stages.enter(coordinator, total)
-        reports, _ = coordinator.evaluate(final=True)
+    if not records or records[-1].round_id < total or total < stages.total_rounds:
+        # resumed after the last round, or stopped at the privacy budget: evaluate now
+        stages.enter(coordinator, max(total, 1))
+        reports, evaluation = coordinator.evaluate(final=True)
+        if records:
+            records[-1].evaluation = evaluation
     return records, reports
+
+
+def out_of_budget(coordinator: Coordinator) -> bool:
+    """Whether DP's budget stops the run before its next round (a warning when it only warns)."""
+    privacy = coordinator.privacy
+    if privacy is None:
+        return False
+    reason = privacy.over_budget(coordinator.registry.online_count())
+    if not reason:
+        return False
+    if privacy.settings.on_budget == "warn":
+        logger.warning("round %d: %s; going on (on budget: warn)", coordinator.round_id + 1, reason)
+        return False
+    logger.warning("stopping after round %d: %s", coordinator.round_id, reason)
+    return True
 
 
 def summarize_run(
@@ -193,7 +225,7 @@ def summarize_run(
         task=coordinator.settings.task,
         metric_name=metric_name,
         devices=devices,
-        rounds=stages.total_rounds,
+        rounds=coordinator.round_id,
         pretrain_rounds=settings.pretrain_rounds,
         seed=settings.seed,
         participation=settings.participation,
@@ -204,4 +236,5 @@ def summarize_run(
         bytes_down=traffic[1],
         rejected_messages=coordinator.rejected,
         config=config.model_dump(mode="json"),
+        privacy=None if coordinator.privacy is None else coordinator.privacy.report(),
     )

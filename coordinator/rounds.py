@@ -28,6 +28,7 @@ from coordinator.intake import (
     unpack_delta,
 )
 from coordinator.metrics import summarize_evaluations
+from coordinator.privacy import PrivacyEngine
 from coordinator.quarantine import Quarantine
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
@@ -42,6 +43,7 @@ from protocols.messages import (
     CoordinatorStatus,
     DeviceAssignment,
     DeviceHello,
+    DevicePrivacy,
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
@@ -91,8 +93,9 @@ class RoundRecord:
     skipped: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        """A flat JSON-ready mapping."""
-        return dict(self.__dict__)
+        """A flat JSON-ready mapping (a loss devices did not report is null)."""
+        loss = self.train_loss
+        return {**self.__dict__, "train_loss": loss if math.isfinite(loss) else None}
 
 
 def coordinator_will(fleet: str) -> Will:
@@ -146,6 +149,7 @@ class Coordinator:
         self._evaluation: Collector[EvaluationReport] | None = None
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
+        self.privacy: PrivacyEngine | None = None  # differential privacy, when the run asks
 
     @property
     def shared(self) -> Tensors:
@@ -274,7 +278,9 @@ class Coordinator:
         up_before, down_before = self.bytes_up, self.bytes_down
         round_id = self.round_id + 1
         self.quarantine.start_round(round_id, self.offences.counts())
-        plan = self.strategy.plan_round(round_id, self.registry.snapshot(), self.rng)
+        fleet = self.registry.snapshot()
+        cohort = fleet if self.privacy is None else self.privacy.cohort(fleet, self.rng)
+        plan = self.strategy.plan_round(round_id, cohort, self.rng)
         if not plan.devices:
             msg = "no device is online to train"
             raise RoundError(msg, round_id=round_id)
@@ -287,7 +293,8 @@ class Coordinator:
             if plan.scalars.get(d)
         }
         needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
-        self._announce(round_id, "train", tuple(sorted(plan.devices)), assignments)
+        dp = None if self.privacy is None else self.privacy.plan(fleet, plan.devices)
+        self._announce(round_id, "train", tuple(sorted(plan.devices)), assignments, privacy=dp)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), needed),
             self.settings.round_timeout_s,
@@ -303,11 +310,12 @@ class Coordinator:
         if len(updates) < len(plan.devices):
             missing = sorted(set(plan.devices) - {u.device_id for u in updates})
             logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
+        within_clip = [u.within_clip for u in updates]
         guarded = guarded_aggregate(
             self.strategy,
             round_id,
             self.shared,
-            updates,
+            updates if self.privacy is None else self.privacy.privatize(updates),
             self.settings.guard,
             restorable=self.relay.resends_model,
         )
@@ -321,13 +329,18 @@ class Coordinator:
             scalars["aggregate_rejected"] = 1.0
         if guarded.cut:
             scalars["guard_cut"] = float(len(guarded.cut))
-        scalars["update_norm_median"] = guarded.norm_median
+        if self.privacy is None:
+            scalars["update_norm_median"] = guarded.norm_median
+        else:  # released, even if skipped (the noise was drawn); no per-update statistics
+            scalars.update(self.privacy.finish(within_clip))
         self.last_scalars = scalars
         self.round_id = round_id
         self.publish_model(force=self.relay.resends_model)
         self.publish_fleet_status()
         samples = sum(u.num_samples for u in updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+        if self.privacy is not None:
+            loss = math.nan  # devices do not report it under DP
         return RoundRecord(
             round_id=round_id,
             participants=len(updates),
@@ -369,6 +382,7 @@ class Coordinator:
         selected: tuple[str, ...],
         assignments: dict[str, DeviceAssignment],
         final: bool = False,
+        privacy: DevicePrivacy | None = None,
     ) -> None:
         announcement = RoundAnnouncement(
             run_id=self.run_id,
@@ -384,6 +398,7 @@ class Coordinator:
             peers=self.relay.peers(self.registry.snapshot()),
             uplink=self.settings.uplink,
             delta_base_sha256=self.models.delta_base,
+            privacy=privacy,
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
@@ -471,7 +486,12 @@ class Coordinator:
         delta = unpack_delta(update, blob, expected, self.settings.uplink)
         self.models.acknowledge(update.device_id)
         received = ReceivedUpdate(
-            update.device_id, update.num_samples, update.train_loss, delta, dict(update.scalars)
+            update.device_id,
+            update.num_samples,
+            update.train_loss,
+            delta,
+            dict(update.scalars),
+            update.within_clip,
         )
         self.registry.on_update(update.device_id, update.round_id, update.train_loss)
         if not collector.offer(update.device_id, received):

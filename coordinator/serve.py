@@ -25,6 +25,7 @@ from coordinator.pipeline import (
     plan_stages,
     summarize_run,
 )
+from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import ServeSettings
 from pfl_tasks.registry import load_task
@@ -105,7 +106,10 @@ def run_serve(
             uplink=settings.uplink(),
             downlink=settings.compress_down,
         )
-        coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task)
+        privacy = privacy_engine(settings.privacy(), settings.participation, None)
+        coordinator = build_coordinator(
+            lambda: transport, stages, workspace, engine, task, privacy
+        )
         coordinator.offences = offences
         transport.on_reconnect = coordinator.republish
         try:

@@ -16,6 +16,7 @@ from coordinator.aggregate_guard import GuardSettings
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
+from protocols.privacy import Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
 
 
@@ -56,6 +57,19 @@ class RunSettings(TomlSettings):
     compress_down: Literal["none", "int8"] = Field(
         "none", description="send models as int8 deltas to devices holding the previous one"
     )
+    dp_noise: float | None = Field(
+        None, ge=0, description="differential privacy: noise multiplier z (unset: no DP)"
+    )
+    dp_clip: float = Field(1.0, gt=0, description="DP: clip norm of each shared delta")
+    dp_placement: Placement = Field("coordinator", description="DP: who adds the noise")
+    dp_sampling: Sampling = Field("poisson", description="DP: how each round's cohort is drawn")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="DP: the delta epsilon is reported at")
+    dp_epsilon: float | None = Field(None, gt=0, description="DP: the epsilon budget")
+    dp_on_budget: Literal["stop", "warn"] = Field("stop", description="DP: at the budget")
+    dp_adaptive_clip: bool = Field(False, description="DP: move the clip to a norm quantile")
+    dp_options: dict[str, Any] = Field(
+        default_factory=dict, description="[dp_options]: target_quantile, clip_learning_rate"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
@@ -71,12 +85,37 @@ class RunSettings(TomlSettings):
         return Compression.parse(self.compress)
 
     def guard_settings(self) -> GuardSettings:
-        """The bounds on one device's influence (coordinator/aggregate_guard.py)."""
+        """The bounds on one device's influence (coordinator/aggregate_guard.py).
+
+        Under DP every update is clipped and weighs the same, and the screen's norm cut (which
+        depends on the other devices' norms) would break the accountant's sensitivity bound.
+        """
+        private = self.privacy() is not None
         return GuardSettings(
             max_samples=self.max_samples,
-            max_weight_share=self.max_weight_share,
-            norm_bound=self.norm_bound,
+            max_weight_share=1.0 if private else self.max_weight_share,
+            norm_bound=0.0 if private else self.norm_bound,
             quarantine_after=self.quarantine_after,
+        )
+
+    def privacy(self) -> PrivacySettings | None:
+        """The run's differential privacy (None without --dp-noise).
+
+        Raises:
+            ValueError: invalid DP options.
+        """
+        if self.dp_noise is None:
+            return None
+        return PrivacySettings(
+            noise_multiplier=self.dp_noise,
+            clip_norm=self.dp_clip,
+            placement=self.dp_placement,
+            sampling=self.dp_sampling,
+            delta=self.dp_delta,
+            target_epsilon=self.dp_epsilon,
+            on_budget=self.dp_on_budget,
+            adaptive_clipping=self.dp_adaptive_clip,
+            **self.dp_options,
         )
 
     def algorithm_config(self) -> AlgorithmConfig:

@@ -26,6 +26,7 @@ from coordinator.pipeline import (
     plan_stages,
     summarize_run,
 )
+from coordinator.privacy import privacy_engine
 from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
 from coordinator.simulation_workers import WorkerDevices, worker_count
@@ -216,6 +217,7 @@ def _run(
         workspace,
         engine,
         task,
+        privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )
     fleet = VirtualFleet.create(
         fleet=settings.fleet,

@@ -45,6 +45,8 @@ class RunSummary(Mapping[str, Any]):
     partition: str | None = None
     alpha: float | None = None
     export: Mapping[str, Any] | None = None
+    privacy: Mapping[str, Any] | None = None
+    """Under DP: the guarantee the run's released models carry (epsilon at delta, settings)."""
 
     def as_json(self) -> dict[str, Any]:
         """The summary.json document; a simulation-only key that is None is left out."""

@@ -360,6 +360,7 @@ class DeviceAgent:
     ) -> None:
         update, ctx = self.contexts.build(announcement, model, peer_models)
         result = update.run(ctx)
+        result, within_clip = self.contexts.privatize(announcement, result)
         encoded, residual = self.contexts.compress(announcement, result.shared_delta)
         self.contexts.keep(announcement, result, residual)
         manifest, blob = pack_tensors(encoded)
@@ -372,6 +373,7 @@ class DeviceAgent:
             train_loss=result.train_loss,
             scalars=result.scalars,
             compression=announcement.uplink,
+            within_clip=within_clip,
             manifest=manifest,
         )
         self._reply_with(announcement, "update", encode_frame(message, blob))

@@ -19,6 +19,7 @@ from torch import nn
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
+from device_agent.privacy import noise_generator, privatize
 from device_agent.received import DecodedModelCache, ReceivedModel
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, require_finite
@@ -78,6 +79,7 @@ class RoundContexts:
         model_cache: DecodedModelCache,
         memory_budget_bytes: int | None,
         limits: WorkLimits | None = None,
+        reproducible_noise: bool = False,
     ) -> None:
         self.device_id = device_id
         self.task = task
@@ -93,6 +95,7 @@ class RoundContexts:
         self.model_cache = model_cache
         self.memory_budget_bytes = memory_budget_bytes
         self.limits = limits
+        self.reproducible_noise = reproducible_noise
         self._slots = ModelSlots(workspace)
         self._memory: MemoryModel | None = None
         # the last announcement planned, its (algorithm, config) key and its plan
@@ -200,6 +203,19 @@ class RoundContexts:
             peer_models=peer_models or {},
         )
         return plan.update, context
+
+    def privatize(
+        self, announcement: RoundAnnouncement, result: LocalResult
+    ) -> tuple[LocalResult, float | None]:
+        """The round's result as differential privacy lets it leave (unchanged without DP)."""
+        if announcement.privacy is None:
+            return result, None
+        seed = (
+            derive_seed(self.seed, self.device_id, announcement.round_id, "dp")
+            if self.reproducible_noise
+            else None
+        )
+        return privatize(result, announcement.privacy, noise_generator(seed))
 
     def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
         """(what the update carries, the residual to keep) under the round's uplink codec.

@@ -110,6 +110,7 @@ class VirtualFleet:
                 capabilities=capabilities,
                 model_cache=cache,
             )
+            agent.contexts.reproducible_noise = True  # the same for any number of workers
             agent.start()
             agents.append(agent)
         return agents

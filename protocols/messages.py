@@ -243,6 +243,20 @@ class Compression(WireModel):
         return self.codec != "none"
 
 
+class DevicePrivacy(WireModel):
+    """What a round's differential privacy asks of each selected device (see protocols.privacy).
+
+    The device clips its shared delta to `clip_norm`, adds N(0, noise_std^2) per entry (0 when
+    the coordinator adds the noise), reports no loss, sample count or algorithm scalars, and,
+    with `report_clipped`, whether its delta was within the clip (plus N(0, indicator_std^2)).
+    """
+
+    clip_norm: Annotated[float, Field(gt=0, le=1e6)]
+    noise_std: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    report_clipped: bool = False
+    indicator_std: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+
+
 class SharedModel(Message):
     """The shared parameters the coordinator holds; retained, so late devices catch up."""
 
@@ -297,6 +311,8 @@ class RoundAnnouncement(Message):
     """How devices encode the delta they send back (the run's `--compress`)."""
     delta_base_sha256: Digest | None = None
     """The model a retained `ModelDelta` to `model_sha256` starts from (None: no delta)."""
+    privacy: DevicePrivacy | None = None
+    """Differential privacy for this round's updates (None: none)."""
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""
@@ -368,6 +384,8 @@ class DeviceUpdate(Message):
     scalars: Scalars = Field(default_factory=dict)
     compression: Compression = Field(default_factory=Compression)
     """How the delta's tensors are encoded: the round's `uplink`, anything else is refused."""
+    within_clip: BoundedFloat | None = None
+    """Under adaptive clipping: 1 if the delta was within the clip norm, else 0, plus noise."""
     manifest: TensorManifest
 
 

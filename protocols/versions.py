@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """2: a run id in announcements and in every answer to one. 3: devices fetch the model only
-for work they are asked to do; compressed uplink (`uplink`, `compression`) and model deltas."""
-SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({3})
+for work they are asked to do; compressed uplink (`uplink`, `compression`) and model deltas.
+4: differential privacy (`privacy` in announcements, `within_clip` in updates)."""
+SUPPORTED_PROTOCOL_VERSIONS: Final = frozenset({4})

@@ -55,6 +55,8 @@ class ReceivedUpdate:
     train_loss: float
     shared_delta: Tensors
     scalars: Mapping[str, float] = field(default_factory=dict)
+    within_clip: float | None = None
+    """Under DP's adaptive clipping: the device's noised bit (see protocols.privacy)."""
 
 
 @dataclass(frozen=True)

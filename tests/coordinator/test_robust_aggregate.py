@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from coordinator.aggregate import (
-    clip_to_norm,
     coordinate_median,
     robust_combine,
     trimmed_mean,
@@ -25,6 +24,7 @@ from protocols import topics
 from protocols.algorithms import FedAltConfig, FedAvgConfig
 from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
 from protocols.messages import Capabilities, DeviceHello, DeviceUpdate, RoundAnnouncement
+from protocols.privacy import clip_to_norm
 from protocols.transport.inprocess import InProcessBroker
 
 RUN = "0" * 32

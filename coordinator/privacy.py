@@ -1,0 +1,272 @@
+"""A run's differential privacy on the coordinator: who may join, what each round adds, the budget.
+
+The strategies stay as they are: before one aggregates, each update is replaced by
+(k / m) * (clip(delta_i) + xi / k), with k reporters, m the expected (or fixed) cohort and xi the
+coordinator's noise (zero under device placement). A strategy's mean over k updates of weight 1
+is then (sum_i clip(delta_i) + xi) / m, DP-FedAvg's estimate, and its server step (SGD, Adam,
+pFedBreD's momentum) is post-processing. Strategies whose aggregation is not such a mean are
+refused with the reason (`privacy_problem`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from coordinator.accountant import DpRound, PrivacyAccountant
+from coordinator.strategies.base import (
+    DeviceInfo,
+    FleetSnapshot,
+    ReceivedUpdate,
+    RelayStrategy,
+    Strategy,
+)
+from protocols.messages import DevicePrivacy
+from protocols.privacy import (
+    PrivacySettings,
+    add_gaussian_noise,
+    clip_to_norm,
+    next_clip_norm,
+    update_noise_multiplier,
+)
+
+logger = logging.getLogger(__name__)
+
+REFUSED = {
+    "selffl": "Self-FL weighs each update by the uncertainty its device reports and adapts its "
+    "local steps to it: both are functions of the device's data the accountant does not cover",
+    "selffl-aug": "Self-FL weighs each update by the uncertainty its device reports: a "
+    "function of the device's data the accountant does not cover",
+    "federico": "FedeRiCo relays each device's own model to the peers that ask for it: there "
+    "is no sum to clip and noise, and every model leaves its device whole",
+    "local": "local training shares nothing: there is nothing to protect",
+}
+
+
+def privacy_problem(strategy: Strategy) -> str:
+    """Why `strategy` cannot run under differential privacy ("" when it can)."""
+    if strategy.name in REFUSED:
+        return f"{strategy.name}: {REFUSED[strategy.name]}"
+    if isinstance(strategy, RelayStrategy):
+        return f"{strategy.name} relays individual models: there is no sum to noise"
+    config = strategy.config
+    if getattr(config, "robust_aggregation", "mean") != "mean":
+        return (
+            f"{strategy.name}: robust_aggregation {config.robust_aggregation!r} is not a sum; "  # type: ignore[attr-defined]
+            "DP's clipping already bounds each device: use mean"
+        )
+    if getattr(config, "clip_update_norm", None) is not None:
+        return f"{strategy.name}: DP's --dp-clip replaces clip_update_norm: leave it unset"
+    if getattr(config, "train_all_clients", False):
+        return (
+            f"{strategy.name}: train_all_clients trains devices outside the sampled cohort; "
+            "under DP only the cohort takes part: set it to false"
+        )
+    return ""
+
+
+def check_privacy(strategy: Strategy) -> None:
+    """Raises ValueError naming why `strategy` cannot run under DP."""
+    problem = privacy_problem(strategy)
+    if problem:
+        msg = f"differential privacy: {problem}"
+        raise ValueError(msg)
+
+
+def privacy_engine(
+    settings: PrivacySettings | None, participation: float, reproducible_seed: int | None
+) -> PrivacyEngine | None:
+    """The run's engine, None without DP (a simulation passes its seed, a real run None)."""
+    if settings is None:
+        return None
+    return PrivacyEngine(settings, participation, reproducible_seed)
+
+
+def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) -> FleetSnapshot:
+    """The fleet with only a Poisson sample online: each online device kept with prob. `rate`.
+
+    An empty sample is drawn again (probability (1 - rate)^N): a round needs a device.
+    """
+    online = [d for d in fleet.devices if d.online]
+    while online:
+        draws = rng.random(len(online))
+        kept = {d.device_id for d, u in zip(online, draws, strict=True) if u < rate}
+        if kept:
+            return FleetSnapshot(
+                tuple(
+                    DeviceInfo(d.device_id, d.num_train_samples, d.device_id in kept)
+                    for d in fleet.devices
+                )
+            )
+    return fleet
+
+
+@dataclass(frozen=True)
+class RoundNoise:
+    """What one round's privacy was planned with."""
+
+    device: DevicePrivacy
+    population: int
+    cohort: float
+    update_multiplier: float
+    indicator_std: float
+
+
+class PrivacyEngine:
+    """DP for one run: cohorts, what devices are told, the noise added here, the accountant."""
+
+    def __init__(
+        self, settings: PrivacySettings, participation: float, reproducible_seed: int | None
+    ) -> None:
+        self.settings = settings
+        self.participation = participation
+        self.clip_norm = settings.clip_norm
+        self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
+        self.epsilon = 0.0
+        self._round: RoundNoise | None = None
+        seed = reproducible_seed
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()  # from the OS: nobody may predict, and subtract, the noise
+        else:
+            self._generator.manual_seed(seed)
+
+    def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
+        """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
+        if self.settings.sampling == "poisson":
+            return poisson_cohort(fleet, self.participation, rng)
+        return fleet
+
+    def plan(self, fleet: FleetSnapshot, selected: Sequence[str]) -> DevicePrivacy:
+        """This round's noise, for the `selected` devices drawn from `fleet`'s online ones.
+
+        Raises:
+            ValueError: adaptive clipping whose count noise leaves the update no budget.
+        """
+        settings = self.settings
+        population = len(fleet.online())
+        cohort = (
+            self.participation * population
+            if settings.sampling == "poisson"
+            else float(len(selected))
+        )
+        cohort = max(cohort, 1.0)
+        z = settings.noise_multiplier
+        indicator_std = settings.quantile_noise * cohort if settings.adaptive_clipping else 0.0
+        update_z = update_noise_multiplier(z, indicator_std) if settings.adaptive_clipping else z
+        on_device = settings.placement == "device"
+        share = 1 / math.sqrt(cohort) if on_device else 0.0
+        device = DevicePrivacy(
+            clip_norm=self.clip_norm,
+            noise_std=update_z * self.clip_norm * share,
+            report_clipped=settings.adaptive_clipping,
+            indicator_std=indicator_std * share,
+        )
+        self._round = RoundNoise(device, population, cohort, update_z, indicator_std)
+        return device
+
+    def over_budget(self, population: int) -> str:
+        """Why the next round may not run ("" when it may): it would pass the target epsilon."""
+        target = self.settings.target_epsilon
+        if target is None:
+            return ""
+        cohort = max(self.participation * population, 1.0)
+        planned = DpRound(self.settings.noise_multiplier, population, cohort)
+        after = self.accountant.epsilon(planned)
+        if after <= target:
+            return ""
+        return (
+            f"another round would spend epsilon {after:.3g} at delta {self.settings.delta:g}, "
+            f"over the budget {target:g} (spent so far: {self.epsilon:.3g})"
+        )
+
+    def privatize(self, updates: Sequence[ReceivedUpdate]) -> list[ReceivedUpdate]:
+        """The round's updates as the strategy may see them (see the module's docstring)."""
+        noise = self._planned()
+        k = len(updates)
+        if not k:
+            return []
+        central = self.settings.placement == "coordinator"
+        std = noise.update_multiplier * noise.device.clip_norm if central else 0.0
+        xi = add_gaussian_noise(
+            {n: torch.zeros_like(t) for n, t in updates[0].shared_delta.items()},
+            std,
+            self._generator,
+        )
+        scale = k / noise.cohort
+        private = []
+        for update in updates:
+            delta = update.shared_delta
+            if central:  # a device may not have clipped: the guarantee must not depend on it
+                delta = clip_to_norm(delta, noise.device.clip_norm)
+            moved = {
+                n: ((t.double() + xi[n].double() / k) * scale).to(t.dtype) for n, t in delta.items()
+            }
+            private.append(
+                replace(update, shared_delta=moved, num_samples=1, train_loss=0.0, scalars={})
+            )
+        return private
+
+    def finish(self, within_clip: Sequence[float | None]) -> dict[str, float]:
+        """Account for the released round, adapt the clip; the round's privacy scalars."""
+        noise = self._planned()
+        self._round = None
+        k = len(within_clip)
+        z = self.settings.noise_multiplier
+        if self.settings.placement == "device":  # the shares of the devices that answered
+            z *= math.sqrt(k / noise.cohort)
+        self.epsilon = self.accountant.record(DpRound(z, noise.population, noise.cohort))
+        scalars = {
+            "dp_epsilon": self.epsilon,
+            "dp_noise_multiplier": z,
+            "dp_clip_norm": noise.device.clip_norm,
+        }
+        if self.settings.adaptive_clipping:
+            bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
+            central = self.settings.placement == "coordinator"
+            std = noise.indicator_std if central else 0.0
+            count = sum(min(max(b, -1e6), 1e6) for b in bits)
+            count += std * float(torch.randn((), generator=self._generator, dtype=torch.float64))
+            fraction = count / noise.cohort
+            self.clip_norm = next_clip_norm(
+                self.clip_norm,
+                fraction,
+                self.settings.target_quantile,
+                self.settings.clip_learning_rate,
+            )
+            scalars["dp_within_clip"] = fraction
+        return scalars
+
+    def report(self) -> dict[str, object]:
+        """The guarantee for a run's summary: epsilon at delta over the rounds released."""
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.settings.delta,
+            "rounds_released": len(self.accountant.rounds),
+            "target_epsilon": self.settings.target_epsilon,
+            "clip_norm": self.clip_norm,
+            **self.settings.model_dump(
+                include={"noise_multiplier", "placement", "sampling", "adaptive_clipping"}
+            ),
+        }
+
+    def _planned(self) -> RoundNoise:
+        if self._round is None:
+            msg = "no DP round planned: plan() comes before privatize() and finish()"
+            raise RuntimeError(msg)
+        return self._round
+
+    def state_dict(self) -> dict[str, object]:
+        """The accountant's rounds and the current clip norm."""
+        return {**self.accountant.state_dict(), "clip_norm": self.clip_norm}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore what `state_dict` gave."""
+        self.accountant.load_state_dict(state)
+        self.clip_norm = float(state.get("clip_norm", self.settings.clip_norm))  # type: ignore[arg-type]
+        self.epsilon = self.accountant.epsilon()

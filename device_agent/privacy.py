@@ -1,0 +1,43 @@
+"""A device's side of differential privacy: clip its shared delta, add its noise share, say less.
+
+Under DP a device reports only the clipped (and, with device placement, noised) shared delta:
+its loss, sample count and algorithm scalars are not sent (they are functions of its data that
+the accountant does not cover), and with adaptive clipping one noised bit says whether the
+delta was within the clip norm. Personal parameters never leave the device, DP or not.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+
+import torch
+
+from device_agent.algorithms.base import LocalResult
+from protocols.messages import DevicePrivacy
+from protocols.privacy import add_gaussian_noise, clip_to_norm, update_norm
+
+
+def privatize(
+    result: LocalResult, privacy: DevicePrivacy, generator: torch.Generator
+) -> tuple[LocalResult, float | None]:
+    """(what the device may report, its noised within-clip bit when asked for one)."""
+    norm = update_norm(result.shared_delta)
+    clipped = clip_to_norm(result.shared_delta, privacy.clip_norm)
+    noised = add_gaussian_noise(clipped, privacy.noise_std, generator)
+    within: float | None = None
+    if privacy.report_clipped:
+        noise = float(torch.randn((), generator=generator, dtype=torch.float64))
+        within = float(norm <= privacy.clip_norm) + privacy.indicator_std * noise
+    private = replace(result, shared_delta=noised, num_samples=1, train_loss=0.0, scalars={})
+    return private, within
+
+
+def noise_generator(reproducible_seed: int | None) -> torch.Generator:
+    """A generator for DP noise, seeded from the OS's entropy unless a seed is given.
+
+    On a real device nobody may predict, and so subtract, the noise; a simulation passes a
+    seed derived from the run so that its results do not depend on the number of workers.
+    """
+    seed = secrets.randbits(63) if reproducible_seed is None else reproducible_seed
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,128 @@
+"""Client-level differential privacy: the run's settings and the math both sides share.
+
+DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models"):
+each selected device's shared delta is clipped to an L2 norm C, Gaussian noise of standard
+deviation z*C is added to the sum of the clipped deltas, and the sum is divided by the expected
+cohort. The noise is added by the coordinator (it sees clipped updates, and is trusted) or split
+over the devices, each adding N(0, (z*C)^2 / m) so that the m shares sum to the target
+(distributed DP, meant to run under secure aggregation). Adaptive clipping follows Andrew et al.
+2021, "Differentially Private Learning with Adaptive Clipping": devices report whether their
+update was within C, the noised fraction moves C geometrically towards a target quantile, and
+the update noise is raised so that both releases together cost what z alone would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protocols.codec import Tensors
+
+Placement = Literal["coordinator", "device"]
+Sampling = Literal["poisson", "fixed"]
+
+
+class PrivacySettings(BaseModel):
+    """`--dp-*` flags / `[privacy]` in a run's TOML; absent means no differential privacy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    noise_multiplier: Annotated[float, Field(ge=0, le=1e6)] = 1.0
+    """z: the noise's standard deviation on the sum, in units of the clip norm."""
+    clip_norm: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """C: every shared delta is scaled down to at most this L2 norm (the initial C if adaptive)."""
+    placement: Placement = "coordinator"
+    sampling: Sampling = "poisson"
+    """poisson: each device joins a round independently with probability `participation`
+    (add/remove-one-device privacy); fixed: a uniform sample of that many (replace-one)."""
+    delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    target_epsilon: Annotated[float, Field(gt=0)] | None = None
+    """The budget: once a round would pass it, the run stops (or warns, see `on_budget`)."""
+    on_budget: Literal["stop", "warn"] = "stop"
+    adaptive_clipping: bool = False
+    target_quantile: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    clip_learning_rate: Annotated[float, Field(gt=0, le=10)] = 0.2
+    quantile_noise: Annotated[float, Field(gt=0, le=10)] = 0.05
+    """sigma_b as a fraction of the expected cohort (Andrew et al. use m/20)."""
+
+    @model_validator(mode="after")
+    def _adaptive_needs_noise(self) -> PrivacySettings:
+        if self.adaptive_clipping and self.noise_multiplier == 0:
+            msg = "adaptive clipping spends part of the noise: it needs a noise_multiplier above 0"
+            raise ValueError(msg)
+        return self
+
+
+def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm over every floating tensor together (integer tensors are counters)."""
+    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
+    return float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
+
+
+def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
+    """Scale one update so its L2 norm over all floating tensors is at most `max_norm`.
+
+    delta * min(1, max_norm / ||delta||_2), the norm taken over every floating tensor together
+    (DP-FedAvg's clipping; also norm-bounded aggregation, Sun et al. 2019). Integer tensors
+    are returned unchanged.
+
+    Raises:
+        ValueError: `max_norm` is not positive.
+    """
+    if not max_norm > 0:
+        msg = f"max_norm must be positive, got {max_norm}"
+        raise ValueError(msg)
+    norm = update_norm(delta)
+    scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
+    return {
+        name: (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t.clone()
+        for name, t in delta.items()
+    }
+
+
+def add_gaussian_noise(
+    tensors: Mapping[str, torch.Tensor], std: float, generator: torch.Generator
+) -> Tensors:
+    """Each floating tensor plus i.i.d. N(0, std^2) noise, drawn in float64 in name order."""
+    noised: Tensors = {}
+    for name in sorted(tensors):
+        value = tensors[name]
+        if not value.is_floating_point() or std == 0:
+            noised[name] = value.clone()
+            continue
+        noise = torch.randn(value.shape, generator=generator, dtype=torch.float64) * std
+        noised[name] = (value.to(torch.float64) + noise).to(value.dtype)
+    return noised
+
+
+def update_noise_multiplier(noise_multiplier: float, indicator_std: float) -> float:
+    """z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), the update's share of the noise.
+
+    Adaptive clipping also releases the noised count of unclipped updates; together the two
+    cost what one Gaussian release with z does (Andrew et al. 2021, Theorem 1).
+
+    Raises:
+        ValueError: sigma_b too small to leave the update any budget (2 sigma_b <= z).
+    """
+    if 2 * indicator_std <= noise_multiplier:
+        msg = (
+            f"adaptive clipping's count noise {indicator_std:.3g} leaves no budget for the "
+            f"update at noise multiplier {noise_multiplier:g} (it needs more than z/2 = "
+            f"{noise_multiplier / 2:.3g}): raise quantile_noise or the cohort, or fix the clip"
+        )
+        raise ValueError(msg)
+    return float((noise_multiplier**-2 - (2 * indicator_std) ** -2) ** -0.5)
+
+
+def next_clip_norm(
+    clip_norm: float, unclipped_fraction: float, target_quantile: float, learning_rate: float
+) -> float:
+    """C * exp(-eta (b - gamma)): the geometric step towards the target quantile.
+
+    b is the noised fraction of updates that were within C (Andrew et al. 2021, eq. 2).
+    """
+    return clip_norm * math.exp(-learning_rate * (unclipped_fraction - target_quantile))
