@@ -180,6 +180,12 @@ def refuse_overwrite(settings: ServeSettings) -> None:
         ValueError: they exist and neither --resume (continue them) nor --fresh (replace them)
             was given, or both were.
     """
+    if settings.resume and settings.privacy() is not None:
+        msg = (
+            "--resume of a differentially private run is not supported yet: its checkpoint "
+            "does not hold the epsilon already spent; start over with --fresh"
+        )
+        raise ValueError(msg)
     if settings.resume and settings.fresh:
         msg = "--resume continues the earlier run and --fresh replaces it: give one of them"
         raise ValueError(msg)

@@ -14,8 +14,9 @@ FleetMetrics = Mapping[str, float | None]
 PersonalizationEffect = Mapping[str, float | int]
 """`personalization_effect`'s counts of devices personalization helped and hurt."""
 
-_SIMULATION_ONLY: Final = frozenset({"stateless", "partition", "alpha", "export"})
-"""Keys summary.json has only for a simulation (`export` only with --export-dir)."""
+_SIMULATION_ONLY: Final = frozenset({"stateless", "partition", "alpha", "export", "privacy"})
+"""Keys summary.json has only when they apply: a simulation's split, `export` only with
+--export-dir, `privacy` only under differential privacy."""
 
 
 @dataclass(frozen=True)
