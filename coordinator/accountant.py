@@ -10,7 +10,7 @@ replace-one-device (Wang et al. 2019), the only relation that accountant support
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,7 @@ def _grouped(rounds: Sequence[DpRound], sampling: Sampling) -> list[Any]:
 
 
 class PrivacyAccountant:
-    """The rounds released so far and the epsilon they spend, restorable from a checkpoint."""
+    """The rounds released so far and the epsilon they spend."""
 
     def __init__(self, sampling: Sampling, delta: float) -> None:
         self.sampling = sampling
@@ -93,15 +93,3 @@ class PrivacyAccountant:
         """Count a released round; the epsilon spent now."""
         self.rounds.append(spent)
         return self.epsilon()
-
-    def state_dict(self) -> dict[str, object]:
-        """The rounds released, for a checkpoint."""
-        return {"rounds": [[r.noise_multiplier, r.population, r.cohort] for r in self.rounds]}
-
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restore the rounds a checkpoint holds."""
-        rounds = state.get("rounds", [])
-        if not isinstance(rounds, list):
-            msg = "a checkpoint's privacy rounds must be a list"
-            raise ValueError(msg)
-        self.rounds = [DpRound(float(z), int(n), float(m)) for z, n, m in rounds]

@@ -110,7 +110,8 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
         for stage in stages:
             check_privacy(build_strategy(stage.config, settings.participation))
     poisson = privacy is not None and privacy.sampling == "poisson"
-    return Stages(tuple(stages), 1.0 if poisson else settings.participation)  # Poisson: see DP
+    # Poisson cohorts are drawn by the PrivacyEngine; the strategy then takes everyone it is given
+    return Stages(tuple(stages), 1.0 if poisson else settings.participation)
 
 
 def build_coordinator(
@@ -165,9 +166,10 @@ def drive_rounds(
     records: list[RoundRecord] = []
     reports: list[EvaluationReport] = []
     total = stages.total_rounds
+    stopped = False
     while coordinator.round_id < total:
         if out_of_budget(coordinator):
-            total = coordinator.round_id  # the final evaluation below, on the model so far
+            stopped = True
             break
         stages.enter(coordinator, coordinator.round_id + 1)
         record = run_round()
@@ -178,9 +180,9 @@ def drive_rounds(
             reports, record.evaluation = coordinator.evaluate(final=True)
         after_round(record)
         records.append(record)
-    if not records or records[-1].round_id < total or total < stages.total_rounds:
+    if not records or stopped:
         # resumed after the last round, or stopped at the privacy budget: evaluate now
-        stages.enter(coordinator, max(total, 1))
+        stages.enter(coordinator, max(coordinator.round_id, 1))
         reports, evaluation = coordinator.evaluate(final=True)
         if records:
             records[-1].evaluation = evaluation

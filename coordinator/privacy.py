@@ -10,9 +10,8 @@ refused with the reason (`privacy_problem`).
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -32,10 +31,9 @@ from protocols.privacy import (
     add_gaussian_noise,
     clip_to_norm,
     next_clip_norm,
+    noise_generator,
     update_noise_multiplier,
 )
-
-logger = logging.getLogger(__name__)
 
 REFUSED = {
     "selffl": "Self-FL weighs each update by the uncertainty its device reports and adapts its "
@@ -129,12 +127,7 @@ class PrivacyEngine:
         self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
         self.epsilon = 0.0
         self._round: RoundNoise | None = None
-        seed = reproducible_seed
-        self._generator = torch.Generator()
-        if seed is None:
-            self._generator.seed()  # from the OS: nobody may predict, and subtract, the noise
-        else:
-            self._generator.manual_seed(seed)
+        self._generator = noise_generator(reproducible_seed)
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
@@ -260,13 +253,3 @@ class PrivacyEngine:
             msg = "no DP round planned: plan() comes before privatize() and finish()"
             raise RuntimeError(msg)
         return self._round
-
-    def state_dict(self) -> dict[str, object]:
-        """The accountant's rounds and the current clip norm."""
-        return {**self.accountant.state_dict(), "clip_norm": self.clip_norm}
-
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restore what `state_dict` gave."""
-        self.accountant.load_state_dict(state)
-        self.clip_norm = float(state.get("clip_norm", self.settings.clip_norm))  # type: ignore[arg-type]
-        self.epsilon = self.accountant.epsilon()

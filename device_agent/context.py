@@ -19,7 +19,7 @@ from torch import nn
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
-from device_agent.privacy import noise_generator, privatize
+from device_agent.privacy import privatize
 from device_agent.received import DecodedModelCache, ReceivedModel
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, require_finite
@@ -31,6 +31,7 @@ from protocols.codec import Tensors, describe_tensors
 from protocols.compression import with_error_feedback
 from protocols.errors import MemoryBudgetError, ProtocolError, StateError
 from protocols.messages import MemoryPlan, RoundAnnouncement
+from protocols.privacy import noise_generator
 
 logger = logging.getLogger(__name__)
 

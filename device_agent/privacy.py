@@ -8,7 +8,6 @@ delta was within the clip norm. Personal parameters never leave the device, DP o
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import replace
 
 import torch
@@ -31,13 +30,3 @@ def privatize(
         within = float(norm <= privacy.clip_norm) + privacy.indicator_std * noise
     private = replace(result, shared_delta=noised, num_samples=1, train_loss=0.0, scalars={})
     return private, within
-
-
-def noise_generator(reproducible_seed: int | None) -> torch.Generator:
-    """A generator for DP noise, seeded from the OS's entropy unless a seed is given.
-
-    On a real device nobody may predict, and so subtract, the noise; a simulation passes a
-    seed derived from the run so that its results do not depend on the number of workers.
-    """
-    seed = secrets.randbits(63) if reproducible_seed is None else reproducible_seed
-    return torch.Generator().manual_seed(seed)

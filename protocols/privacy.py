@@ -14,6 +14,7 @@ the update noise is raised so that both releases together cost what z alone woul
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
@@ -27,7 +28,7 @@ Sampling = Literal["poisson", "fixed"]
 
 
 class PrivacySettings(BaseModel):
-    """`--dp-*` flags / `[privacy]` in a run's TOML; absent means no differential privacy."""
+    """A run's DP, from its `--dp-*` flags (and `[dp_options]` in its TOML); see RunSettings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -97,6 +98,17 @@ def add_gaussian_noise(
         noise = torch.randn(value.shape, generator=generator, dtype=torch.float64) * std
         noised[name] = (value.to(torch.float64) + noise).to(value.dtype)
     return noised
+
+
+def noise_generator(reproducible_seed: int | None) -> torch.Generator:
+    """A generator for DP noise, seeded from the OS's entropy unless a seed is given.
+
+    On a real device or coordinator nobody may predict, and so subtract, the noise; a
+    simulation passes a seed derived from the run so that its results do not depend on the
+    number of workers.
+    """
+    seed = secrets.randbits(63) if reproducible_seed is None else reproducible_seed
+    return torch.Generator().manual_seed(seed)
 
 
 def update_noise_multiplier(noise_multiplier: float, indicator_std: float) -> float:
