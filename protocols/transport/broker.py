@@ -58,6 +58,21 @@ def _quiet_shutdown(record: logging.LogRecord) -> bool:
     return not record.getMessage().endswith("messages not broadcasted")
 
 
+def _in_flight(broker: object) -> bool:
+    """Whether amqtt holds messages to fan out or deliveries a connected client has not acked.
+
+    amqtt has no public call for either; a broker without these attributes counts as idle.
+    """
+    queue = getattr(broker, "_broadcast_queue", None)
+    if queue is not None and not queue.empty():
+        return True
+    sessions = getattr(broker, "_sessions", {})
+    return any(
+        session.transitions.is_connected() and session.inflight_out
+        for session, _ in sessions.values()
+    )
+
+
 class EmbeddedBroker:
     """amqtt's broker on its own asyncio loop in a daemon thread; start() returns the port."""
 
@@ -139,11 +154,12 @@ class EmbeddedBroker:
         """Wait (briefly) until messages the broker acknowledged have gone to their subscribers.
 
         A coordinator's last publishes are acknowledged as soon as the broker queues them;
-        shutting down at once would drop them (amqtt warns "messages not broadcasted").
+        shutting down at once would drop them (amqtt warns "messages not broadcasted"), and
+        closing a connection whose QoS 1 delivery still awaits its PUBACK made amqtt warn of an
+        unknown PUBACK and, now and then, hang its shutdown.
         """
-        pending = getattr(self._broker, "_broadcast_queue", None)
         deadline = asyncio.get_running_loop().time() + _DRAIN_TIMEOUT_S
-        while pending is not None and not pending.empty():
+        while _in_flight(self._broker):
             if asyncio.get_running_loop().time() > deadline:
                 return
             await asyncio.sleep(0.01)
