@@ -93,3 +93,37 @@ class PrivacyAccountant:
         """Count a released round; the epsilon spent now."""
         self.rounds.append(spent)
         return self.epsilon()
+
+
+def noise_for_epsilon(
+    target_epsilon: float, delta: float, sampling: Sampling, rate: float, rounds: int
+) -> float:
+    """The smallest noise multiplier (to 0.1%) whose `rounds` rounds spend at most the target.
+
+    For planning a run at a budget: `rate` is the sampling rate (the participation), and the
+    population is taken large enough that it does not matter (Poisson ignores it).
+
+    Raises:
+        ValueError: a target, rate or round count out of range.
+    """
+    if not (target_epsilon > 0 and 0 < rate <= 1 and rounds >= 1):
+        msg = (
+            f"need epsilon > 0, 0 < rate <= 1, rounds >= 1 (got {target_epsilon}, {rate}, {rounds})"
+        )
+        raise ValueError(msg)
+    population = 1_000_000
+    cohort = rate * population
+
+    def spent(z: float) -> float:
+        return epsilon_of([DpRound(z, population, cohort)] * rounds, sampling, delta)
+
+    low, high = 0.0, 1.0
+    while spent(high) > target_epsilon:
+        low, high = high, high * 2
+        if high > 1e6:
+            msg = f"no noise multiplier up to 1e6 keeps {rounds} rounds within {target_epsilon}"
+            raise ValueError(msg)
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > target_epsilon else (low, middle)
+    return high

@@ -19,14 +19,17 @@ from torch import nn
 from coordinator.metrics import personalization_effect
 from coordinator.privacy import PrivacyEngine, check_privacy
 from coordinator.rounds import Coordinator, RoundRecord
+from coordinator.secure_aggregation import SecureAggregator, check_secure
 from coordinator.settings import RunSettings
 from coordinator.strategies import build_strategy
 from coordinator.summary import RunSummary
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
+from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import Tensors
 from protocols.messages import EvaluationReport
+from protocols.secure_aggregation import SecureAggregationSettings
 
 RoundCallback = Callable[[RoundRecord], None]
 
@@ -60,6 +63,8 @@ class Stages:
 
     stages: tuple[Stage, ...]
     participation: float
+    secure: SecureAggregationSettings | None = None
+    """Secure aggregation of every stage's rounds (None: plain updates)."""
 
     @property
     def total_rounds(self) -> int:
@@ -109,9 +114,13 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     if privacy is not None:
         for stage in stages:
             check_privacy(build_strategy(stage.config, settings.participation))
+    secure = settings.secure_aggregation()
+    if secure is not None:
+        for stage in stages:
+            check_secure(build_strategy(stage.config, settings.participation), settings.uplink())
     poisson = privacy is not None and privacy.sampling == "poisson"
     # Poisson cohorts are drawn by the PrivacyEngine; the strategy then takes everyone it is given
-    return Stages(tuple(stages), 1.0 if poisson else settings.participation)
+    return Stages(tuple(stages), 1.0 if poisson else settings.participation, secure)
 
 
 def build_coordinator(
@@ -138,6 +147,15 @@ def build_coordinator(
         build_model=None if task is None else model_builder(task),
     )
     coordinator.privacy = privacy
+    if stages.secure is not None:
+        fleet = engine_settings.fleet
+
+        def blame(device_id: str, reason: str) -> None:
+            coordinator.offences.record(
+                device_id, topics.device(fleet, device_id, "secagg"), reason
+            )
+
+        coordinator.secure = SecureAggregator(stages.secure, coordinator.transport, fleet, blame)
     return coordinator
 
 

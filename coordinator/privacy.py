@@ -178,8 +178,14 @@ class PrivacyEngine:
             f"over the budget {target:g} (spent so far: {self.epsilon:.3g})"
         )
 
-    def privatize(self, updates: Sequence[ReceivedUpdate]) -> list[ReceivedUpdate]:
-        """The round's updates as the strategy may see them (see the module's docstring)."""
+    def privatize(
+        self, updates: Sequence[ReceivedUpdate], *, presummed: bool = False
+    ) -> list[ReceivedUpdate]:
+        """The round's updates as the strategy may see them (see the module's docstring).
+
+        `presummed`: one update holding the sum of the devices' clipped deltas (secure
+        aggregation): it becomes (sum + xi) / m, and cannot be clipped again here.
+        """
         noise = self._planned()
         k = len(updates)
         if not k:
@@ -195,7 +201,7 @@ class PrivacyEngine:
         private = []
         for update in updates:
             delta = update.shared_delta
-            if central:  # a device may not have clipped: the guarantee must not depend on it
+            if central and not presummed:  # a device may not have clipped: do not depend on it
                 delta = clip_to_norm(delta, noise.device.clip_norm)
             moved = {
                 n: ((t.double() + xi[n].double() / k) * scale).to(t.dtype) for n, t in delta.items()
@@ -205,11 +211,17 @@ class PrivacyEngine:
             )
         return private
 
-    def finish(self, within_clip: Sequence[float | None]) -> dict[str, float]:
-        """Account for the released round, adapt the clip; the round's privacy scalars."""
+    def finish(
+        self, within_clip: Sequence[float | None], *, reporters: int | None = None
+    ) -> dict[str, float]:
+        """Account for the released round, adapt the clip; the round's privacy scalars.
+
+        `within_clip` holds each reporter's noised bit, or (secure aggregation) their sum;
+        `reporters` is how many devices answered (default: one per bit).
+        """
         noise = self._planned()
         self._round = None
-        k = len(within_clip)
+        k = len(within_clip) if reporters is None else reporters
         z = self.settings.noise_multiplier
         if self.settings.placement == "device":  # the shares of the devices that answered
             z *= math.sqrt(k / noise.cohort)

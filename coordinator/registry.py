@@ -75,7 +75,7 @@ class FleetRegistry:
                 )
             )
 
-    def on_update(self, device_id: str, round_id: int, train_loss: float) -> None:
+    def on_update(self, device_id: str, round_id: int, train_loss: float | None) -> None:
         """Progress learned from an update, so devices need not send a status every round."""
         with self._lock:
             previous = self._devices.get(device_id)

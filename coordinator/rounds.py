@@ -32,7 +32,8 @@ from coordinator.privacy import PrivacyEngine
 from coordinator.quarantine import Quarantine
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
-from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, Strategy
+from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_bound
+from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
 from protocols.compression import NO_COMPRESSION
@@ -51,6 +52,7 @@ from protocols.messages import (
     FleetStatus,
     PeerRequest,
     RoundAnnouncement,
+    SecureRound,
 )
 from protocols.offences import Offences
 from protocols.transport.base import Transport, Will
@@ -150,6 +152,7 @@ class Coordinator:
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
         self.privacy: PrivacyEngine | None = None  # differential privacy, when the run asks
+        self.secure: SecureAggregator | None = None  # secure aggregation, when the run asks
 
     @property
     def shared(self) -> Tensors:
@@ -182,6 +185,7 @@ class Coordinator:
             "update": self._on_update,
             "request": self._on_request,
             "evaluation": self._on_evaluation,
+            "secagg": self._on_secagg,
         }
         for kind, handler in handlers.items():
             self.transport.subscribe(
@@ -284,17 +288,76 @@ class Coordinator:
         if not plan.devices:
             msg = "no device is online to train"
             raise RoundError(msg, round_id=round_id)
-        collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
-        self._train = collector
         self.relay.start_round(round_id)
-        assignments = {  # scalars only for the devices that have any: every device reads this
-            d: DeviceAssignment(scalars=dict(plan.scalars[d]))
-            for d in plan.devices
-            if plan.scalars.get(d)
-        }
         needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
         dp = None if self.privacy is None else self.privacy.plan(fleet, plan.devices)
-        self._announce(round_id, "train", tuple(sorted(plan.devices)), assignments, privacy=dp)
+        if self.secure is None:
+            updates, declined = self._collect_updates(round_id, plan, needed, dp)
+            secure_sum = None
+        else:
+            secure_sum = self._collect_secure_sum(round_id, plan, needed, dp)
+            updates, declined = [secure_sum.as_update(mean=self.privacy is None)], 0
+        within_clip = (
+            [u.within_clip for u in updates] if secure_sum is None else [secure_sum.within]
+        )
+        if self.privacy is not None:
+            updates = self.privacy.privatize(updates, presummed=secure_sum is not None)
+        guarded = guarded_aggregate(
+            self.strategy,
+            round_id,
+            self.shared,
+            updates,
+            self.settings.guard,
+            restorable=self.relay.resends_model,
+        )
+        for device_id, reason in guarded.cut.items():
+            logger.warning("round %d: %s: %s", round_id, device_id, reason)
+        scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
+        if guarded.aggregate is not None:
+            self.shared = guarded.aggregate.shared
+        else:
+            logger.error("round %d skipped, the model is unchanged: %s", round_id, guarded.rejected)
+            scalars["aggregate_rejected"] = 1.0
+        if guarded.cut:
+            scalars["guard_cut"] = float(len(guarded.cut))
+        participants = len(updates) if secure_sum is None else len(secure_sum.survivors)
+        if secure_sum is not None:
+            scalars.update(secure_sum.scalars())
+        elif self.privacy is None:
+            scalars["update_norm_median"] = guarded.norm_median
+        if self.privacy is not None:  # released, even if skipped (the noise was drawn)
+            scalars.update(self.privacy.finish(within_clip, reporters=participants))
+        self.last_scalars = scalars
+        self.round_id = round_id
+        self.publish_model(force=self.relay.resends_model)
+        self.publish_fleet_status()
+        samples = sum(u.num_samples for u in updates)
+        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+        if self.privacy is not None:
+            loss = math.nan  # devices do not report it under DP
+        return RoundRecord(
+            round_id=round_id,
+            participants=participants,
+            selected=len(plan.devices),
+            train_loss=loss,
+            bytes_up=self.bytes_up - up_before,
+            bytes_down=self.bytes_down - down_before,
+            wall_seconds=time.perf_counter() - started,
+            scalars=scalars,
+            skipped=declined,
+        )
+
+    def _collect_updates(
+        self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
+    ) -> tuple[list[ReceivedUpdate], int]:
+        """Announce, then wait for the plain updates: (those in by the deadline, declines).
+
+        Raises:
+            RoundError: fewer than `needed` answered by the deadline.
+        """
+        collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
+        self._train = collector
+        self._announce(round_id, "train", plan, privacy=dp)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), needed),
             self.settings.round_timeout_s,
@@ -310,48 +373,30 @@ class Coordinator:
         if len(updates) < len(plan.devices):
             missing = sorted(set(plan.devices) - {u.device_id for u in updates})
             logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
-        within_clip = [u.within_clip for u in updates]
-        guarded = guarded_aggregate(
-            self.strategy,
-            round_id,
-            self.shared,
-            updates if self.privacy is None else self.privacy.privatize(updates),
-            self.settings.guard,
-            restorable=self.relay.resends_model,
-        )
-        for device_id, reason in guarded.cut.items():
-            logger.warning("round %d: %s: %s", round_id, device_id, reason)
-        scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
-        if guarded.aggregate is not None:
-            self.shared = guarded.aggregate.shared
-        else:
-            logger.error("round %d skipped, the model is unchanged: %s", round_id, guarded.rejected)
-            scalars["aggregate_rejected"] = 1.0
-        if guarded.cut:
-            scalars["guard_cut"] = float(len(guarded.cut))
-        if self.privacy is None:
-            scalars["update_norm_median"] = guarded.norm_median
-        else:  # released, even if skipped (the noise was drawn); no per-update statistics
-            scalars.update(self.privacy.finish(within_clip))
-        self.last_scalars = scalars
-        self.round_id = round_id
-        self.publish_model(force=self.relay.resends_model)
-        self.publish_fleet_status()
-        samples = sum(u.num_samples for u in updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
-        if self.privacy is not None:
-            loss = math.nan  # devices do not report it under DP
-        return RoundRecord(
-            round_id=round_id,
-            participants=len(updates),
-            selected=len(plan.devices),
-            train_loss=loss,
-            bytes_up=self.bytes_up - up_before,
-            bytes_down=self.bytes_down - down_before,
-            wall_seconds=time.perf_counter() - started,
-            scalars=scalars,
-            skipped=len(collector.declined),
-        )
+        return updates, len(collector.declined)
+
+    def _collect_secure_sum(
+        self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
+    ) -> SecureSum:
+        """Announce a secure round and run its phases (coordinator.secure_aggregation)."""
+        assert self.secure is not None
+        declared = [self.registry.declared_samples(d) for d in plan.devices]
+        weights = weight_bound(self.strategy, declared, self.privacy is not None)
+        secure = self.secure.plan(plan.devices, dp, weights, needed)
+        self._announce(round_id, "train", plan, privacy=dp, secure=secure)
+        sent_before = self.secure.bytes_down
+        try:
+            return self.secure.run(
+                self.run_id,
+                round_id,
+                secure,
+                plan.devices,
+                self._specs,
+                self.registry.online_ids,
+                self.settings.round_timeout_s,
+            )
+        finally:
+            self.bytes_down += self.secure.bytes_down - sent_before
 
     def evaluate(
         self, *, final: bool = False
@@ -360,7 +405,7 @@ class Coordinator:
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
-        self._announce(self.round_id, "evaluate", (), {}, final=final)
+        self._announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
         )
@@ -379,11 +424,18 @@ class Coordinator:
         self,
         round_id: int,
         phase: str,
-        selected: tuple[str, ...],
-        assignments: dict[str, DeviceAssignment],
+        plan: RoundPlan | None,
+        *,
         final: bool = False,
         privacy: DevicePrivacy | None = None,
+        secure: SecureRound | None = None,
     ) -> None:
+        selected = () if plan is None else tuple(sorted(plan.devices))
+        assignments = {  # scalars only for the devices that have any: every device reads this
+            d: DeviceAssignment(scalars=dict(plan.scalars[d]))
+            for d in selected
+            if plan is not None and plan.scalars.get(d)
+        }
         announcement = RoundAnnouncement(
             run_id=self.run_id,
             round_id=round_id,
@@ -399,6 +451,7 @@ class Coordinator:
             uplink=self.settings.uplink,
             delta_base_sha256=self.models.delta_base,
             privacy=privacy,
+            secure=secure,
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
@@ -445,6 +498,8 @@ class Coordinator:
             for collector in (self._train, self._evaluation):
                 if collector is not None:
                     collector.decline(sender)
+            if self.secure is not None:
+                self.secure.decline(sender)
             self.publish_fleet_status()
         return held
 
@@ -461,6 +516,8 @@ class Coordinator:
         self.registry.on_status(status)
         if status.state != "skipped":
             return
+        if self.secure is not None and status.run_id == self.run_id:
+            self.secure.decline(status.device_id)
         for collector in (self._train, self._evaluation):
             if (
                 collector is not None
@@ -479,6 +536,12 @@ class Coordinator:
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = device_message(topic, payload, DeviceUpdate)
+        if self.secure is not None and self.secure.active():
+            check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
+            self.secure.on_update(update, blob)
+            self.models.acknowledge(update.device_id)
+            self.registry.on_update(update.device_id, update.round_id, None)
+            return
         collector = answered_collector(self._train, update, self.run_id, topic)
         declared = self.registry.declared_samples(update.device_id)
         check_claims(update, self.strategy.name, declared, topic)
@@ -500,6 +563,12 @@ class Coordinator:
                 update.device_id,
                 update.round_id,
             )
+
+    def _on_secagg(self, topic: str, payload: bytes) -> None:
+        if self.secure is None:
+            msg = "secure aggregation message, but this run does not aggregate securely"
+            raise RoundError(msg, topic=topic)
+        self.secure.on_message(topic, payload)
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""

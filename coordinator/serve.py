@@ -107,9 +107,7 @@ def run_serve(
             downlink=settings.compress_down,
         )
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
-        coordinator = build_coordinator(
-            lambda: transport, stages, workspace, engine, task, privacy
-        )
+        coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task, privacy)
         coordinator.offences = offences
         transport.on_reconnect = coordinator.republish
         try:

@@ -18,6 +18,7 @@ from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorith
 from protocols.messages import Compression
 from protocols.privacy import Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
+from protocols.secure_aggregation import SecureAggregationSettings
 
 
 class RunSettings(TomlSettings):
@@ -70,6 +71,14 @@ class RunSettings(TomlSettings):
     dp_options: dict[str, Any] = Field(
         default_factory=dict, description="[dp_options]: target_quantile, clip_learning_rate"
     )
+    secagg: bool = Field(False, description="secure aggregation: the coordinator sees only sums")
+    secagg_neighbors: int = Field(
+        0, ge=0, description="secagg: masking neighbours per device (0: all selected, SecAgg)"
+    )
+    secagg_threshold: float = Field(
+        0.6, gt=0.5, le=1, description="secagg: share of neighbours needed to unmask"
+    )
+    secagg_clip: float = Field(10.0, gt=0, description="secagg: clip norm of each delta (no DP)")
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
@@ -90,12 +99,22 @@ class RunSettings(TomlSettings):
         Under DP every update is clipped and weighs the same, and the screen's norm cut (which
         depends on the other devices' norms) would break the accountant's sensitivity bound.
         """
-        private = self.privacy() is not None
+        private = self.privacy() is not None or self.secagg  # secagg: the sum is one update
         return GuardSettings(
             max_samples=self.max_samples,
             max_weight_share=1.0 if private else self.max_weight_share,
             norm_bound=0.0 if private else self.norm_bound,
             quarantine_after=self.quarantine_after,
+        )
+
+    def secure_aggregation(self) -> SecureAggregationSettings | None:
+        """The run's secure aggregation (None without --secagg)."""
+        if not self.secagg:
+            return None
+        return SecureAggregationSettings(
+            threshold=self.secagg_threshold,
+            neighbors=self.secagg_neighbors,
+            clip_norm=self.secagg_clip,
         )
 
     def privacy(self) -> PrivacySettings | None:

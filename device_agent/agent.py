@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from dataclasses import replace
 from pathlib import Path
 
 from torch import nn
 
-from device_agent.algorithms.base import LocalContext, LocalUpdate
+from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
 from device_agent.capabilities import probe_capabilities
 from device_agent.context import RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
@@ -22,6 +23,7 @@ from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import ExportSource, answer_export_command, export_device_model
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
 from device_agent.relay import RelayClient, deployable, has_global_model, latest_round
+from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
 from device_agent.work_limits import WorkLimits
@@ -125,6 +127,10 @@ class DeviceAgent:
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
         self.instance = secrets.token_hex(8)  # tells two processes with one id apart
+        self.secure = SecureClient(device_id, lambda m: self._publish("secagg", encode_frame(m)))
+        self._secure_result: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = (
+            None
+        )
         self._stopping = False
 
     def start(self) -> None:
@@ -134,6 +140,8 @@ class DeviceAgent:
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
         self.transport.subscribe(topics.command(self.fleet, self.device_id), self._on_command)
         self.transport.subscribe(topics.relay(self.fleet, self.device_id), self._on_relay)
+        self.transport.subscribe(topics.secure(self.fleet), self._on_secure)
+        self.transport.subscribe(topics.secure(self.fleet, self.device_id), self._on_secure)
         own_status = topics.device(self.fleet, self.device_id, "status")
         self.transport.subscribe(own_status, self._on_own_status)
         self.publish_status("online")
@@ -230,8 +238,21 @@ class DeviceAgent:
         self.last_announcement = message
         self._last_frame = payload
         if message.addresses(self.device_id) and _sighting(message) not in self._answered:
+            if message.secure is not None and message.phase == "train":
+                reason = self.eligibility.reason_to_skip()
+                if reason is not None:  # say so before dealing any shares
+                    self._answered.add(_sighting(message))
+                    self._decline(message, reason)
+                    return
+                self.secure.join(message)
             self._pending = (message, payload)
             self._serve_pending()
+
+    def _on_secure(self, topic: str, payload: bytes) -> None:
+        """Secure aggregation's roster, this device's inbox, or the unmasking."""
+        message, _ = decode_frame(payload)
+        if self.secure.receive(message):
+            self._serve_pending()  # its shares are dealt: the round may train now
 
     def _on_own_status(self, topic: str, payload: bytes) -> None:
         """Our id marked offline while we run: say we are here.
@@ -295,10 +316,14 @@ class DeviceAgent:
         announcement, frame = self._pending
         if not self._need_model(announcement) or self._model is None:
             return  # the announced model is on its way
+        if not self.secure.ready(announcement):
+            return  # secure aggregation deals its shares before anyone trains
         model = self._model
         self._pending = None
         self.received.remember_round(announcement, frame)  # kept with the model it uses
         self._answered.add(_sighting(announcement))
+        if self._resend_masked(announcement):
+            return
         if self._reply is not None and self._reply[0] == _work_key(announcement):
             # The same work announced again (a retried round or a restarted coordinator):
             # re-send the answer instead of training twice on the same personal state.
@@ -359,10 +384,25 @@ class DeviceAgent:
         peer_models: dict[str, Tensors] | None = None,
     ) -> None:
         update, ctx = self.contexts.build(announcement, model, peer_models)
-        result = update.run(ctx)
-        result, within_clip = self.contexts.privatize(announcement, result)
-        encoded, residual = self.contexts.compress(announcement, result.shared_delta)
-        self.contexts.keep(announcement, result, residual)
+        trained = update.run(ctx)
+        result, within_clip = self.contexts.privatize(announcement, trained)
+        if announcement.secure is not None:
+            self.contexts.keep(announcement, result, None)
+            self._secure_result = (_work_key(announcement), result, within_clip)
+            self._send_masked(announcement, result, within_clip)
+        else:
+            encoded, residual = self.contexts.compress(announcement, result.shared_delta)
+            self.contexts.keep(announcement, result, residual)
+            self._send_update(announcement, result, encoded, within_clip)
+        self.last_loss = trained.train_loss
+
+    def _send_update(
+        self,
+        announcement: RoundAnnouncement,
+        result: LocalResult,
+        encoded: Tensors,
+        within_clip: float | None,
+    ) -> None:
         manifest, blob = pack_tensors(encoded)
         message = DeviceUpdate(
             run_id=announcement.run_id,
@@ -377,7 +417,24 @@ class DeviceAgent:
             manifest=manifest,
         )
         self._reply_with(announcement, "update", encode_frame(message, blob))
-        self.last_loss = result.train_loss
+
+    def _send_masked(
+        self, announcement: RoundAnnouncement, result: LocalResult, within_clip: float | None
+    ) -> None:
+        """The update as secure aggregation sends it: one masked vector, nothing in clear."""
+        masked = self.secure.mask(
+            announcement, result.shared_delta, result.num_samples, result.train_loss, within_clip
+        )
+        hidden = replace(result, num_samples=1, train_loss=0.0, scalars={})
+        self._send_update(announcement, hidden, masked, None)
+
+    def _resend_masked(self, announcement: RoundAnnouncement) -> bool:
+        """A secure round announced again: the same result, masked with this dealing's keys."""
+        kept = self._secure_result
+        if announcement.secure is None or kept is None or kept[0] != _work_key(announcement):
+            return False
+        self._send_masked(announcement, kept[1], kept[2])
+        return True
 
     def _evaluate(
         self,

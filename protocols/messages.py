@@ -257,6 +257,30 @@ class DevicePrivacy(WireModel):
     indicator_std: Annotated[float, Field(ge=0, le=1e6)] = 0.0
 
 
+class SecureRound(WireModel):
+    """What a round's secure aggregation asks of each selected device.
+
+    The device clips its shared delta to `clip_norm` (unless DP already did), multiplies it by
+    its weight (its sample count up to `weight_bound`; 1 when `weight_bound` is 1), and sums,
+    masked, the groups the layout lists; it reports nothing else. It answers an unmasking only
+    for at least `min_survivors` survivors.
+    """
+
+    threshold: Annotated[float, Field(gt=0.5, le=1)]
+    neighbors: Annotated[int, Field(ge=0, le=10_000)] = 0
+    cohort: Annotated[int, Field(ge=3, le=MAX_PEERS)]
+    min_survivors: Annotated[int, Field(ge=3, le=MAX_PEERS)]
+    clip_norm: Annotated[float, Field(gt=0, le=1e6)]
+    value_bound: Annotated[float, Field(gt=0, le=1e9)]
+    """Each delta entry is clamped to +-value_bound (the clip norm, plus room for DP noise)."""
+    weight_bound: Annotated[int, Field(ge=1, le=10**9)] = 1
+    loss_bound: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+    """0: neither the weighted loss nor the count of clipped deltas is summed (under DP)."""
+    bit_bound: Annotated[float, Field(ge=0, le=1e9)] = 0.0
+    """Above 0: DP's noised within-clip bit is summed, clamped to +-bit_bound."""
+    phase_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+
+
 class SharedModel(Message):
     """The shared parameters the coordinator holds; retained, so late devices catch up."""
 
@@ -313,6 +337,8 @@ class RoundAnnouncement(Message):
     """The model a retained `ModelDelta` to `model_sha256` starts from (None: no delta)."""
     privacy: DevicePrivacy | None = None
     """Differential privacy for this round's updates (None: none)."""
+    secure: SecureRound | None = None
+    """Secure aggregation of this round's updates (None: plain updates)."""
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""
@@ -447,6 +473,109 @@ class ExportReport(Message):
     error: str = Field(default="", max_length=4096)
 
 
+PublicKey = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+"""An X25519 public key: 32 bytes as hex."""
+Sealed = Annotated[str, Field(pattern=r"^[0-9a-f]{56,1024}$")]
+"""A share bundle sealed for one holder (nonce, ChaCha20-Poly1305 ciphertext), as hex."""
+ShareHex = Annotated[str, Field(pattern=r"^[0-9a-f]{132}$")]
+SaltHex = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+MAX_NEIGHBOURS = 10_000
+
+
+class SecAggKeys(Message):
+    """Step 1, device: this round's public keys and the commitment to its self-mask seed."""
+
+    kind: Literal["secagg-keys"] = "secagg-keys"
+    run_id: RunId
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    channel_key: PublicKey
+    mask_key: PublicKey
+    seed_commitment: Digest
+
+
+class RosterEntry(WireModel):
+    """One device's keys, as the coordinator relays them to every selected device."""
+
+    device_id: DeviceId
+    channel_key: PublicKey
+    mask_key: PublicKey
+
+
+class SecAggRoster(Message):
+    """Step 2, coordinator: who advertised keys (U1), and the seed that places them on a ring."""
+
+    kind: Literal["secagg-roster"] = "secagg-roster"
+    run_id: RunId
+    round_id: NonNegativeInt
+    graph_seed: Digest
+    devices: tuple[RosterEntry, ...] = Field(max_length=MAX_PEERS)
+
+
+class SealedShares(WireModel):
+    """What a dealer sends one holder: the sealed shares and commitments to each."""
+
+    holder: DeviceId
+    sealed: Sealed
+    seed_share_commitment: Digest
+    key_share_commitment: Digest
+
+
+class SecAggShares(Message):
+    """Step 3, device: its two secrets' shares, sealed for each of its neighbours."""
+
+    kind: Literal["secagg-shares"] = "secagg-shares"
+    run_id: RunId
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    shares: tuple[SealedShares, ...] = Field(max_length=MAX_NEIGHBOURS)
+
+
+class DealtShares(WireModel):
+    """One dealer's sealed shares, forwarded to their holder."""
+
+    dealer: DeviceId
+    sealed: Sealed
+
+
+class SecAggInbox(Message):
+    """Step 4, coordinator to one device: who dealt (U2) and the shares dealt to it."""
+
+    kind: Literal["secagg-inbox"] = "secagg-inbox"
+    run_id: RunId
+    round_id: NonNegativeInt
+    dealers: tuple[DeviceId, ...] = Field(max_length=MAX_PEERS)
+    shares: tuple[DealtShares, ...] = Field(max_length=MAX_NEIGHBOURS)
+
+
+class SecAggUnmask(Message):
+    """Step 6, coordinator: whose masked input arrived (U3); the other dealers dropped out."""
+
+    kind: Literal["secagg-unmask"] = "secagg-unmask"
+    run_id: RunId
+    round_id: NonNegativeInt
+    survivors: tuple[DeviceId, ...] = Field(max_length=MAX_PEERS)
+
+
+class RevealedShare(WireModel):
+    """One share a holder reveals: of a survivor's seed, or of a dropped device's mask key."""
+
+    dealer: DeviceId
+    secret: Literal["seed", "key"]
+    share: ShareHex
+    salt: SaltHex
+
+
+class SecAggReveal(Message):
+    """Step 7, device: the shares the unmasking asks of it, never both of one dealer."""
+
+    kind: Literal["secagg-reveal"] = "secagg-reveal"
+    run_id: RunId
+    round_id: NonNegativeInt
+    device_id: DeviceId
+    shares: tuple[RevealedShare, ...] = Field(max_length=MAX_NEIGHBOURS)
+
+
 AnyMessage = Annotated[
     DeviceHello
     | DeviceStatus
@@ -460,7 +589,13 @@ AnyMessage = Annotated[
     | DeviceUpdate
     | EvaluationReport
     | Command
-    | ExportReport,
+    | ExportReport
+    | SecAggKeys
+    | SecAggRoster
+    | SecAggShares
+    | SecAggInbox
+    | SecAggUnmask
+    | SecAggReveal,
     Field(discriminator="kind"),
 ]
 MESSAGE_ADAPTER: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
@@ -478,6 +613,12 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     EvaluationReport,
     Command,
     ExportReport,
+    SecAggKeys,
+    SecAggRoster,
+    SecAggShares,
+    SecAggInbox,
+    SecAggUnmask,
+    SecAggReveal,
 )
 
 

@@ -7,12 +7,15 @@
     pfl/<fleet>/model-delta                 retained ModelDelta (int8 downlink) coordinator -> asked
     pfl/<fleet>/command/<device>            Command (or "all" for every one)   coordinator -> device
     pfl/<fleet>/relay/<device>              PeerModels + models (FedeRiCo)     coordinator -> device
+    pfl/<fleet>/secure/<device>             SecAggInbox (secure aggregation)   coordinator -> device
+    pfl/<fleet>/secure/all                  SecAggRoster, SecAggUnmask         coordinator -> asked
     pfl/<fleet>/device/<device>/hello       DeviceHello                        device -> coordinator
     pfl/<fleet>/device/<device>/status      retained, last-will "offline"      device -> all
     pfl/<fleet>/device/<device>/update      DeviceUpdate + shared delta        device -> coordinator
     pfl/<fleet>/device/<device>/request     PeerRequest (FedeRiCo)             device -> coordinator
     pfl/<fleet>/device/<device>/evaluation  EvaluationReport                   device -> coordinator
     pfl/<fleet>/device/<device>/export-report ExportReport                     device -> coordinator
+    pfl/<fleet>/device/<device>/secagg      SecAggKeys, -Shares, -Reveal       device -> coordinator
     <any topic above>/chunk/<index>         one chunk of a payload too large for one message
 
 A device publishes only under its own `device/<id>/` subtree; everything else is the coordinator's.
@@ -31,9 +34,18 @@ ROOT: Final = "pfl"
 BROADCAST: Final = "all"
 RESERVED_PREFIX: Final = "pfl-"
 """The coordinator's and the operator commands' broker accounts and client ids start with it."""
-DeviceTopicKind = Literal["hello", "status", "update", "request", "evaluation", "export-report"]
+DeviceTopicKind = Literal[
+    "hello", "status", "update", "request", "evaluation", "export-report", "secagg"
+]
 FleetTopicKind = Literal[
-    "coordinator-status", "fleet-status", "round", "model", "model-delta", "command", "relay"
+    "coordinator-status",
+    "fleet-status",
+    "round",
+    "model",
+    "model-delta",
+    "command",
+    "relay",
+    "secure",
 ]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
 CHUNK_SEGMENT: Final = "chunk"
@@ -113,6 +125,12 @@ def relay(fleet: str, device_id: str) -> str:
     return f"{ROOT}/{_segment(fleet, 'fleet')}/relay/{_device_segment(device_id)}"
 
 
+def secure(fleet: str, device_id: str = BROADCAST) -> str:
+    """Secure aggregation's messages to one device (its inbox), or to all selected ones."""
+    segment = BROADCAST if device_id == BROADCAST else _device_segment(device_id)
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/secure/{segment}"
+
+
 def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
     """A topic in a device's own subtree."""
     if kind not in DEVICE_TOPIC_KINDS:
@@ -144,6 +162,8 @@ def device_readable(fleet: str, device_id: str) -> tuple[str, ...]:
     return (
         command(fleet, device_id),
         relay(fleet, device_id),
+        secure(fleet, device_id),
+        secure(fleet),
         coordinator_status(fleet),
         fleet_status(fleet),
         round_announcement(fleet),
@@ -213,6 +233,9 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, rest[0], _segment(rest[1], "device id"))
     if len(rest) == 2 and rest[0] == "relay":
         return TopicRef(fleet, rest[0], _device_segment(rest[1]))
+    if len(rest) == 2 and rest[0] == "secure":
+        recipient = rest[1] if rest[1] == BROADCAST else _device_segment(rest[1])
+        return TopicRef(fleet, rest[0], recipient)
     if len(rest) == 3 and rest[0] == "device" and rest[2] in DEVICE_TOPIC_KINDS:
         return TopicRef(fleet, rest[2], _device_segment(rest[1]))
     msg = f"unknown pfl-edge topic: {topic!r}"

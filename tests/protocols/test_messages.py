@@ -15,6 +15,7 @@ from protocols.messages import (
     Command,
     Compression,
     CoordinatorStatus,
+    DealtShares,
     DeviceAssignment,
     DeviceHello,
     DeviceStatus,
@@ -30,7 +31,16 @@ from protocols.messages import (
     PeerModels,
     PeerRequest,
     RelayedModel,
+    RevealedShare,
+    RosterEntry,
     RoundAnnouncement,
+    SealedShares,
+    SecAggInbox,
+    SecAggKeys,
+    SecAggReveal,
+    SecAggRoster,
+    SecAggShares,
+    SecAggUnmask,
     SharedModel,
     TensorManifest,
     TensorSpec,
@@ -154,6 +164,31 @@ RELAY = PeerModels(
     missing=("pi-9",),
     manifest=MANIFEST,
 )
+KEY = "ab" * 32
+SECAGG = (
+    SecAggKeys(
+        run_id=RUN, round_id=5, device_id="pi-3", channel_key=KEY, mask_key=KEY,
+        seed_commitment="cd" * 32,
+    ),
+    SecAggRoster(
+        run_id=RUN, round_id=5, graph_seed="ef" * 32,
+        devices=(RosterEntry(device_id="pi-3", channel_key=KEY, mask_key=KEY),),
+    ),
+    SecAggShares(
+        run_id=RUN, round_id=5, device_id="pi-3",
+        shares=(SealedShares(holder="pi-4", sealed="00" * 192, seed_share_commitment="cd" * 32,
+                             key_share_commitment="ef" * 32),),
+    ),
+    SecAggInbox(
+        run_id=RUN, round_id=5, dealers=("pi-3", "pi-4"),
+        shares=(DealtShares(dealer="pi-4", sealed="00" * 192),),
+    ),
+    SecAggUnmask(run_id=RUN, round_id=5, survivors=("pi-3", "pi-4", "pi-5")),
+    SecAggReveal(
+        run_id=RUN, round_id=5, device_id="pi-3",
+        shares=(RevealedShare(dealer="pi-4", secret="seed", share="01" * 66, salt="02" * 16),),
+    ),
+)  # fmt: skip
 EXAMPLES: tuple[Message, ...] = (
     HELLO,
     STATUS,
@@ -168,6 +203,7 @@ EXAMPLES: tuple[Message, ...] = (
     EVALUATION,
     COMMAND,
     EXPORT,
+    *SECAGG,
 )
 BY_KIND: dict[str, Message] = {type(m).model_fields["kind"].default: m for m in EXAMPLES}
 WITH_DEVICE_ID = [message for message in EXAMPLES if "device_id" in type(message).model_fields]

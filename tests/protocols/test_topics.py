@@ -241,8 +241,10 @@ def test_a_device_reads_its_own_and_the_fleets_topics_but_no_other_devices() -> 
         "model-delta",
         "command",
         "relay",
+        "secure",
     }
     assert {parse_topic(topic).device_id for topic in readable} == {None, DEVICE, topics.BROADCAST}
     assert topics.relay(FLEET, "other") not in readable
+    assert topics.secure(FLEET, "other") not in readable
     assert all(topic_matches(topics.fleet_subtree(FLEET), topic) for topic in readable)
     assert not topic_matches(topics.fleet_subtree(FLEET), topics.shared_model("other-fleet"))
