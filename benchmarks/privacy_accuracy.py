@@ -51,7 +51,7 @@ WORKLOADS: Final = (
 
 
 def overrides(workload: Workload, algorithm: str, epsilon: float) -> dict[str, Any]:
-    """simulate's settings for one cell; the noise multiplier calibrated to `epsilon`."""
+    """Simulate's settings for one cell; the noise multiplier calibrated to `epsilon`."""
     values: dict[str, Any] = {**workload.settings, "task": workload.task, "rounds": ROUNDS}
     values["eval_every"] = ROUNDS
     if algorithm == "fedalt":
