@@ -100,7 +100,7 @@ def render(results: dict[str, dict[str, dict[str, dict]]], epsilons: list[float]
                              _cell(cell["personalized"]), _cell(cell["global"])])  # fmt: skip
         header = ["algorithm", "target epsilon", "noise z", "epsilon spent",
                   "personalized accuracy", "global accuracy"]  # fmt: skip
-        lines += markdown_table(header, rows) + [""]
+        lines += [*markdown_table(header, rows), ""]
     return lines
 
 

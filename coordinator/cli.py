@@ -47,6 +47,10 @@ from coordinator.cli_options import (
     PretrainOption,
     QuarantineOption,
     RoundsOption,
+    SecaggClipOption,
+    SecaggNeighborsOption,
+    SecaggOption,
+    SecaggThresholdOption,
     SeedOption,
     TaskOption,
     UserOption,
@@ -118,6 +122,10 @@ def simulate(
     dp_epsilon: DpEpsilonOption = None,
     dp_on_budget: DpOnBudgetOption = None,
     dp_adaptive_clip: DpAdaptiveClipOption = None,
+    secagg: SecaggOption = None,
+    secagg_neighbors: SecaggNeighborsOption = None,
+    secagg_threshold: SecaggThresholdOption = None,
+    secagg_clip: SecaggClipOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -258,6 +266,10 @@ def serve(
     dp_epsilon: DpEpsilonOption = None,
     dp_on_budget: DpOnBudgetOption = None,
     dp_adaptive_clip: DpAdaptiveClipOption = None,
+    secagg: SecaggOption = None,
+    secagg_neighbors: SecaggNeighborsOption = None,
+    secagg_threshold: SecaggThresholdOption = None,
+    secagg_clip: SecaggClipOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

@@ -111,6 +111,29 @@ DpAdaptiveClipOption = Annotated[
     bool | None,
     typer.Option("--dp-adaptive-clip", help="DP: move the clip norm to the median update norm"),
 ]
+SecaggOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--secagg",
+        help="secure aggregation: devices mask their updates so the coordinator learns only "
+        "their sum",
+    ),
+]
+SecaggNeighborsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="secagg: devices each masks with (0: every other selected device; k: SecAgg+ "
+        "with k, for large cohorts) (default: 0)"
+    ),
+]
+SecaggThresholdOption = Annotated[
+    float | None,
+    typer.Option(help="secagg: share of a device's neighbours needed to unmask (default: 0.6)"),
+]
+SecaggClipOption = Annotated[
+    float | None,
+    typer.Option(help="secagg: L2 clip norm of each shared delta without DP (default: 10)"),
+]
 CompressDownOption = Annotated[
     str | None,
     typer.Option(

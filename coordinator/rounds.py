@@ -383,7 +383,6 @@ class Coordinator:
         declared = [self.registry.declared_samples(d) for d in plan.devices]
         weights = weight_bound(self.strategy, declared, self.privacy is not None)
         secure = self.secure.plan(plan.devices, dp, weights, needed)
-        self._announce(round_id, "train", plan, privacy=dp, secure=secure)
         sent_before = self.secure.bytes_down
         try:
             return self.secure.run(
@@ -394,6 +393,7 @@ class Coordinator:
                 self._specs,
                 self.registry.online_ids,
                 self.settings.round_timeout_s,
+                lambda: self._announce(round_id, "train", plan, privacy=dp, secure=secure),
             )
         finally:
             self.bytes_down += self.secure.bytes_down - sent_before

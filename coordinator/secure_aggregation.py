@@ -229,8 +229,12 @@ class SecureAggregator:
         specs: Sequence[TensorSpec],
         online: Callable[[], AbstractSet[str]],
         train_timeout_s: float,
+        announce: Callable[[], None],
     ) -> SecureSum:
-        """Keys, roster, shares, masked updates, unmasking: the survivors' sum.
+        """Announce, then keys, roster, shares, masked updates, unmasking: the survivors' sum.
+
+        Each phase opens before the message that starts it goes out, so no quick answer
+        arrives before it is expected.
 
         Raises:
             RoundError: too few devices at some phase, a secret that cannot be rebuilt, or a
@@ -239,7 +243,7 @@ class SecureAggregator:
         state = _Round(run_id, round_id, secure, tuple(specs), {}, {}, {}, {})
         self._round = state
         try:
-            return self._run(state, selected, online, train_timeout_s)
+            return self._run(state, selected, online, train_timeout_s, announce)
         finally:
             self._round, self._phase, self._closed = None, None, (run_id, round_id)
 
@@ -249,9 +253,10 @@ class SecureAggregator:
         selected: Sequence[str],
         online: Callable[[], AbstractSet[str]],
         train_timeout_s: float,
+        announce: Callable[[], None],
     ) -> SecureSum:
         secure = state.secure
-        keys = self._collect("keys", set(selected), online, secure.phase_timeout_s)
+        keys = self._collect("keys", set(selected), online, secure.phase_timeout_s, announce)
         state.keys = {d: k for d, k in keys.items() if isinstance(k, SecAggKeys)}
         roster = sorted(state.keys)
         self._enough(state, "advertised keys", roster)
@@ -262,46 +267,38 @@ class SecureAggregator:
             RosterEntry(device_id=d, channel_key=k.channel_key, mask_key=k.mask_key)
             for d, k in sorted(state.keys.items())
         )
-        self._send(
-            topics.secure(self.fleet),
-            SecAggRoster(
-                run_id=state.run_id,
-                round_id=state.round_id,
-                graph_seed=graph_seed,
-                devices=entries,
-            ),
-            len(roster),
+        roster_message = SecAggRoster(
+            run_id=state.run_id, round_id=state.round_id, graph_seed=graph_seed, devices=entries
         )
-        dealt = self._collect("shares", set(roster), online, secure.phase_timeout_s)
+        dealt = self._collect(
+            "shares",
+            set(roster),
+            online,
+            secure.phase_timeout_s,
+            lambda: self._send(topics.secure(self.fleet), roster_message, len(roster)),
+        )
         shares = {d: s for d, s in dealt.items() if isinstance(s, SecAggShares)}
         state.dealers = _recoverable(shares, state)
         self._enough(state, "dealt shares", state.dealers)
-        for holder in state.dealers:
-            inbox = SecAggInbox(
-                run_id=state.run_id,
-                round_id=state.round_id,
-                dealers=state.dealers,
-                shares=tuple(
-                    DealtShares(dealer=dealer, sealed=sealed.sealed)
-                    for dealer in state.dealers
-                    for sealed in shares[dealer].shares
-                    if sealed.holder == holder
-                ),
-            )
-            self._send(topics.secure(self.fleet, holder), inbox, 1)
-        masked_inputs = self._collect("masked", set(state.dealers), online, train_timeout_s)
+        masked_inputs = self._collect(
+            "masked",
+            set(state.dealers),
+            online,
+            train_timeout_s,
+            lambda: self._send_inboxes(state, shares),
+        )
         state.survivors = tuple(sorted(masked_inputs))
         self._enough(state, "masked updates", state.survivors)
         dropped = tuple(d for d in state.dealers if d not in masked_inputs)
         unmask = SecAggUnmask(
             run_id=state.run_id, round_id=state.round_id, survivors=state.survivors
         )
-        self._send(topics.secure(self.fleet), unmask, len(state.survivors))
         revealed = self._collect(
             "reveal",
             set(state.survivors),
             online,
             secure.phase_timeout_s,
+            lambda: self._send(topics.secure(self.fleet), unmask, len(state.survivors)),
             enough=lambda answers: _complete(answers, state, dropped),
         )
         reveals = [r for r in revealed.values() if isinstance(r, dict)]
@@ -316,12 +313,15 @@ class SecureAggregator:
         expected: set[str],
         online: Callable[[], AbstractSet[str]],
         timeout_s: float,
+        send: Callable[[], None],
         enough: Callable[[dict[str, object]], bool] | None = None,
     ) -> dict[str, object]:
+        """Open `phase`, `send` what starts it, wait until it settles; its answers by device."""
         state = self._round
         assert state is not None
         collector: Collector[object] = Collector(state.round_id, phase, expected)
         self._phase = collector
+        send()
         needed = state.secure.min_survivors
         self.transport.wait_until(
             lambda: (
@@ -332,6 +332,22 @@ class SecureAggregator:
         )
         self._phase = None
         return {d: collector.answers[d] for d in sorted(collector.answers)}
+
+    def _send_inboxes(self, state: _Round, shares: dict[str, SecAggShares]) -> None:
+        """Each dealer's (U2) device gets the dealers' list and the shares sealed for it."""
+        for holder in state.dealers:
+            inbox = SecAggInbox(
+                run_id=state.run_id,
+                round_id=state.round_id,
+                dealers=state.dealers,
+                shares=tuple(
+                    DealtShares(dealer=dealer, sealed=sealed.sealed)
+                    for dealer in state.dealers
+                    for sealed in shares[dealer].shares
+                    if sealed.holder == holder
+                ),
+            )
+            self._send(topics.secure(self.fleet, holder), inbox, 1)
 
     def _enough(self, state: _Round, what: str, devices: Sequence[str]) -> None:
         if len(devices) < state.secure.min_survivors:
@@ -418,7 +434,8 @@ class SecureAggregator:
         """An answer to the round that just closed (e.g. a reveal once enough were in)."""
         key = (getattr(message, "run_id", None), getattr(message, "round_id", None))
         if self._round is None and key == self._closed:
-            logger.debug("late %s from %s", message.kind, getattr(message, "device_id", "?"))
+            kind = getattr(message, "kind", "message")
+            logger.debug("late %s from %s", kind, getattr(message, "device_id", "?"))
             return True
         return False
 
