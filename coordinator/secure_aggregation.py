@@ -395,7 +395,7 @@ class SecureAggregator:
             raise RoundError(msg, device_id=sender, topic=topic)
         answer: object
         if isinstance(message, SecAggKeys) and phase.phase == "keys":
-            answer = message
+            answer = _checked_keys(message, state)
         elif isinstance(message, SecAggShares) and phase.phase == "shares":
             answer = _checked_shares(message, state)
         elif isinstance(message, SecAggReveal) and phase.phase == "reveal":
@@ -476,6 +476,18 @@ class SecureAggregator:
 def _layout(state: _Round) -> sa.Layout:
     length = sum(int(np.prod(spec.shape)) for spec in state.specs)
     return secure_layout(state.secure, length, dp_bit=state.secure.bit_bound > 0)
+
+
+def _checked_keys(message: SecAggKeys, state: _Round) -> SecAggKeys:
+    """Both public keys are usable: one low-order key would stop every neighbour dealing."""
+    for key in (message.channel_key, message.mask_key):
+        problem = sa.public_key_problem(key)
+        if problem:
+            raise ProtocolError(problem, device_id=message.device_id, round_id=state.round_id)
+    if message.channel_key == message.mask_key:
+        msg = "the same key for sealing and masking: revealing one would open the other"
+        raise ProtocolError(msg, device_id=message.device_id, round_id=state.round_id)
+    return message
 
 
 def _checked_shares(message: SecAggShares, state: _Round) -> SecAggShares:
@@ -582,10 +594,11 @@ def _decoded(state: _Round, total: np.ndarray, dropped: tuple[str, ...]) -> Secu
         problems.append(
             f"an entry of {float(np.abs(delta).max()):.6g} (bound {coordinate_bound:.6g})"
         )
-    norm = float(np.linalg.norm(delta))
-    if secure.loss_bound > 0 and norm > weight * secure.clip_norm * (1 + 1e-6) + 1e-6:
+    norm, noise = float(np.linalg.norm(delta)), (secure.value_bound - secure.clip_norm) / NOISE_ROOM
+    norm_bound = weight * secure.clip_norm + noise * count**0.5 * (delta.size**0.5 + NOISE_ROOM)
+    if norm > norm_bound * (1 + 1e-6) + 1e-6:
         problems.append(
-            f"a norm of {norm:.6g} over the clipped bound {weight * secure.clip_norm:.6g}"
+            f"a norm of {norm:.6g} over the clipped (and noised) bound {norm_bound:.6g}"
         )
     if problems:
         msg = (

@@ -165,9 +165,22 @@ def agree(private: X25519PrivateKey, peer_public_hex: str, purpose: str, context
         ValueError: a malformed public key, or a low-order point (an all-zero shared secret).
     """
     peer = X25519PublicKey.from_public_bytes(bytes.fromhex(peer_public_hex))
-    shared = private.exchange(peer)
+    try:
+        shared = private.exchange(peer)
+    except ValueError:
+        msg = "a public key that gives no shared secret (a low-order point)"
+        raise ValueError(msg) from None
     info = b"pfl-secagg " + purpose.encode() + b"|" + context
     return HKDF(algorithm=SHA256(), length=32, salt=None, info=info).derive(shared)
+
+
+def public_key_problem(public_hex: str) -> str:
+    """Why a device's advertised public key is unusable ("" when it is fine)."""
+    try:
+        agree(new_private_key(), public_hex, "check", b"")
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def pair_context(round_context: bytes, a: str, b: str) -> bytes:
