@@ -11,14 +11,14 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from coordinator.aggregate_guard import GuardSettings, guarded_aggregate
-from coordinator.downlink import DownlinkCodec, ModelPublisher
+from coordinator.aggregate_guard import guarded_aggregate
+from coordinator.downlink import ModelPublisher
 from coordinator.flapping import FlapWatch
+from coordinator.fleet_view import fleet_status
 from coordinator.intake import (
     Collector,
     answered_collector,
@@ -32,15 +32,14 @@ from coordinator.privacy import PrivacyEngine
 from coordinator.quarantine import Quarantine
 from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
+from coordinator.round_types import EngineSettings, RoundRecord, coordinator_will
 from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_bound
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
-from protocols.compression import NO_COMPRESSION
 from protocols.errors import PflError, RoundError, describe
 from protocols.messages import (
     Command,
-    Compression,
     CoordinatorStatus,
     DeviceAssignment,
     DeviceHello,
@@ -48,64 +47,16 @@ from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
-    FleetDevice,
-    FleetStatus,
     PeerRequest,
     RoundAnnouncement,
     SecureRound,
 )
 from protocols.offences import Offences
-from protocols.transport.base import Transport, Will
+from protocols.transport.base import Transport
 from protocols.transport.inbound import UNKNOWN_SENDER, sender_of
 
 logger = logging.getLogger(__name__)
-MAX_LISTED_STRANGERS = 100
-"""Senders the fleet status lists although they never joined (the most dropped first)."""
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How rounds run: deadline, quorum, evaluation cadence and how models travel."""
-
-    fleet: str = "default"
-    task: str = ""
-    rounds: int = 10
-    round_timeout_s: float = 600.0
-    quorum: float = 0.5
-    eval_every: int = 0
-    seed: int = 0
-    guard: GuardSettings = field(default_factory=GuardSettings)
-    uplink: Compression = NO_COMPRESSION
-    downlink: DownlinkCodec = "none"
-
-
-@dataclass
-class RoundRecord:
-    """What one training round did, as written to metrics.jsonl."""
-
-    round_id: int
-    participants: int
-    selected: int
-    train_loss: float
-    bytes_up: int
-    bytes_down: int
-    wall_seconds: float
-    scalars: dict[str, float] = field(default_factory=dict)
-    evaluation: dict[str, float | None] | None = None
-    skipped: int = 0
-
-    def as_json(self) -> dict[str, Any]:
-        """A flat JSON-ready mapping (a loss devices did not report is null)."""
-        loss = self.train_loss
-        return {**self.__dict__, "train_loss": loss if math.isfinite(loss) else None}
-
-
-def coordinator_will(fleet: str) -> Will:
-    """The retained "offline" status the broker publishes if the coordinator vanishes."""
-    return Will(
-        topics.coordinator_status(fleet),
-        encode_frame(CoordinatorStatus(state="offline", fleet=fleet)),
-    )
+__all__ = ["Coordinator", "EngineSettings", "RoundRecord", "coordinator_will"]
 
 
 class Coordinator:
@@ -233,38 +184,14 @@ class Coordinator:
 
     def publish_fleet_status(self) -> None:
         """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
-        dropped, quarantined = self.offences.counts(), self.quarantine.held()
-        flapping = self.flaps.flapping()
-        devices = tuple(
-            FleetDevice(
-                device_id=r.device_id,
-                online=r.online,
-                last_seen=r.last_seen,
-                round_id=r.round_id,
-                last_loss=r.last_loss,
-                num_train_samples=r.num_train_samples,
-                memory_plan=r.hello.memory_plan if r.hello is not None else None,
-                detail=r.detail,
-                dropped=dropped.get(r.device_id, 0),
-                quarantined=r.device_id in quarantined,
-                flapping=r.device_id in flapping,
-            )
-            for r in self.registry.records()
-        )
-        known = {d.device_id for d in devices}
-        strangers = sorted(  # senders that never joined, e.g. with hellos that were all dropped
-            (s for s in dropped if s not in known and topics.device_id_problem(s) is None),
-            key=lambda s: -dropped[s],
-        )[:MAX_LISTED_STRANGERS]
-        devices += tuple(
-            FleetDevice(device_id=s, online=False, last_seen=0.0, dropped=dropped[s])
-            for s in sorted(strangers)
-        )
-        status = FleetStatus(
-            fleet=self.settings.fleet,
-            round_id=self.round_id,
-            devices=devices,
-            scalars={k: v for k, v in self.last_scalars.items() if math.isfinite(v)},
+        status = fleet_status(
+            self.settings.fleet,
+            self.round_id,
+            self.registry,
+            self.offences,
+            held=self.quarantine.held(),
+            flapping=self.flaps.flapping(),
+            scalars=self.last_scalars,
         )
         self.transport.publish(
             topics.fleet_status(self.settings.fleet), encode_frame(status), retain=True

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from dataclasses import replace
 from pathlib import Path
 
 from torch import nn
@@ -23,20 +22,20 @@ from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import ExportSource, answer_export_command, export_device_model
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
 from device_agent.relay import RelayClient, deployable, has_global_model, latest_round
+from device_agent.replies import sighting, update_frame, work_key
 from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from protocols import topics
-from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
+from protocols.codec import Tensors, decode_frame, encode_frame
 from protocols.errors import PflError, ProtocolError, StateError, TrainingError
 from protocols.messages import (
     Capabilities,
     Command,
     DeviceHello,
     DeviceStatus,
-    DeviceUpdate,
     EvaluationReport,
     ExportReport,
     MemoryPlan,
@@ -237,11 +236,11 @@ class DeviceAgent:
             raise ProtocolError(msg, topic=topic)
         self.last_announcement = message
         self._last_frame = payload
-        if message.addresses(self.device_id) and _sighting(message) not in self._answered:
+        if message.addresses(self.device_id) and sighting(message) not in self._answered:
             if message.secure is not None and message.phase == "train":
                 reason = self.eligibility.reason_to_skip()
                 if reason is not None:  # say so before dealing any shares
-                    self._answered.add(_sighting(message))
+                    self._answered.add(sighting(message))
                     self._decline(message, reason)
                     return
                 self.secure.join(message)
@@ -321,10 +320,12 @@ class DeviceAgent:
         model = self._model
         self._pending = None
         self.received.remember_round(announcement, frame)  # kept with the model it uses
-        self._answered.add(_sighting(announcement))
-        if self._resend_masked(announcement):
+        self._answered.add(sighting(announcement))
+        again = self.secure.answer_again(announcement)
+        if again is not None:  # a secure round announced again: the result, masked anew
+            self._publish("update", again)
             return
-        if self._reply is not None and self._reply[0] == _work_key(announcement):
+        if self._reply is not None and self._reply[0] == work_key(announcement):
             # The same work announced again (a retried round or a restarted coordinator):
             # re-send the answer instead of training twice on the same personal state.
             self._publish(self._reply[1], self._reply[2])
@@ -388,8 +389,8 @@ class DeviceAgent:
         result, within_clip = self.contexts.privatize(announcement, trained)
         if announcement.secure is not None:
             self.contexts.keep(announcement, result, None)
-            self._secure_result = (_work_key(announcement), result, within_clip)
-            self._send_masked(announcement, result, within_clip)
+            frame = self.secure.answer(announcement, result, within_clip)
+            self._reply_with(announcement, "update", frame)
         else:
             encoded, residual = self.contexts.compress(announcement, result.shared_delta)
             self.contexts.keep(announcement, result, residual)
@@ -403,38 +404,8 @@ class DeviceAgent:
         encoded: Tensors,
         within_clip: float | None,
     ) -> None:
-        manifest, blob = pack_tensors(encoded)
-        message = DeviceUpdate(
-            run_id=announcement.run_id,
-            round_id=announcement.round_id,
-            device_id=self.device_id,
-            algorithm=announcement.algorithm,
-            num_samples=result.num_samples,
-            train_loss=result.train_loss,
-            scalars=result.scalars,
-            compression=announcement.uplink,
-            within_clip=within_clip,
-            manifest=manifest,
-        )
-        self._reply_with(announcement, "update", encode_frame(message, blob))
-
-    def _send_masked(
-        self, announcement: RoundAnnouncement, result: LocalResult, within_clip: float | None
-    ) -> None:
-        """The update as secure aggregation sends it: one masked vector, nothing in clear."""
-        masked = self.secure.mask(
-            announcement, result.shared_delta, result.num_samples, result.train_loss, within_clip
-        )
-        hidden = replace(result, num_samples=1, train_loss=0.0, scalars={})
-        self._send_update(announcement, hidden, masked, None)
-
-    def _resend_masked(self, announcement: RoundAnnouncement) -> bool:
-        """A secure round announced again: the same result, masked with this dealing's keys."""
-        kept = self._secure_result
-        if announcement.secure is None or kept is None or kept[0] != _work_key(announcement):
-            return False
-        self._send_masked(announcement, kept[1], kept[2])
-        return True
+        frame = update_frame(announcement, self.device_id, result, encoded, within_clip)
+        self._reply_with(announcement, "update", frame)
 
     def _evaluate(
         self,
@@ -477,7 +448,7 @@ class DeviceAgent:
     def _reply_with(
         self, announcement: RoundAnnouncement, kind: topics.DeviceTopicKind, payload: bytes
     ) -> None:
-        self._reply = (_work_key(announcement), kind, payload)
+        self._reply = (work_key(announcement), kind, payload)
         self._publish(kind, payload)
 
     def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
@@ -541,22 +512,3 @@ class DeviceAgent:
         self._model = ReceivedModel.from_frame(model_frame)
         self.last_announcement = announcement
         self.relay.mixture = dict(mixture or {})
-
-
-def _sighting(announcement: RoundAnnouncement) -> tuple[str, int, str, float]:
-    """One publication of an announcement.
-
-    A retained copy seen again after a reconnect is not new work; a re-publication (a retried
-    round) is.
-    """
-    return (announcement.run_id, announcement.round_id, announcement.phase, announcement.sent_at)
-
-
-def _work_key(announcement: RoundAnnouncement) -> tuple[str, int, str, str]:
-    """The work an announcement asks for: the same key means the same answer, within one run."""
-    return (
-        announcement.run_id,
-        announcement.round_id,
-        announcement.phase,
-        announcement.model_sha256,
-    )

@@ -13,12 +13,14 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from device_agent.algorithms.base import LocalResult
+from device_agent.replies import update_frame, work_key
 from protocols import secure_aggregation as sa
 from protocols.codec import Tensors
 from protocols.errors import ProtocolError
@@ -76,6 +78,29 @@ class SecureClient:
         self.device_id = device_id
         self.publish = publish
         self._round: _Round | None = None
+        self._trained: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = None
+
+    def answer(
+        self, announcement: RoundAnnouncement, result: LocalResult, within_clip: float | None
+    ) -> bytes:
+        """The update frame of a trained `result`: one masked vector, nothing in clear.
+
+        The result is kept: if the round is announced again (a retried round, new keys), the
+        same result is masked anew instead of training twice on the same personal state.
+        """
+        self._trained = (work_key(announcement), result, within_clip)
+        masked = self.mask(
+            announcement, result.shared_delta, result.num_samples, result.train_loss, within_clip
+        )
+        hidden = replace(result, num_samples=1, train_loss=0.0, scalars={})
+        return update_frame(announcement, self.device_id, hidden, masked, None)
+
+    def answer_again(self, announcement: RoundAnnouncement) -> bytes | None:
+        """The kept result masked with this dealing's keys, if `announcement` asks for it."""
+        kept = self._trained
+        if announcement.secure is None or kept is None or kept[0] != work_key(announcement):
+            return None
+        return self.answer(announcement, kept[1], kept[2])
 
     def join(self, announcement: RoundAnnouncement) -> None:
         """A secure training round asks this device: fresh keys, published."""

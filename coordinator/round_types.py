@@ -1,0 +1,60 @@
+"""What the round engine is configured with and what it records of each round."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.aggregate_guard import GuardSettings
+from coordinator.downlink import DownlinkCodec
+from protocols import topics
+from protocols.codec import encode_frame
+from protocols.compression import NO_COMPRESSION
+from protocols.messages import Compression, CoordinatorStatus
+from protocols.transport.base import Will
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How rounds run: deadline, quorum, evaluation cadence and how models travel."""
+
+    fleet: str = "default"
+    task: str = ""
+    rounds: int = 10
+    round_timeout_s: float = 600.0
+    quorum: float = 0.5
+    eval_every: int = 0
+    seed: int = 0
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    uplink: Compression = NO_COMPRESSION
+    downlink: DownlinkCodec = "none"
+
+
+@dataclass
+class RoundRecord:
+    """What one training round did, as written to metrics.jsonl."""
+
+    round_id: int
+    participants: int
+    selected: int
+    train_loss: float
+    bytes_up: int
+    bytes_down: int
+    wall_seconds: float
+    scalars: dict[str, float] = field(default_factory=dict)
+    evaluation: dict[str, float | None] | None = None
+    skipped: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """A flat JSON-ready mapping (a loss devices did not report is null)."""
+        loss = self.train_loss
+        return {**self.__dict__, "train_loss": loss if math.isfinite(loss) else None}
+
+
+def coordinator_will(fleet: str) -> Will:
+    """The retained "offline" status the broker publishes if the coordinator vanishes."""
+    return Will(
+        topics.coordinator_status(fleet),
+        encode_frame(CoordinatorStatus(state="offline", fleet=fleet)),
+    )

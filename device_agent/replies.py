@@ -1,0 +1,50 @@
+"""What an agent answers with, and how it tells one piece of work from another."""
+
+from __future__ import annotations
+
+from device_agent.algorithms.base import LocalResult
+from protocols.codec import Tensors, encode_frame, pack_tensors
+from protocols.messages import DeviceUpdate, RoundAnnouncement
+
+
+def update_frame(
+    announcement: RoundAnnouncement,
+    device_id: str,
+    result: LocalResult,
+    encoded: Tensors,
+    within_clip: float | None,
+) -> bytes:
+    """The DeviceUpdate frame of `result`, its delta already encoded for the uplink."""
+    manifest, blob = pack_tensors(encoded)
+    message = DeviceUpdate(
+        run_id=announcement.run_id,
+        round_id=announcement.round_id,
+        device_id=device_id,
+        algorithm=announcement.algorithm,
+        num_samples=result.num_samples,
+        train_loss=result.train_loss,
+        scalars=result.scalars,
+        compression=announcement.uplink,
+        within_clip=within_clip,
+        manifest=manifest,
+    )
+    return encode_frame(message, blob)
+
+
+def sighting(announcement: RoundAnnouncement) -> tuple[str, int, str, float]:
+    """One publication of an announcement.
+
+    A retained copy seen again after a reconnect is not new work; a re-publication (a retried
+    round) is.
+    """
+    return (announcement.run_id, announcement.round_id, announcement.phase, announcement.sent_at)
+
+
+def work_key(announcement: RoundAnnouncement) -> tuple[str, int, str, str]:
+    """The work an announcement asks for: the same key means the same answer, within one run."""
+    return (
+        announcement.run_id,
+        announcement.round_id,
+        announcement.phase,
+        announcement.model_sha256,
+    )
