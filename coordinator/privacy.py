@@ -235,7 +235,13 @@ class PrivacyEngine:
             bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
             central = self.settings.placement == "coordinator"
             std = noise.indicator_std if central else 0.0
-            count = sum(min(max(b, -1e6), 1e6) for b in bits)
+            # a device may lie: each bit counts at most as an honest bit plus 8 noise deviations
+            room = 8 * noise.device.indicator_std
+            if reporters is None:
+                count = sum(min(max(b, -room), 1 + room) for b in bits)
+            else:  # one secure sum of k bits
+                room *= math.sqrt(max(k, 1))
+                count = sum(min(max(b, -room), k + room) for b in bits)
             count += std * float(torch.randn((), generator=self._generator, dtype=torch.float64))
             fraction = count / noise.cohort
             self.clip_norm = next_clip_norm(

@@ -181,6 +181,17 @@ def test_adaptive_clip_moves_towards_the_update_norms_median() -> None:
     assert engine.clip_norm < 0.3  # every update norm 0.1: the median quantile is 0.1
 
 
+def test_a_lying_within_clip_bit_counts_at_most_as_an_honest_one() -> None:
+    settings = {"noise_multiplier": 1.0, "adaptive_clipping": True, "placement": "device"}
+    honest, lying = _engine(**settings), _engine(**settings)
+    fleet, devices = _fleet(1000), [f"dev-{i:04d}" for i in range(100)]
+    device = honest.plan(fleet, devices)
+    lying.plan(fleet, devices)
+    ceiling = 1 + 8 * device.indicator_std
+    fair = honest.finish([1.0] * 99 + [ceiling])["dp_within_clip"]
+    assert lying.finish([1.0] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
+
+
 def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
     rng = np.random.default_rng(0)
     sizes = [len(poisson_cohort(_fleet(1000), 0.1, rng).online()) for _ in range(50)]
