@@ -1,6 +1,6 @@
 """Secure aggregation's cost: bytes and seconds per round against plain aggregation.
 
-Side by side in one run, for 10, 100 and 500 devices (all selected every round, digits task,
+Side by side in one run, for 10, 100 and 500 devices (all selected every round, synthetic task,
 FedAvg, one local epoch): plain updates; SecAgg with every device masking with every other
 (`--secagg`); and SecAgg+ with 40 neighbours (`--secagg-neighbors 40`) where the cohort is large.
 Seconds are the rounds' mean wall time (the first round, which warms up, is left out); bytes are
@@ -30,7 +30,7 @@ def measure(devices: int, rounds: int, **options: Any) -> dict[str, float]:
     """Mean seconds (after the first round) and bytes per round of one configuration."""
     with tempfile.TemporaryDirectory() as out:
         settings = SimulationSettings.load(
-            None, task="digits", devices=devices, rounds=rounds, local_epochs=1, out=out,
+            None, task="synthetic", devices=devices, rounds=rounds, local_epochs=1, out=out,
             **options,
         )  # fmt: skip
         records = run_simulation(settings).records
