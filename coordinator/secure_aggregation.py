@@ -16,7 +16,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -148,6 +148,10 @@ class _Round:
     commitments: dict[tuple[str, str], tuple[str, str]]
     dealers: tuple[str, ...] = ()
     survivors: tuple[str, ...] = ()
+    revealed: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Shares accepted so far per (dealer, secret) in the unmasking."""
+    short: int = 0
+    """Secrets the unmasking needs that have fewer shares than their threshold yet."""
 
     @property
     def context(self) -> bytes:
@@ -204,7 +208,6 @@ class SecureAggregator:
             raise RoundError(msg)
         noise = privacy.noise_std if privacy is not None else 0.0
         clip = privacy.clip_norm if privacy is not None else self.settings.clip_norm
-        bit = privacy is not None and privacy.report_clipped
         return SecureRound(
             threshold=self.settings.threshold,
             neighbors=self.settings.neighbors,
@@ -214,7 +217,11 @@ class SecureAggregator:
             value_bound=clip + NOISE_ROOM * noise,
             weight_bound=weights,
             loss_bound=0.0 if privacy is not None else self.settings.loss_bound,
-            bit_bound=1 + NOISE_ROOM * privacy.indicator_std if bit and privacy else 0.0,
+            bit_bound=(
+                1 + NOISE_ROOM * privacy.indicator_std
+                if privacy is not None and privacy.report_clipped
+                else 0.0
+            ),
             phase_timeout_s=self.settings.phase_timeout_s,
         )
 
@@ -290,6 +297,7 @@ class SecureAggregator:
         state.survivors = tuple(sorted(masked_inputs))
         self._enough(state, "masked updates", state.survivors)
         dropped = tuple(d for d in state.dealers if d not in masked_inputs)
+        state.short = len(state.survivors) + len(dropped)
         unmask = SecAggUnmask(
             run_id=state.run_id, round_id=state.round_id, survivors=state.survivors
         )
@@ -299,7 +307,7 @@ class SecureAggregator:
             online,
             secure.phase_timeout_s,
             lambda: self._send(topics.secure(self.fleet), unmask, len(state.survivors)),
-            enough=lambda answers: _complete(answers, state, dropped),
+            enough=lambda: state.short <= 0,
         )
         reveals = [r for r in revealed.values() if isinstance(r, dict)]
         seeds = {u: self._rebuild(state, u, "seed", reveals) for u in state.survivors}
@@ -314,7 +322,7 @@ class SecureAggregator:
         online: Callable[[], AbstractSet[str]],
         timeout_s: float,
         send: Callable[[], None],
-        enough: Callable[[dict[str, object]], bool] | None = None,
+        enough: Callable[[], bool] | None = None,
     ) -> dict[str, object]:
         """Open `phase`, `send` what starts it, wait until it settles; its answers by device."""
         state = self._round
@@ -324,10 +332,7 @@ class SecureAggregator:
         send()
         needed = state.secure.min_survivors
         self.transport.wait_until(
-            lambda: (
-                collector.settled(online(), needed)
-                or (enough is not None and enough(dict(collector.answers)))
-            ),
+            lambda: collector.settled(online(), needed) or (enough is not None and enough()),
             timeout_s,
         )
         self._phase = None
@@ -335,17 +340,17 @@ class SecureAggregator:
 
     def _send_inboxes(self, state: _Round, shares: dict[str, SecAggShares]) -> None:
         """Each dealer's (U2) device gets the dealers' list and the shares sealed for it."""
-        for holder in state.dealers:
+        inboxes: dict[str, list[DealtShares]] = {holder: [] for holder in state.dealers}
+        for dealer in state.dealers:
+            for sealed in shares[dealer].shares:
+                if sealed.holder in inboxes:
+                    inboxes[sealed.holder].append(DealtShares(dealer=dealer, sealed=sealed.sealed))
+        for holder, dealt in inboxes.items():
             inbox = SecAggInbox(
                 run_id=state.run_id,
                 round_id=state.round_id,
                 dealers=state.dealers,
-                shares=tuple(
-                    DealtShares(dealer=dealer, sealed=sealed.sealed)
-                    for dealer in state.dealers
-                    for sealed in shares[dealer].shares
-                    if sealed.holder == holder
-                ),
+                shares=tuple(dealt),
             )
             self._send(topics.secure(self.fleet, holder), inbox, 1)
 
@@ -406,6 +411,12 @@ class SecureAggregator:
         if not phase.offer(sender, answer):
             msg = f"{message.kind} from a device not asked, or sent twice"
             raise RoundError(msg, device_id=sender, round_id=state.round_id, topic=topic)
+        if isinstance(answer, dict):  # a reveal: count its shares towards each threshold
+            for dealer, kind in answer:
+                count = state.revealed.get((dealer, kind), 0) + 1
+                state.revealed[(dealer, kind)] = count
+                if count == state.threshold(dealer):
+                    state.short -= 1
 
     def on_update(self, update: DeviceUpdate, blob: bytes) -> None:
         """A masked update: one int32 vector of the round's layout.
@@ -516,12 +527,13 @@ def _recoverable(shares: dict[str, SecAggShares], state: _Round) -> tuple[str, .
 def _checked_reveal(message: SecAggReveal, state: _Round) -> Reveals:
     """Each revealed share is one the holder was dealt, of the right secret, as committed."""
     holder = message.device_id
+    dealers, survivors = set(state.dealers), set(state.survivors)
     out: Reveals = {}
     for revealed in message.shares:
         dealer = revealed.dealer
-        wanted: sa.SealedKind = "seed" if dealer in state.survivors else "key"
+        wanted: sa.SealedKind = "seed" if dealer in survivors else "key"
         commitment = state.commitments.get((dealer, holder))
-        if dealer not in state.dealers or commitment is None or (dealer, wanted) in out:
+        if dealer not in dealers or commitment is None or (dealer, wanted) in out:
             msg = f"revealed a share of {dealer} it was not dealt (or twice)"
             raise ProtocolError(msg, device_id=holder, round_id=state.round_id)
         if revealed.secret != wanted:
@@ -535,18 +547,6 @@ def _checked_reveal(message: SecAggReveal, state: _Round) -> Reveals:
             raise ProtocolError(msg, device_id=holder, round_id=state.round_id)
         out[(dealer, wanted)] = (state.points[holder], share)
     return out
-
-
-def _complete(answers: dict[str, object], state: _Round, dropped: Sequence[str]) -> bool:
-    """Enough shares came back to rebuild every secret the unmasking needs."""
-    reveals = [r for r in answers.values() if isinstance(r, dict)]
-
-    def count(dealer: str, kind: str) -> int:
-        return sum((dealer, kind) in r for r in reveals)
-
-    return all(count(u, "seed") >= state.threshold(u) for u in state.survivors) and all(
-        count(v, "key") >= state.threshold(v) for v in dropped
-    )
 
 
 def _unmask(

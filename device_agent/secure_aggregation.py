@@ -208,8 +208,9 @@ class SecureClient:
         if len(dealers) < state.secure.min_survivors:
             msg = f"{len(dealers)} dealers, under the round's minimum {state.secure.min_survivors}"
             raise ProtocolError(msg, device_id=self.device_id, round_id=state.round_id)
+        neighbours = set(state.neighbours)
         for dealt in inbox.shares:
-            if dealt.dealer not in dealers or dealt.dealer not in state.neighbours:
+            if dealt.dealer not in dealers or dealt.dealer not in neighbours:
                 continue  # not a neighbour's: nothing this device should hold
             pair = sa.pair_context(state.context, dealt.dealer, self.device_id)
             key = sa.agree(state.channel, state.roster[dealt.dealer].channel_key, "channel", pair)
@@ -266,8 +267,7 @@ class SecureClient:
                 "mask",
                 sa.pair_context(state.context, self.device_id, peer),
             )
-            for peer in state.neighbours
-            if peer in state.dealers
+            for peer in set(state.neighbours).intersection(state.dealers)
         }
         masked = encoded + sa.mask_sum(layout.length, state.seed, pair_seeds, self.device_id)
         return {MASKED_TENSOR: torch.from_numpy(masked.view(np.int32).copy())}
@@ -289,10 +289,11 @@ class SecureClient:
             )
             raise ProtocolError(msg, device_id=self.device_id, round_id=state.round_id)
         state.revealed_for = survivors
+        surviving = set(survivors)
         revealed = []
         cut = sa.SHARE_BYTES + sa.SALT_BYTES
         for dealer, bundle in sorted(state.held.items()):
-            survived = dealer in survivors
+            survived = dealer in surviving
             part = bundle[:cut] if survived else bundle[cut:]
             revealed.append(
                 RevealedShare(
