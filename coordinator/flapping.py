@@ -6,6 +6,10 @@ the hellos: one id rejoining `threshold` times within `window_s` is flapping, wh
 `pfl-coord status` say, with the likely cause. A broker that does not knock the older connection
 off shows no flapping, but then the hello of a second running instance (its own random token)
 arrives while the first is online: a clash, which counts as flapping at once.
+
+One reconnect brings a burst of hellos from one running instance (its own reconnect hook, the
+answer to the coordinator's hello command after a broker restart, the answer to its will):
+hellos of one instance within `burst_s` of its last counted one are the same rejoin.
 """
 
 from __future__ import annotations
@@ -28,21 +32,28 @@ class FlapWatch:
         threshold: int = 3,
         window_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        burst_s: float = 5.0,
     ) -> None:
         self.threshold = threshold
         self.window_s = window_s
+        self.burst_s = burst_s
         self._clock = clock
         self._joins: dict[str, deque[float]] = {}
+        self._last: dict[str, tuple[str, float]] = {}  # per id: the last counted instance, when
         self._clashes: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def note(self, device_id: str, clash: bool = False) -> bool:
-        """A hello from `device_id` (`clash`: from a second running instance of it).
+    def note(self, device_id: str, clash: bool = False, instance: str = "") -> bool:
+        """A hello from `device_id`'s running `instance` (`clash`: a second one is online).
 
         True when it has just started flapping (logged once).
         """
         now = self._clock()
         with self._lock:
+            last_instance, last_at = self._last.get(device_id, ("", -math.inf))
+            if instance and instance == last_instance and now - last_at < self.burst_s:
+                return False  # the same reconnect saying hello once more
+            self._last[device_id] = (instance, now)
             was = self._is_flapping(device_id, now)
             self._joins.setdefault(device_id, deque(maxlen=self.threshold)).append(now)
             if clash:

@@ -147,6 +147,8 @@ def build_coordinator(
         build_model=None if task is None else model_builder(task),
     )
     coordinator.privacy = privacy
+    if hasattr(coordinator.transport, "on_reconnect"):  # MQTT: a restarted broker forgot us
+        coordinator.transport.on_reconnect = coordinator.republish
     if stages.secure is not None:
         fleet = engine_settings.fleet
 

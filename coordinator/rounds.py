@@ -435,7 +435,7 @@ class Coordinator:
         check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
         clash = self.registry.on_hello(hello)
         self.models.forget(hello.device_id)
-        if self.flaps.note(hello.device_id, clash):
+        if self.flaps.note(hello.device_id, clash, hello.instance):
             self.publish_fleet_status()
 
     def _on_status(self, topic: str, payload: bytes) -> None:

@@ -109,7 +109,6 @@ def run_serve(
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task, privacy)
         coordinator.offences = offences
-        transport.on_reconnect = coordinator.republish
         try:
             return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
         finally:

@@ -244,11 +244,23 @@ def _run(
         if on_round is not None:
             on_round(record)
 
+    def run_round() -> RoundRecord:
+        # Every virtual device is meant to take part: after a lost connection (a restarted
+        # broker), wait for them all to say hello again rather than train without some.
+        if not coordinator.wait_for_devices(settings.devices, join_timeout(settings.devices)):
+            logger.warning(
+                "round %d: only %d of %d devices are back online; training without the rest",
+                coordinator.round_id + 1,
+                coordinator.registry.online_count(),
+                settings.devices,
+            )
+        return coordinator.run_round()
+
     records, reports = drive_rounds(
         coordinator,
         stages,
         eval_every=settings.eval_every,
-        run_round=coordinator.run_round,
+        run_round=run_round,
         after_round=after_round,
     )
     coordinator.publish_status("finished")

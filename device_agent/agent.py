@@ -131,9 +131,12 @@ class DeviceAgent:
             None
         )
         self._stopping = False
+        self.started = False
+        """Subscribed and announced: a reconnect before that has nobody to re-announce."""
 
     def start(self) -> None:
         """Subscribe to the fleet's topics (the model only when needed), then say hello."""
+        self.started = True
         self.downloads.clear()
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
         self.transport.subscribe(topics.command(self.fleet), self._on_command)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import cast
 
 from device_agent.runner import stop_on_signals
 from device_agent.settings import PoolSettings
-from device_agent.virtual_fleet import SerializedTransport, VirtualFleet
+from device_agent.virtual_fleet import VirtualFleet
 from pfl_tasks.registry import load_task
 from protocols.transport.base import Transport, Will
 from protocols.transport.mqtt import MqttTransport
@@ -49,9 +48,6 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     agents = []
     try:
         agents = fleet.build(settings.device_range(), connect, threaded=True)
-        for agent, transport in zip(agents, transports, strict=True):
-            serialized = cast(SerializedTransport, agent.transport)  # built threaded
-            transport.on_reconnect = serialized.serialized(agent.rejoin)
         logger.info(
             "pool of %d devices (%s) serving fleet %s on %s",
             len(agents),

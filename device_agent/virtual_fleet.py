@@ -93,7 +93,7 @@ class VirtualFleet:
         agents = []
         for index in indices:
             device_id = device_name(index)
-            transport = connect(device_id, device_will(self.fleet, device_id))
+            connected = transport = connect(device_id, device_will(self.fleet, device_id))
             if one_at_a_time is not None:
                 transport = SerializedTransport(transport, one_at_a_time)
             agent = DeviceAgent(
@@ -111,9 +111,36 @@ class VirtualFleet:
                 model_cache=cache,
             )
             agent.contexts.reproducible_noise = True  # the same for any number of workers
+            _rejoin_after_reconnects(connected, agent, one_at_a_time)
             agent.start()
             agents.append(agent)
         return agents
+
+
+def _rejoin_after_reconnects(
+    transport: Transport, agent: DeviceAgent, lock: threading.Lock | None
+) -> None:
+    """A transport that can lose its connection (MQTT) says hello again once it is back.
+
+    Set before the agent starts: a broker may drop a connection right after accepting it
+    (amqtt does while it hands a just-discarded session over), and a device whose hello went
+    down with it would otherwise never join.
+    """
+    if not hasattr(transport, "on_reconnect"):
+        return  # in-process transports never lose their connection
+
+    def rejoin() -> None:
+        if agent.started:
+            agent.rejoin()
+
+    hook = rejoin
+    if lock is not None:
+
+        def hook() -> None:
+            with lock:
+                rejoin()
+
+    transport.on_reconnect = hook
 
 
 class SerializedTransport(TransportWrapper):
@@ -131,15 +158,6 @@ class SerializedTransport(TransportWrapper):
                 handler(topic, payload)
 
         self.inner.subscribe(pattern, serialized)
-
-    def serialized(self, hook: Callable[[], None]) -> Callable[[], None]:
-        """`hook` run under the lock (e.g. the reconnect hook, run on a dispatch thread)."""
-
-        def locked() -> None:
-            with self.lock:
-                hook()
-
-        return locked
 
     def __getattr__(self, name: str) -> object:  # e.g. the MQTT transport's `displaced`
         return getattr(self.inner, name)

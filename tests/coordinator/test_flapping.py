@@ -31,6 +31,27 @@ def test_three_joins_within_the_window_flap_and_quiet_ones_do_not(
     assert len([r for r in caplog.records if "two devices probably run" in r.getMessage()]) == 1
 
 
+def test_one_reconnects_burst_of_hellos_is_one_rejoin_and_alternating_instances_are_not() -> None:
+    now = [0.0]
+    watch = FlapWatch(threshold=3, window_s=30.0, clock=lambda: now[0], burst_s=5.0)
+    # a broker restart: the agent's own hook, its answer to the coordinator's hello command and
+    # to its will, all within a second
+    for moment in (0.0, 0.3, 0.9, 1.5):
+        now[0] = moment
+        assert not watch.note("dev-1", instance="aa01")
+    assert watch.flapping() == frozenset()
+    # two instances taking the session from each other every second count every time
+    for moment, instance in ((10.0, "aa02"), (11.0, "bb02"), (12.0, "aa02")):
+        now[0] = moment
+        watch.note("dev-2", instance=instance)
+    assert watch.flapping() == {"dev-2"}
+    # one instance whose connection keeps dropping, hellos beyond the burst apart, still flaps
+    for moment in (20.0, 26.0, 32.0):
+        now[0] = moment
+        watch.note("dev-3", instance="cc03")
+    assert watch.flapping() == {"dev-2", "dev-3"}
+
+
 def test_a_second_running_instance_flaps_at_once_and_a_restart_after_its_will_does_not() -> None:
     # Prepare: what a broker that never knocks the older connection off shows the coordinator
     now = [0.0]
