@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.cli_fleet import dashboard as dashboard_command
 from coordinator.cli_fleet import export, provision, status
 from coordinator.cli_options import (
     AlgorithmOption,
@@ -21,6 +22,10 @@ from coordinator.cli_options import (
     CompressDownOption,
     CompressOption,
     ConfigOption,
+    DashboardCertOption,
+    DashboardKeyOption,
+    DashboardOption,
+    DashboardTokenOption,
     DevicesOption,
     DpAdaptiveClipOption,
     DpClipOption,
@@ -304,6 +309,10 @@ def serve(
     cert_file: CertOption = None,
     key_file: KeyOption = None,
     tls_insecure: InsecureOption = None,
+    dashboard: DashboardOption = None,
+    dashboard_token: DashboardTokenOption = None,
+    dashboard_cert: DashboardCertOption = None,
+    dashboard_key: DashboardKeyOption = None,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -436,6 +445,7 @@ def report(
 
 for command in (status, export, provision):
     app.command()(command)
+app.command(name="dashboard")(dashboard_command)
 
 
 @app.callback()

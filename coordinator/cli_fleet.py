@@ -1,4 +1,4 @@
-"""`pfl-coord status`, `export` and `provision`: the commands that talk to a running fleet."""
+"""`pfl-coord status`, `dashboard`, `export`, `provision`: the commands for a running fleet."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from rich.table import Table
 from coordinator.cli_options import (
     CaOption,
     CertOption,
+    DashboardCertOption,
+    DashboardKeyOption,
+    DashboardTokenOption,
     InsecureOption,
     KeyOption,
     PasswordOption,
@@ -23,12 +26,13 @@ from coordinator.cli_options import (
     configure_logging,
     console,
 )
+from coordinator.dashboard.settings import DashboardSettings
 from coordinator.export_command import FleetExport, request_exports
 from coordinator.provision import provision as provision_fleet
 from coordinator.status import collect_fleet_view
 from protocols.errors import PflError
 from protocols.messages import ExportArguments
-from protocols.program_options import exit_with_error
+from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.program_settings import BrokerAccess
 
 BrokerUrlOption = Annotated[
@@ -217,6 +221,55 @@ def _dropped_cell(dropped: int, quarantined: bool) -> str:
     """How many messages the coordinator dropped, and whether the device sits out the round."""
     cell = str(dropped) if dropped else "-"
     return f"{cell} [red]quarantined[/red]" if quarantined else cell
+
+
+def dashboard(
+    broker: Annotated[
+        str | None,
+        typer.Option(help="mqtt(s):// URL of a running fleet's broker", envvar="PFL_BROKER"),
+    ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option(help="a run directory (--out of simulate or serve), finished or running"),
+    ] = None,
+    fleet: FleetNameOption = "default",
+    listen: Annotated[
+        str, typer.Option(help="HOST:PORT to listen on (loopback unless told otherwise)")
+    ] = "127.0.0.1:8080",
+    token: DashboardTokenOption = None,
+    dashboard_cert: DashboardCertOption = None,
+    dashboard_key: DashboardKeyOption = None,
+    username: UserOption = None,
+    password: PasswordOption = None,
+    ca_file: CaOption = None,
+    cert_file: CertOption = None,
+    key_file: KeyOption = None,
+    tls_insecure: InsecureOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Serve a live, read-only web dashboard of a fleet (through its broker) or of a run directory.
+
+    Runs until interrupted (Ctrl-C).
+    """
+    configure_logging(verbose)
+    if (broker is None) == (run is None):
+        exit_with_error(console, ValueError("give either --broker URL or --run DIRECTORY"))
+    settings = DashboardSettings(
+        listen=listen, token=token, cert_file=dashboard_cert, key_file=dashboard_key
+    )
+    from coordinator.dashboard.launch import broker_dashboard, run_directory_dashboard
+
+    say = console.print
+    try:
+        if run is not None:
+            context = run_directory_dashboard(settings, run, say)
+        else:
+            access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
+            context = broker_dashboard(settings, access.broker_settings(broker or ""), fleet, say)
+        with context:
+            wait_for_interrupt()
+    except (PflError, ValueError, FileNotFoundError) as error:
+        exit_with_error(console, error)
 
 
 def _access(

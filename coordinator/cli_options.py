@@ -173,3 +173,22 @@ def configure_logging(verbose: bool) -> None:
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
+
+
+DashboardOption = Annotated[
+    str | None,
+    typer.Option(help="HOST:PORT to serve the live web dashboard on, e.g. 127.0.0.1:8080"),
+]
+DashboardTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="token browsers must present (default: none on loopback, made up elsewhere)",
+        envvar="PFL_DASHBOARD_TOKEN",
+    ),
+]
+DashboardCertOption = Annotated[
+    Path | None, typer.Option(help="TLS certificate (PEM) for the dashboard, e.g. provisioned")
+]
+DashboardKeyOption = Annotated[
+    Path | None, typer.Option(help="private key (PEM) of --dashboard-cert")
+]

@@ -8,7 +8,7 @@ from collections.abc import Set as AbstractSet
 
 from coordinator.registry import FleetRegistry
 from protocols import topics
-from protocols.messages import FleetDevice, FleetStatus
+from protocols.messages import Eligibility, FleetDevice, FleetStatus
 from protocols.offences import Offences
 
 MAX_LISTED_STRANGERS = 100
@@ -36,10 +36,14 @@ def fleet_status(
             last_loss=r.last_loss,
             num_train_samples=r.num_train_samples,
             memory_plan=r.hello.memory_plan if r.hello is not None else None,
+            eligibility=r.hello.eligibility if r.hello is not None else Eligibility(),
             detail=r.detail,
             dropped=dropped.get(r.device_id, 0),
             quarantined=r.device_id in held,
             flapping=r.device_id in flapping,
+            rounds_taken=r.rounds_taken,
+            declines=r.declines,
+            last_decline=r.last_decline,
         )
         for r in registry.records()
     )

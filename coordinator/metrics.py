@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.summary import RunSummary
-from protocols.messages import EvaluationReport
+from protocols.atomic import write_atomically
+from protocols.messages import EvaluationReport, FleetStatus
+
+
+def _json_bytes(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, indent=2, default=str).encode()
 
 
 def _tail_count(count: int) -> int:
@@ -72,30 +77,47 @@ def personalization_effect(reports: Sequence[EvaluationReport]) -> dict[str, flo
 
 
 class RunRecorder:
-    """Writes `metrics.jsonl` (one line per round) and `summary.json` into a run directory."""
+    """A run directory, written as the run goes so a dashboard can follow it.
 
-    def __init__(self, out_dir: Path | None) -> None:
+    `run.json` (the settings) at the start; `metrics.jsonl` one line per round; `fleet.json`
+    (the fleet status) after each round; `devices.jsonl` (each device's latest evaluation) after
+    each evaluation; `summary.json` at the end. Whole files are replaced atomically.
+    """
+
+    def __init__(self, out_dir: Path | None, settings: Mapping[str, Any] | None = None) -> None:
         self.out_dir = out_dir
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "metrics.jsonl").write_text("")
+            if settings is not None:
+                write_atomically(out_dir / "run.json", _json_bytes(settings))
 
-    def record_round(self, record: Mapping[str, Any]) -> None:
-        """Append one round's metrics."""
+    def record_round(
+        self,
+        record: Mapping[str, Any],
+        reports: Sequence[EvaluationReport] = (),
+        fleet: FleetStatus | None = None,
+    ) -> None:
+        """Append one round's metrics; keep the evaluations and fleet status that came with it."""
         if self.out_dir is None:
             return
         with (self.out_dir / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
+        if reports:
+            self.write_devices(reports)
+        if fleet is not None:
+            data = fleet.model_dump_json(exclude={"protocol_version", "kind"}).encode()
+            write_atomically(self.out_dir / "fleet.json", data)
 
     def write_devices(self, reports: Sequence[EvaluationReport]) -> None:
-        """Write each device's final evaluation (`devices.jsonl`), for per-device analysis."""
+        """Write each device's latest evaluation (`devices.jsonl`), for per-device analysis."""
         if self.out_dir is None:
             return
         lines = [
             report.model_dump_json(exclude={"protocol_version", "sent_at", "kind"})
             for report in reports
         ]
-        (self.out_dir / "devices.jsonl").write_text("".join(line + "\n" for line in lines))
+        write_atomically(self.out_dir / "devices.jsonl", "".join(f"{x}\n" for x in lines).encode())
 
     def write_summary(self, summary: RunSummary) -> None:
         """Write the run's summary."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,12 +176,13 @@ def drive_rounds(
     *,
     eval_every: int,
     run_round: Callable[[], RoundRecord],
-    after_round: Callable[[RoundRecord], None],
+    after_round: Callable[[RoundRecord, Sequence[EvaluationReport]], None],
 ) -> tuple[list[RoundRecord], list[EvaluationReport]]:
     """Run the remaining rounds of every stage with periodic and final evaluation.
 
     `run_round` runs one training round (a caller may add retries); `after_round` sees each
-    finished record (metrics, checkpoints, progress).
+    finished record with the device evaluations made after it, if any (metrics, checkpoints,
+    dashboards, progress).
     """
     records: list[RoundRecord] = []
     reports: list[EvaluationReport] = []
@@ -192,13 +193,17 @@ def drive_rounds(
             stopped = True
             break
         stages.enter(coordinator, coordinator.round_id + 1)
+        dropped_before = coordinator.offences.total()
         record = run_round()
+        record.dropped = coordinator.offences.total() - dropped_before
         round_id = record.round_id
+        evaluated: list[EvaluationReport] = []
         if eval_every and round_id % eval_every == 0 and round_id < total:
-            _, record.evaluation = coordinator.evaluate()
+            evaluated, record.evaluation = coordinator.evaluate()
         if round_id == total:
             reports, record.evaluation = coordinator.evaluate(final=True)
-        after_round(record)
+            evaluated = reports
+        after_round(record, evaluated)
         records.append(record)
     if not records or stopped:
         # resumed after the last round, or stopped at the privacy budget: evaluate now

@@ -22,6 +22,10 @@ class DeviceRecord:
     round_id: int | None = None
     last_loss: float | None = None
     detail: str = ""
+    rounds_taken: int = 0
+    taken_round: int | None = None
+    declines: int = 0
+    last_decline: str = ""
 
 
 class FleetRegistry:
@@ -64,6 +68,7 @@ class FleetRegistry:
             if previous is None and status.state == "offline":
                 return
             base = previous or DeviceRecord(status.device_id, True, time.time())
+            declined = status.state == "skipped"
             self._store(
                 replace(
                     base,
@@ -72,17 +77,28 @@ class FleetRegistry:
                     round_id=status.round_id if status.round_id is not None else base.round_id,
                     last_loss=status.last_loss if status.last_loss is not None else base.last_loss,
                     detail=status.detail,
+                    declines=base.declines + declined,
+                    last_decline=status.detail if declined else base.last_decline,
                 )
             )
 
     def on_update(self, device_id: str, round_id: int, train_loss: float | None) -> None:
-        """Progress learned from an update, so devices need not send a status every round."""
+        """Progress learned from an update, so devices need not send a status every round.
+
+        A round counts once among the rounds it took part in, however often it is re-sent.
+        """
         with self._lock:
             previous = self._devices.get(device_id)
             if previous is not None:
+                taken = previous.rounds_taken + (previous.taken_round != round_id)
                 self._store(
                     replace(
-                        previous, last_seen=time.time(), round_id=round_id, last_loss=train_loss
+                        previous,
+                        last_seen=time.time(),
+                        round_id=round_id,
+                        last_loss=train_loss,
+                        rounds_taken=taken,
+                        taken_round=round_id,
                     )
                 )
 

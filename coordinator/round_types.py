@@ -45,6 +45,8 @@ class RoundRecord:
     scalars: dict[str, float] = field(default_factory=dict)
     evaluation: dict[str, float | None] | None = None
     skipped: int = 0
+    dropped: int = 0
+    """Messages the coordinator dropped while the round ran (malformed, stale, over a limit)."""
 
     def as_json(self) -> dict[str, Any]:
         """A flat JSON-ready mapping (a loss devices did not report is null)."""

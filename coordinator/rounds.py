@@ -47,6 +47,7 @@ from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
+    FleetStatus,
     PeerRequest,
     RoundAnnouncement,
     SecureRound,
@@ -93,6 +94,7 @@ class Coordinator:
         self.offences = Offences()
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.flaps = FlapWatch()
+        self.last_fleet_status: FleetStatus | None = None
         self.last_scalars: dict[str, float] = {}
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
         self._state = "online"
@@ -196,6 +198,7 @@ class Coordinator:
         self.transport.publish(
             topics.fleet_status(self.settings.fleet), encode_frame(status), retain=True
         )
+        self.last_fleet_status = status  # also written to a run directory, for dashboards
 
     # -- rounds -----------------------------------------------------------------------------
 

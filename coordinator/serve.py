@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
@@ -15,6 +16,7 @@ from coordinator.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from coordinator.dashboard.history import RunHistoryLog, publish_history
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -30,6 +32,7 @@ from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordin
 from coordinator.settings import ServeSettings
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
+from protocols.messages import EvaluationReport
 from protocols.offences import Offences
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
@@ -110,7 +113,17 @@ def run_serve(
         coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task, privacy)
         coordinator.offences = offences
         try:
-            return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
+            with ExitStack() as dashboard:
+                board_settings = settings.dashboard_settings()
+                if board_settings is not None:  # after the broker, before devices are awaited
+                    from coordinator.dashboard.launch import broker_dashboard  # the web stack
+
+                    dashboard.enter_context(
+                        broker_dashboard(
+                            board_settings, settings.broker_settings(url), settings.fleet, say
+                        )
+                    )
+                return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
         finally:
             transport.close()
     finally:
@@ -129,18 +142,24 @@ def _serve(
     started = time.perf_counter()
     run_settings = settings.model_dump(mode="json", exclude={"password"})
     kept_lines = _resume(coordinator, stages, settings, run_settings, say)
-    recorder = RunRecorder(settings.out)
+    recorder = RunRecorder(settings.out, run_settings)
+    history = RunHistoryLog(settings.fleet, run_settings)
     for line in kept_lines:
         recorder.record_round(json.loads(line))
+        history.add_round(json.loads(line))
     coordinator.start()
+    publish_history(coordinator, history)  # the settings, before the first round
     _wait_for_fleet(coordinator, settings, say)
 
     def run_round() -> RoundRecord:
         coordinator.publish_status("running")
         return _run_round_with_retries(coordinator, settings, say)
 
-    def after_round(record: RoundRecord) -> None:
-        recorder.record_round(record.as_json())
+    def after_round(record: RoundRecord, evaluated: Sequence[EvaluationReport]) -> None:
+        recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
+        history.add_round(record)
+        history.add_evaluations(evaluated)
+        publish_history(coordinator, history)
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
         if on_round is not None:
             on_round(record)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from coordinator.aggregate_guard import GuardSettings
+from coordinator.dashboard.settings import DashboardSettings
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
@@ -192,3 +193,22 @@ class ServeSettings(RunSettings, BrokerAccess):
     fresh: bool = Field(
         False, description="start over, replacing an earlier run's checkpoint and metrics"
     )
+    dashboard: str | None = Field(
+        None, description="HOST:PORT to serve the live web dashboard on (e.g. 127.0.0.1:8080)"
+    )
+    dashboard_token: str | None = Field(
+        None, description="token the dashboard asks of browsers (made up when off loopback)"
+    )
+    dashboard_cert: Path | None = Field(None, description="TLS certificate for the dashboard")
+    dashboard_key: Path | None = Field(None, description="the dashboard certificate's key")
+
+    def dashboard_settings(self) -> DashboardSettings | None:
+        """How to serve the dashboard, or None without --dashboard."""
+        if self.dashboard is None:
+            return None
+        return DashboardSettings(
+            listen=self.dashboard,
+            token=self.dashboard_token,
+            cert_file=self.dashboard_cert,
+            key_file=self.dashboard_key,
+        )

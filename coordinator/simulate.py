@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from coordinator.dashboard.history import RunHistoryLog, publish_history
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -35,6 +36,7 @@ from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
+from protocols.messages import EvaluationReport
 from protocols.transport.base import Transport, Will
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
@@ -233,14 +235,21 @@ def _run(
         msg = f"only {coordinator.registry.online_count()} of {settings.devices} devices joined"
         raise RoundError(msg)
 
-    recorder = RunRecorder(settings.out)
+    run_settings = settings.model_dump(mode="json")
+    recorder = RunRecorder(settings.out, run_settings)
+    # over MQTT a dashboard may attach through the broker: keep the run's history there too
+    history = RunHistoryLog(settings.fleet, run_settings) if settings.transport == "mqtt" else None
     moved = [devices.settle()]
 
-    def after_round(record: RoundRecord) -> None:
+    def after_round(record: RoundRecord, evaluated: Sequence[EvaluationReport]) -> None:
         (sent_before, received_before), (sent, received) = moved[-1], devices.settle()
         record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
         moved.append((sent, received))
-        recorder.record_round(record.as_json())
+        recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
+        if history is not None:
+            history.add_round(record)
+            history.add_evaluations(evaluated)
+            publish_history(coordinator, history)
         if on_round is not None:
             on_round(record)
 

@@ -55,6 +55,13 @@ class FleetView:
                     "dropped": known.dropped if known else 0,
                     "quarantined": known.quarantined if known else False,
                     "flapping": known.flapping if known else False,
+                    "rounds_taken": known.rounds_taken if known else 0,
+                    "declines": known.declines if known else 0,
+                    "last_decline": known.last_decline if known else "",
+                    "memory_plan": known.memory_plan.model_dump(mode="json")
+                    if known and known.memory_plan
+                    else None,
+                    "eligibility": known.eligibility.model_dump(mode="json") if known else None,
                 }
             )
         return rows

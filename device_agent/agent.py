@@ -170,6 +170,7 @@ class DeviceAgent:
             memory_plan=self.memory_plan,
             stateful=self.stateful,
             instance=self.instance,
+            eligibility=self.eligibility.as_wire(),
         )
         self._publish("hello", encode_frame(hello))
 

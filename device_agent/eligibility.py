@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from device_agent.capabilities import available_memory_bytes, usable_cores
+from protocols.messages import Eligibility
 
 POWER_SUPPLY: Final = Path("/sys/class/power_supply")
 
@@ -23,6 +24,14 @@ class EligibilityPolicy:
     min_free_memory_bytes: int | None = None
     max_load_per_core: float | None = None
     require_mains_power: bool = False
+
+    def as_wire(self) -> Eligibility:
+        """The conditions as the hello tells them (dashboards show why a device declines)."""
+        return Eligibility(
+            min_free_memory_bytes=self.min_free_memory_bytes,
+            max_load_per_core=self.max_load_per_core,
+            require_mains_power=self.require_mains_power,
+        )
 
     def reason_to_skip(self) -> str | None:
         """Why this device should not train now, or None if it may."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from device_agent.runner import stop_on_signals
 from device_agent.settings import PoolSettings
 from device_agent.virtual_fleet import VirtualFleet
 from pfl_tasks.registry import load_task
+from protocols.program_options import stop_on_signals
 from protocols.transport.base import Transport, Will
 from protocols.transport.mqtt import MqttTransport
 

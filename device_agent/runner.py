@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from types import FrameType
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import available_memory_bytes
@@ -17,6 +15,7 @@ from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.datadir import load_device_data
 from pfl_tasks.fit_check import check_model_fits
 from pfl_tasks.registry import load_task
+from protocols.program_options import stop_on_signals
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 
 logger = logging.getLogger(__name__)
@@ -83,20 +82,6 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
 
 class DuplicateIdError(BrokerConnectionError):
     """Another client keeps taking this device's id on the broker; the agent gave up."""
-
-
-def stop_on_signals(stop: threading.Event) -> threading.Event:
-    """`stop`, set by SIGTERM or SIGINT when called on the main thread."""
-    if threading.current_thread() is threading.main_thread():
-
-        def on_signal(number: int, frame: FrameType | None) -> None:
-            del frame
-            logger.info("signal %d: stopping", number)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-    return stop
 
 
 def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> None:

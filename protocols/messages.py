@@ -115,6 +115,14 @@ class Capabilities(WireModel):
     python_version: str = Field(max_length=32)
 
 
+class Eligibility(WireModel):
+    """The conditions a device trains under (None: not checked), as its agent is configured."""
+
+    min_free_memory_bytes: NonNegativeInt | None = None
+    max_load_per_core: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] | None = None
+    require_mains_power: bool = False
+
+
 class DeviceHello(Message):
     """A device announcing itself: who it is, what it runs and how much data it holds."""
 
@@ -127,6 +135,7 @@ class DeviceHello(Message):
     stateful: bool = True
     instance: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
     """A random token per agent process: two running at once under one id show as a clash."""
+    eligibility: Eligibility = Field(default_factory=Eligibility)
 
 
 class DeviceStatus(Message):
@@ -164,6 +173,7 @@ class FleetDevice(WireModel):
     last_loss: BoundedFloat | None = None
     num_train_samples: NonNegativeInt = 0
     memory_plan: MemoryPlan | None = None
+    eligibility: Eligibility = Field(default_factory=Eligibility)
     detail: str = Field(default="", max_length=1024)
     dropped: NonNegativeInt = 0
     """Messages from this device the coordinator dropped (malformed, stale, over a limit)."""
@@ -171,6 +181,11 @@ class FleetDevice(WireModel):
     """Over its limit of dropped messages this round: ignored until the next round starts."""
     flapping: bool = False
     """Rejoined several times within seconds: two devices probably share this id."""
+    rounds_taken: NonNegativeInt = 0
+    """Training rounds whose update the coordinator accepted from this device."""
+    declines: NonNegativeInt = 0
+    """Rounds it declined (not eligible: battery, memory, network); the last reason below."""
+    last_decline: str = Field(default="", max_length=1024)
 
 
 class FleetStatus(Message):
@@ -185,6 +200,54 @@ class FleetStatus(Message):
     devices: tuple[FleetDevice, ...] = ()
     scalars: Scalars = Field(default_factory=dict)
     """The last round's fleet scalars (e.g. Self-FL's sigma_0^2), as in metrics.jsonl."""
+
+
+RUN_HISTORY_ROUNDS = 1000
+"""Rounds a run history keeps (the latest): a late dashboard sees the trend, not every round."""
+MAX_RUN_SETTINGS = 200
+
+
+class RoundSummary(WireModel):
+    """One finished training round, as metrics.jsonl records it."""
+
+    round_id: NonNegativeInt
+    selected: NonNegativeInt
+    participants: NonNegativeInt
+    skipped: NonNegativeInt = 0
+    dropped: NonNegativeInt = 0
+    """Messages the coordinator dropped during the round (malformed, stale, over a limit)."""
+    train_loss: BoundedFloat | None = None
+    bytes_up: NonNegativeInt = 0
+    bytes_down: NonNegativeInt = 0
+    wall_seconds: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] = 0.0
+    scalars: Scalars = Field(default_factory=dict)
+    evaluation: dict[str, BoundedFloat | None] | None = Field(default=None, max_length=64)
+
+
+class DeviceResult(WireModel):
+    """A device's latest held-out result: what personalization gained it, against its data."""
+
+    device_id: DeviceId
+    round_id: NonNegativeInt
+    metric_name: Literal["accuracy", "mse"]
+    personalized: BoundedFloat
+    global_model: BoundedFloat | None = None
+    num_train_samples: Count
+
+
+class RunHistory(Message):
+    """The run so far, for dashboards; retained, readable by operators and not by devices."""
+
+    kind: Literal["run-history"] = "run-history"
+    fleet: DeviceId
+    run_id: RunId
+    settings: dict[
+        Annotated[str, Field(max_length=64)],
+        Annotated[str, Field(max_length=256)] | BoundedFloat | bool | None,
+    ] = Field(default_factory=dict, max_length=MAX_RUN_SETTINGS)
+    """The run's configuration (task, algorithm, rounds, ...), flattened to scalars."""
+    rounds: tuple[RoundSummary, ...] = Field(default=(), max_length=RUN_HISTORY_ROUNDS)
+    devices: tuple[DeviceResult, ...] = Field(default=(), max_length=1_000_000)
 
 
 class Compression(WireModel):
@@ -581,6 +644,7 @@ AnyMessage = Annotated[
     | DeviceStatus
     | CoordinatorStatus
     | FleetStatus
+    | RunHistory
     | SharedModel
     | ModelDelta
     | RoundAnnouncement
@@ -604,6 +668,7 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeviceStatus,
     CoordinatorStatus,
     FleetStatus,
+    RunHistory,
     SharedModel,
     ModelDelta,
     RoundAnnouncement,

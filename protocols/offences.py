@@ -34,6 +34,7 @@ class Offences:
         self.interval_s = interval_s
         self._clock = clock
         self._tallies: dict[str, _Tally] = {}
+        self._total = 0
         self._lock = threading.Lock()
 
     def record(self, sender: str, topic: str, reason: str) -> bool:
@@ -42,6 +43,7 @@ class Offences:
         with self._lock:
             tally = self._tallies.setdefault(sender, _Tally())
             tally.total += 1
+            self._total += 1
             tally.unlogged += 1
             tally.last_reason = reason
             if now - tally.last_logged < self.interval_s:
@@ -66,6 +68,11 @@ class Offences:
         with self._lock:
             tally = self._tallies.get(sender)
             return 0 if tally is None else tally.total
+
+    def total(self) -> int:
+        """Dropped messages of every sender since the start."""
+        with self._lock:
+            return self._total
 
     def counts(self) -> dict[str, int]:
         """Dropped messages per sender since the start."""

@@ -1,4 +1,4 @@
-"""Command-line options both programs declare: how a task's data is split across devices.
+"""What both programs' commands share: how data is split, how errors end, how to serve until told.
 
 `pfl-coord simulate` and `pfl-agent start --data-shard` / `pfl-agent pool` must split the same
 pooled data the same way, so their flags are declared once (as `PartitionSettings` is).
@@ -6,11 +6,17 @@ pooled data the same way, so their flags are declared once (as `PartitionSetting
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from types import FrameType
 from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+logger = logging.getLogger(__name__)
 
 PartitionOption = Annotated[
     str | None,
@@ -37,3 +43,22 @@ def exit_with_error(console: Console, error: BaseException, code: int = 2) -> No
     """
     console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
     raise typer.Exit(code) from None
+
+
+def stop_on_signals(stop: threading.Event) -> threading.Event:
+    """`stop`, set by SIGTERM or SIGINT when called on the main thread."""
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(number: int, frame: FrameType | None) -> None:
+            del frame
+            logger.info("signal %d: stopping", number)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def wait_for_interrupt() -> None:
+    """Block until SIGINT (Ctrl-C) or SIGTERM: for commands that serve until stopped."""
+    stop_on_signals(threading.Event()).wait()

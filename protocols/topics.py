@@ -2,6 +2,7 @@
 
     pfl/<fleet>/coordinator/status          retained, last-will "offline"     coordinator -> all
     pfl/<fleet>/coordinator/fleet           retained FleetStatus, every round  coordinator -> all
+    pfl/<fleet>/coordinator/history         retained RunHistory, every round   coordinator -> ops
     pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
     pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> asked
     pfl/<fleet>/model-delta                 retained ModelDelta (int8 downlink) coordinator -> asked
@@ -40,6 +41,7 @@ DeviceTopicKind = Literal[
 FleetTopicKind = Literal[
     "coordinator-status",
     "fleet-status",
+    "run-history",
     "round",
     "model",
     "model-delta",
@@ -93,6 +95,11 @@ def coordinator_status(fleet: str) -> str:
 def fleet_status(fleet: str) -> str:
     """Retained summary of every device, refreshed after each round."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/fleet"
+
+
+def run_history(fleet: str) -> str:
+    """Retained history of the run (rounds, per-device results) for dashboards, not devices."""
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/history"
 
 
 def round_announcement(fleet: str) -> str:
@@ -174,10 +181,11 @@ def device_readable(fleet: str, device_id: str) -> tuple[str, ...]:
 
 
 def operator_readable(fleet: str) -> tuple[str, ...]:
-    """What `pfl-coord status` and `export` read (for ACLs): statuses and export reports only."""
+    """What `pfl-coord status`, `dashboard` and `export` read (ACLs): never models or updates."""
     return (
         coordinator_status(fleet),
         fleet_status(fleet),
+        run_history(fleet),
         device_subscription(fleet, "status"),
         device_subscription(fleet, "export-report"),
     )
@@ -227,6 +235,8 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, "coordinator-status")
     if rest == ["coordinator", "fleet"]:
         return TopicRef(fleet, "fleet-status")
+    if rest == ["coordinator", "history"]:
+        return TopicRef(fleet, "run-history")
     if rest in (["round"], ["model"], ["model-delta"]):
         return TopicRef(fleet, rest[0])
     if len(rest) == 2 and rest[0] == "command":

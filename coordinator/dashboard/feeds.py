@@ -1,0 +1,202 @@
+"""Feeding a board: from a fleet's retained topics on its broker, or from a run directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from coordinator.dashboard.board import Board
+from coordinator.dashboard.history import flatten_settings, round_summary
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.errors import PflError
+from protocols.messages import (
+    RUN_HISTORY_ROUNDS,
+    CoordinatorStatus,
+    DeviceResult,
+    FleetStatus,
+    RunHistory,
+)
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
+
+logger = logging.getLogger(__name__)
+
+RUN_FILES = ("run.json", "metrics.jsonl", "fleet.json", "devices.jsonl", "summary.json")
+NO_RUN_ID = "0" * 32
+
+
+def watch_broker(board: Board, broker: BrokerSettings, fleet: str) -> MqttTransport:
+    """Subscribe `board` to the fleet's retained statuses and history; the caller closes it.
+
+    Reads only what an operator account may (topics.operator_readable): never models or
+    updates. Device statuses carry liveness: a vanished device's last-will marks it offline.
+
+    Raises:
+        BrokerConnectionError: the broker cannot be reached.
+    """
+
+    def on_message(topic: str, payload: bytes) -> None:
+        try:
+            message, _ = decode_frame(payload)
+        except PflError as error:
+            logger.warning("dashboard ignored a malformed message on %s: %s", topic, error)
+            return
+        board.apply(message)
+
+    client_id = f"{topics.RESERVED_PREFIX}dashboard-{uuid.uuid4().hex[:12]}"
+    transport = MqttTransport(broker, client_id, clean_start=True)
+    for pattern in (
+        topics.coordinator_status(fleet),
+        topics.fleet_status(fleet),
+        topics.run_history(fleet),
+        topics.device_subscription(fleet, "status"),
+    ):
+        transport.subscribe(pattern, on_message)
+    return transport
+
+
+class RunDirectoryFeed:
+    """Follows a run directory (a simulation's or serve's `--out`) while it is written."""
+
+    def __init__(self, board: Board, directory: Path, interval_s: float = 0.5) -> None:
+        self.board = board
+        self.directory = directory
+        self.interval_s = interval_s
+        self._seen: tuple[tuple[int, int], ...] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-run-dir", daemon=True)
+
+    def start(self) -> RunDirectoryFeed:
+        """Read the directory now, then keep following it on a thread of its own."""
+        self.poll()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop following."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+
+    def poll(self) -> bool:
+        """Reload the board if any run file changed since the last look; whether it did."""
+        seen = tuple(_stamp(self.directory / name) for name in RUN_FILES)
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        self.board.replace_run(**read_run_directory(self.directory))
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except OSError as error:  # a directory removed under us: say so, keep trying
+                logger.warning("cannot read %s: %s", self.directory, error)
+
+
+def read_run_directory(directory: Path) -> dict[str, Any]:
+    """What a run directory says so far, as `Board.replace_run` takes it.
+
+    Tolerates a run in progress: missing files, a metrics line half written, no summary yet.
+    """
+    summary = _read_json(directory / "summary.json")
+    raw_settings = _read_json(directory / "run.json") or summary or {}
+    settings = flatten_settings(raw_settings)
+    rounds = deque(_rounds(directory / "metrics.jsonl"), maxlen=RUN_HISTORY_ROUNDS)
+    devices = list(_device_results(directory / "devices.jsonl"))
+    fleet_name = str(raw_settings.get("fleet", "default"))
+    history = RunHistory(
+        fleet=fleet_name,
+        run_id=NO_RUN_ID,
+        settings=settings,
+        rounds=tuple(rounds),
+        devices=tuple(devices),
+    )
+    fleet = None
+    fleet_text = _read_text(directory / "fleet.json")
+    if fleet_text:
+        try:
+            fleet = FleetStatus.model_validate_json(fleet_text)
+        except ValidationError as error:
+            logger.warning("ignored %s: %s", directory / "fleet.json", error)
+    total = raw_settings.get("rounds")
+    coordinator = CoordinatorStatus(
+        state="finished" if summary is not None else "running",
+        fleet=fleet_name,
+        task=str(raw_settings.get("task", ""))[:256],
+        algorithm=str(raw_settings.get("algorithm", ""))[:64],
+        round_id=rounds[-1].round_id if rounds else 0,
+        rounds=total if isinstance(total, int) and total >= 0 else None,
+    )
+    return {
+        "settings": settings,
+        "history": history,
+        "fleet": fleet,
+        "coordinator": coordinator,
+        "finished": summary is not None,
+    }
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return (0, -1)
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    text = _read_text(path)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # being replaced right now: the next look sees the whole file
+    return value if isinstance(value, dict) else None
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    text = _read_text(path) or ""
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being appended
+        if isinstance(value, dict):
+            yield value
+
+
+def _rounds(path: Path) -> Iterator[Any]:
+    for line in _lines(path):
+        try:
+            yield round_summary(line)
+        except (KeyError, TypeError, ValidationError) as error:
+            logger.debug("skipped a metrics line of %s: %s", path, error)
+
+
+def _device_results(path: Path) -> Iterator[DeviceResult]:
+    for line in _lines(path):
+        try:
+            yield DeviceResult.model_validate(
+                {key: line.get(key) for key in DeviceResult.model_fields if key in line}
+            )
+        except ValidationError as error:
+            logger.debug("skipped a device line of %s: %s", path, error)

@@ -1,0 +1,82 @@
+"""Starting a dashboard on a fleet's broker or on a run directory, and stopping it cleanly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from coordinator.dashboard.board import Board
+from coordinator.dashboard.feeds import RunDirectoryFeed, watch_broker
+from coordinator.dashboard.server import DashboardServer, Listen
+from coordinator.dashboard.settings import DashboardSettings
+from protocols.transport.settings import BrokerSettings
+
+
+@contextmanager
+def broker_dashboard(
+    settings: DashboardSettings,
+    broker: BrokerSettings,
+    fleet: str,
+    say: Callable[[str], None] = lambda _: None,
+) -> Iterator[DashboardServer]:
+    """A dashboard following `fleet` on `broker` while the block runs.
+
+    Raises:
+        ValueError: bad dashboard settings, or the address cannot be bound.
+        BrokerConnectionError: the broker cannot be reached.
+    """
+    board = Board(f"{broker.url} · fleet {fleet}")
+    with _started(_server(settings, board)) as server:
+        transport = watch_broker(board, broker, fleet)
+        try:
+            say(f"dashboard on {server.url}")
+            yield server
+        finally:
+            transport.close()
+
+
+@contextmanager
+def run_directory_dashboard(
+    settings: DashboardSettings, directory: Path, say: Callable[[str], None] = lambda _: None
+) -> Iterator[DashboardServer]:
+    """A dashboard following a run directory (finished, or still being written).
+
+    Raises:
+        ValueError: bad dashboard settings, or the address cannot be bound.
+        FileNotFoundError: `directory` does not exist.
+    """
+    if not directory.is_dir():
+        msg = f"no run directory at {directory} (give the --out of a simulate or serve run)"
+        raise FileNotFoundError(msg)
+    board = Board(str(directory))
+    feed = RunDirectoryFeed(board, directory).start()
+    try:
+        with _started(_server(settings, board)) as server:
+            say(f"dashboard on {server.url}")
+            yield server
+    finally:
+        feed.stop()
+
+
+def _server(settings: DashboardSettings, board: Board) -> DashboardServer:
+    return DashboardServer(
+        board,
+        Listen.parse(settings.listen),
+        token=settings.token,
+        cert_file=settings.cert_file,
+        key_file=settings.key_file,
+    )
+
+
+@contextmanager
+def _started(server: DashboardServer) -> Iterator[DashboardServer]:
+    try:
+        server.start()
+    except OSError as error:
+        msg = f"{error} (is another program using that port?)"
+        raise ValueError(msg) from error
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,272 @@
+"""The dashboard's web server: the page, its data as JSON, and a stream of changes (SSE).
+
+Starlette on uvicorn (pure Python, no build step): the page and its charting library ship with
+the package, so a coordinator with no internet shows it. Read-only: nothing here changes a run.
+Bound to loopback by default; anywhere else it asks for a token (and serves TLS when given a
+certificate), since the fleet table names every device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from coordinator.dashboard.board import Board
+
+logger = logging.getLogger(__name__)
+
+STATIC = Path(__file__).with_name("static")
+COOKIE = "pfl_dashboard_token"
+PUSH_INTERVAL_S = 0.5
+"""At most two snapshots a second per viewer, however fast the fleet changes."""
+KEEPALIVE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the dashboard listens: `host:port` (port 0 picks a free one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    @classmethod
+    def parse(cls, text: str) -> Listen:
+        """`HOST:PORT`, `:PORT` (loopback) or `PORT`; IPv6 hosts in brackets.
+
+        Raises:
+            ValueError: not an address with a port in 0..65535.
+        """
+        host, _, port = text.rpartition(":") if ":" in text else ("", "", text)
+        host = host.strip("[]") or "127.0.0.1"
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            msg = f"--dashboard wants HOST:PORT (e.g. 127.0.0.1:8080), not {text!r}"
+            raise ValueError(msg)
+        return cls(host, int(port))
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach it."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: assume the network
+
+
+def dashboard_app(board: Board, token: str | None, stopping: threading.Event) -> Starlette:
+    """The ASGI app: `/` the page, `/api/snapshot` the data, `/api/events` its changes."""
+
+    async def page(_: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def snapshot(_: Request) -> Response:
+        return JSONResponse(board.snapshot(), headers={"Cache-Control": "no-store"})
+
+    async def events(request: Request) -> Response:
+        return StreamingResponse(
+            _event_stream(board, request, stopping),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def health(_: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def icon(_: Request) -> Response:
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
+    app = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/api/snapshot", snapshot),
+            Route("/api/events", events),
+            Route("/healthz", health),
+            Route("/favicon.ico", icon),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+    )
+    if token is not None:
+        app.add_middleware(_TokenGate, token=token)
+    return app
+
+
+async def _event_stream(
+    board: Board, request: Request, stopping: threading.Event
+) -> AsyncIterator[str]:
+    """A snapshot now and after every change (at most every PUSH_INTERVAL_S), else keep-alives."""
+    sent, quiet_since = -1, time.monotonic()
+    while not stopping.is_set() and not await request.is_disconnected():
+        version = board.version
+        if version != sent:
+            sent, quiet_since = version, time.monotonic()
+            yield f"event: snapshot\ndata: {json.dumps(board.snapshot())}\n\n"
+        elif time.monotonic() - quiet_since > KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ": still here\n\n"
+        await asyncio.sleep(PUSH_INTERVAL_S)
+
+
+class _TokenGate:
+    """Lets a request through with the token as a bearer header, a cookie, or `?token=` once.
+
+    A link with `?token=` sets the cookie and redirects to the same page without it, so the
+    token does not stay in the address bar or the browser history.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:  # type: ignore[type-arg]
+        if scope["type"] != "http" or scope["path"].startswith(("/static/", "/favicon.ico")):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        offered = request.query_params.get("token")
+        if offered is not None and self._matches(offered):
+            response: Response = RedirectResponse(request.url.remove_query_params("token"), 303)
+            response.set_cookie(
+                COOKIE,
+                self.token,
+                httponly=True,
+                samesite="strict",
+                secure=scope["scheme"] == "https",
+            )
+        elif self._matches(request.cookies.get(COOKIE, "")) or self._matches(
+            request.headers.get("authorization", "").removeprefix("Bearer ")
+        ):
+            await self.app(scope, receive, send)
+            return
+        else:
+            response = PlainTextResponse(
+                "this dashboard needs its token: open the link pfl-coord printed "
+                "(…/?token=…) or send 'Authorization: Bearer <token>'",
+                status_code=401,
+            )
+        await response(scope, receive, send)
+
+    def _matches(self, offered: str) -> bool:
+        return bool(offered) and hmac.compare_digest(offered.encode(), self.token.encode())
+
+
+class DashboardServer:
+    """The dashboard on a thread of its own, for `serve --dashboard` and `pfl-coord dashboard`."""
+
+    def __init__(
+        self,
+        board: Board,
+        listen: Listen,
+        *,
+        token: str | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+    ) -> None:
+        """Off loopback a token is required: one is made up when none is given.
+
+        Raises:
+            ValueError: a certificate without its key, or the other way round.
+        """
+        if (cert_file is None) != (key_file is None):
+            msg = "the dashboard's TLS needs both --dashboard-cert and --dashboard-key"
+            raise ValueError(msg)
+        if token is None and not listen.loopback:
+            token = secrets.token_urlsafe(18)
+        self.token = token
+        self.listen = listen
+        self.tls = cert_file is not None
+        self._stopping = threading.Event()
+        config = uvicorn.Config(
+            dashboard_app(board, token, self._stopping),
+            host=listen.host,
+            port=listen.port,
+            log_level="warning",
+            ssl_certfile=cert_file,
+            ssl_keyfile=key_file,
+            timeout_graceful_shutdown=2,
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn's way of saying it could not bind: start() reports it
+            logger.debug("the dashboard's server exited at startup")
+
+    def start(self, timeout_s: float = 10.0) -> DashboardServer:
+        """Listen, and return once the socket is bound.
+
+        Raises:
+            OSError: the address is taken or cannot be bound.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started and time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                msg = f"the dashboard cannot listen on {self.listen.host}:{self.listen.port}"
+                raise OSError(msg)
+            time.sleep(0.02)
+        if not self._server.started:
+            msg = f"the dashboard did not start listening within {timeout_s:.0f} s"
+            raise OSError(msg)
+        if not self.listen.loopback and not self.tls:
+            logger.warning(
+                "the dashboard listens on %s without TLS: its token crosses the network in "
+                "the clear (give --dashboard-cert and --dashboard-key)",
+                self.listen.host,
+            )
+        return self
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one picked when asked for 0)."""
+        for server in self._server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return self.listen.port
+
+    @property
+    def url(self) -> str:
+        """The address to open, with the token when there is one."""
+        host = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+        base = f"{'https' if self.tls else 'http'}://{host}:{self.port}/"
+        return base if self.token is None else f"{base}?token={self.token}"
+
+    def stop(self) -> None:
+        """Close the streams and stop listening."""
+        self._stopping.set()
+        self._server.should_exit = True
+        self._thread.join(10.0)
+
+    def __enter__(self) -> DashboardServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
