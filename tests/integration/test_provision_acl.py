@@ -145,7 +145,9 @@ def test_a_device_does_not_receive_other_devices_messages(
     snoop.subscribe(topics.device_subscription(FLEET, "update"), snooped)
     snoop.subscribe(f"pfl/{FLEET}/command/+", snooped)
     snoop.subscribe(f"pfl/{FLEET}/relay/#", snooped)
+    snoop.subscribe(topics.run_history(FLEET), snooped)
     coordinator.subscribe(topics.device_subscription(FLEET, "update"), received)
+    coordinator.publish(topics.run_history(FLEET), b"every device's results", retain=True)
     victim.publish(topics.device(FLEET, "dev-2", "update"), b"private delta")
     coordinator.publish(topics.command(FLEET, "dev-2"), b"for dev-2 only")
     coordinator.publish(topics.relay(FLEET, "dev-2"), b"models relayed to dev-2")
@@ -248,12 +250,13 @@ def test_the_operator_reads_statuses_and_sends_commands_only(
     readable = [
         topics.coordinator_status(FLEET),
         topics.fleet_status(FLEET),
+        topics.run_history(FLEET),  # what the dashboard reads
         topics.device(FLEET, "dev-1", "status"),
         topics.device(FLEET, "dev-1", "export-report"),
     ]
-    for topic in readable[:2]:
+    for topic in readable[:3]:
         coordinator.publish(topic, b"readable")
-    for topic in readable[2:]:
+    for topic in readable[3:]:
         device.publish(topic, b"readable")
     operator.publish(topics.round_announcement(FLEET), b"forged round")
     operator.publish(topics.command(FLEET), b"export")

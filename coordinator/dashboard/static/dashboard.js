@@ -147,10 +147,12 @@ const COLORS = ["#2f5bd3", "#1a7f4b", "#b54708", "#b42318", "#7a42c8"];
 function chart(id, series, data, extra = {}) {
   const el = $(id);
   const width = Math.max(300, el.clientWidth);
-  if (state.charts[id]) {
+  const label = extra.yLabel || "";
+  if (state.charts[id] && state.charts[id].pflLabel === label) {
     state.charts[id].setData(data);
     return;
   }
+  if (state.charts[id]) state.charts[id].destroy(); // its axis label changed (the metric became known)
   const options = {
     width, height: 220, series: [{ label: extra.xLabel || "round" }, ...series],
     scales: { x: { time: false } },
@@ -159,6 +161,7 @@ function chart(id, series, data, extra = {}) {
     ...extra.options,
   };
   state.charts[id] = new uPlot(options, data, el);
+  state.charts[id].pflLabel = label;
 }
 
 const line = (label, i, more = {}) => ({ label, stroke: COLORS[i], width: 2, spanGaps: true, points: { show: true, size: 4 }, ...more });
