@@ -41,19 +41,24 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def mosquitto_binary() -> str:
-    """The mosquitto executable; fails the test (never skips) when it is missing."""
-    for candidate in MOSQUITTO_CANDIDATES:
+def installed_binary(name: str, candidates: tuple[str, ...], why: str) -> str:
+    """A Debian package's executable; fails the test (never skips) when it is missing."""
+    for candidate in candidates:
         if Path(candidate).is_file():
             return candidate
-    found = shutil.which("mosquitto")
+    found = shutil.which(name)
     if found is None:
         pytest.fail(
-            "mosquitto is not installed; these tests need a real broker: "
-            "run `sudo apt-get install -y mosquitto` (Debian/Ubuntu) and try again",
+            f"{name} is not installed; {why}: run `sudo apt-get install -y {name}` "
+            "(Debian/Ubuntu) and try again",
             pytrace=False,
         )
     return found
+
+
+def mosquitto_binary() -> str:
+    """The mosquitto executable."""
+    return installed_binary("mosquitto", MOSQUITTO_CANDIDATES, "these tests need a real broker")
 
 
 class Mosquitto:

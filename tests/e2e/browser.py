@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-import pytest
 from playwright.sync_api import Page, sync_playwright
+
+from tests.conftest import installed_binary
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 # No network beyond loopback here: Chromium's own background connections only fail slowly.
@@ -24,18 +23,10 @@ QUIET_FLAGS = [
 
 
 def chromium_binary() -> str:
-    """Debian's Chromium; fails the test (never skips) when it is missing."""
-    for candidate in CHROMIUM_CANDIDATES:
-        if Path(candidate).is_file():
-            return candidate
-    found = shutil.which("chromium")
-    if found is None:
-        pytest.fail(
-            "Chromium is not installed; the dashboard's browser tests need it: run "
-            "`sudo apt-get install -y chromium` (Debian/Ubuntu) and try again",
-            pytrace=False,
-        )
-    return found
+    """Debian's Chromium."""
+    return installed_binary(
+        "chromium", CHROMIUM_CANDIDATES, "the dashboard's browser tests need it"
+    )
 
 
 @contextmanager
