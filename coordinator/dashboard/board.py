@@ -6,6 +6,7 @@ JSON-ready snapshot; every change bumps a version, which is how the server knows
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -27,6 +28,8 @@ class Board:
         self._finished = False
         self._version = 0
         self._updated = 0.0
+        self._cached = ""
+        self._cached_version = -1
 
     @property
     def version(self) -> int:
@@ -66,6 +69,20 @@ class Board:
             self._view.coordinator = coordinator
             self._finished = finished
             self._changed()
+
+    def snapshot_json(self) -> str:
+        """The snapshot as JSON text, made once per version however many pages are open.
+
+        `now` (the server's clock, for "last seen" ages) is current on every call.
+        """
+        with self._lock:
+            version = self._version
+            cached = self._cached if self._cached_version == version else None
+        if cached is None:
+            cached = json.dumps({k: v for k, v in self.snapshot().items() if k != "now"})
+            with self._lock:
+                self._cached, self._cached_version = cached, version
+        return f'{{"now": {time.time()}, {cached[1:]}'
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the page draws, JSON-ready."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import secrets
 import threading
@@ -25,7 +24,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
-    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -84,7 +82,11 @@ def dashboard_app(board: Board, token: str | None, stopping: threading.Event) ->
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     async def snapshot(_: Request) -> Response:
-        return JSONResponse(board.snapshot(), headers={"Cache-Control": "no-store"})
+        return Response(
+            board.snapshot_json(),
+            media_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def events(request: Request) -> Response:
         return StreamingResponse(
@@ -123,7 +125,7 @@ async def _event_stream(
         version = board.version
         if version != sent:
             sent, quiet_since = version, time.monotonic()
-            yield f"event: snapshot\ndata: {json.dumps(board.snapshot())}\n\n"
+            yield f"event: snapshot\ndata: {board.snapshot_json()}\n\n"
         elif time.monotonic() - quiet_since > KEEPALIVE_S:
             quiet_since = time.monotonic()
             yield ": still here\n\n"

@@ -106,6 +106,17 @@ def test_the_board_merges_statuses_fleet_and_history_and_bumps_its_version() -> 
     json.dumps(snapshot)  # JSON-ready as it is
 
 
+def test_the_snapshot_text_is_made_once_per_change_with_a_fresh_clock() -> None:
+    board = Board("test")
+    board.apply(DeviceStatus(device_id="dev-0000", state="online"))
+    first, second = json.loads(board.snapshot_json()), json.loads(board.snapshot_json())
+    assert first["fleet"] == board.snapshot()["fleet"]
+    assert second["now"] >= first["now"]
+    assert board._cached_version == board.version
+    board.apply(DeviceStatus(device_id="dev-0000", state="offline"))
+    assert not json.loads(board.snapshot_json())["fleet"][0]["online"]
+
+
 def test_the_history_keeps_the_latest_rounds_and_each_devices_latest_result() -> None:
     history = RunHistoryLog("default", {})
     for round_id in range(1, RUN_HISTORY_ROUNDS + 6):

@@ -18,6 +18,7 @@ from protocols.messages import (
     DealtShares,
     DeviceAssignment,
     DeviceHello,
+    DeviceResult,
     DeviceStatus,
     DeviceUpdate,
     EvaluationReport,
@@ -34,6 +35,8 @@ from protocols.messages import (
     RevealedShare,
     RosterEntry,
     RoundAnnouncement,
+    RoundSummary,
+    RunHistory,
     SealedShares,
     SecAggInbox,
     SecAggKeys,
@@ -98,6 +101,23 @@ FLEET = FleetStatus(
         ),
     ),
 )
+HISTORY = RunHistory(
+    fleet="lab",
+    run_id="0123456789abcdef" * 2,
+    settings={"task": "digits", "rounds": 10.0, "secagg": False, "personal": None},
+    rounds=(
+        RoundSummary(
+            round_id=5, selected=3, participants=2, skipped=1, dropped=4, train_loss=0.5,
+            evaluation={"personalized_mean": 0.8, "global": None},
+        ),
+    ),
+    devices=(
+        DeviceResult(
+            device_id="pi-3", round_id=5, metric_name="accuracy", personalized=0.9,
+            global_model=0.7, num_train_samples=97,
+        ),
+    ),
+)  # fmt: skip
 MODEL = SharedModel(round_id=5, manifest=MANIFEST)
 DELTA = ModelDelta(round_id=5, base_sha256="ab" * 32, target_sha256=MODEL_SHA256, manifest=MANIFEST)
 RUN = "0123456789abcdef" * 2
@@ -194,6 +214,7 @@ EXAMPLES: tuple[Message, ...] = (
     STATUS,
     COORDINATOR,
     FLEET,
+    HISTORY,
     MODEL,
     DELTA,
     ROUND,

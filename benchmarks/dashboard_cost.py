@@ -1,0 +1,147 @@
+"""What the dashboard costs per change as the fleet grows: its bytes and the time to make them.
+
+For 100, 1,000 and 10,000 devices with a full history (1,000 rounds, every device evaluated):
+the retained run history's size on the wire and the time to encode it (the coordinator pays it
+after every round), the board taking in the fleet status and history, and one pushed snapshot
+(made and JSON-encoded once per change, what every open page receives at most twice a second),
+and what each further page costs (the text is cached per change). Median of
+`--repeats` runs. Writes docs/benchmarks.md.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost [--devices 100,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from benchmarks.common import markdown_table, write_section
+from coordinator.dashboard.board import Board
+from coordinator.dashboard.history import RunHistoryLog
+from coordinator.round_types import RoundRecord
+from protocols.codec import decode_frame, encode_frame
+from protocols.messages import (
+    RUN_HISTORY_ROUNDS,
+    DeviceStatus,
+    EvaluationReport,
+    FleetDevice,
+    FleetStatus,
+)
+
+REPO: Final = Path(__file__).resolve().parents[1]
+MARKER: Final = "<!-- dashboard-cost -->"
+RUN_ID: Final = "cd" * 16
+
+
+def fleet_of(devices: int) -> tuple[RunHistoryLog, FleetStatus, list[DeviceStatus]]:
+    """A history of RUN_HISTORY_ROUNDS rounds, every device evaluated, and their statuses."""
+    history = RunHistoryLog("default", {"task": "digits", "rounds": RUN_HISTORY_ROUNDS})
+    for round_id in range(1, RUN_HISTORY_ROUNDS + 1):
+        history.add_round(
+            RoundRecord(round_id, devices, devices, 0.5, 10**6, 10**6, 0.2, {"norm": 1.0})
+        )
+    names = [f"dev-{i:05d}" for i in range(devices)]
+    history.add_evaluations(
+        EvaluationReport(
+            run_id=RUN_ID, round_id=1, device_id=name, metric_name="accuracy",
+            personalized=0.8, global_model=0.6, num_test_samples=20, num_train_samples=100,
+        )
+        for name in names
+    )  # fmt: skip
+    fleet = FleetStatus(
+        fleet="default",
+        round_id=RUN_HISTORY_ROUNDS,
+        devices=tuple(
+            FleetDevice(device_id=n, online=True, last_seen=1.0, rounds_taken=9) for n in names
+        ),
+    )
+    return history, fleet, [DeviceStatus(device_id=n, state="online") for n in names]
+
+
+def median_seconds(action: Callable[[], object], repeats: int) -> float:
+    """The median wall time of `action`."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(devices: int, repeats: int) -> dict[str, float]:
+    """Bytes and seconds of the history, the board's intake and one pushed snapshot."""
+    history, fleet, statuses = fleet_of(devices)
+    frame = encode_frame(history.message(RUN_ID))
+    board = Board("benchmark")
+    for status in statuses:
+        board.apply(status)
+
+    def take_in() -> None:
+        board.apply(decode_frame(frame)[0])
+        board.apply(fleet)
+
+    take_in()
+    snapshot = json.dumps(board.snapshot())
+    return {
+        "history_bytes": len(frame),
+        "history_encode_s": median_seconds(lambda: encode_frame(history.message(RUN_ID)), repeats),
+        "intake_s": median_seconds(take_in, repeats),
+        "snapshot_bytes": len(snapshot),
+        "snapshot_s": median_seconds(lambda: json.dumps(board.snapshot()), repeats),
+        "cached_s": median_seconds(board.snapshot_json, repeats),
+    }
+
+
+def main() -> None:
+    """Measure every fleet size and write the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default="100,1000,10000")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = []
+    for devices in (int(d) for d in args.devices.split(",")):
+        m = measure(devices, args.repeats)
+        rows.append(
+            [
+                f"{devices:,}",
+                f"{m['history_bytes'] / 2**10:,.0f} KiB",
+                f"{m['history_encode_s'] * 1e3:,.0f} ms",
+                f"{m['intake_s'] * 1e3:,.0f} ms",
+                f"{m['snapshot_bytes'] / 2**10:,.0f} KiB",
+                f"{m['snapshot_s'] * 1e3:,.0f} ms",
+                f"{m['cached_s'] * 1e3:,.1f} ms",
+            ]
+        )
+        print(rows[-1], flush=True)
+    header = [
+        "devices",
+        "run history on the wire",
+        "encode it (per round)",
+        "board takes history + fleet in",
+        "one pushed snapshot",
+        "make and encode it (once per change)",
+        "each further open page",
+    ]
+    lines = [
+        MARKER,
+        "## Dashboard cost as the fleet grows",
+        "",
+        f"With a full history ({RUN_HISTORY_ROUNDS:,} rounds) and every device evaluated; the "
+        "coordinator encodes the retained history after every round, each open page receives at",
+        "most two snapshots a second. Median of "
+        f"{args.repeats} runs, one process "
+        "(`OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost`).",
+        "",
+        *markdown_table(header, rows),
+        MARKER,
+    ]
+    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+
+
+if __name__ == "__main__":
+    main()
