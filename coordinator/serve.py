@@ -16,7 +16,7 @@ from coordinator.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from coordinator.dashboard.history import RunHistoryLog, publish_history
+from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -145,8 +145,9 @@ def _serve(
     recorder = RunRecorder(settings.out, run_settings)
     history = RunHistoryLog(settings.fleet, run_settings)
     for line in kept_lines:
-        recorder.record_round(json.loads(line))
-        history.add_round(json.loads(line))
+        kept = json.loads(line)
+        recorder.record_round(kept)
+        history.add_round(kept)
     coordinator.start()
     publish_history(coordinator, history)  # the settings, before the first round
     _wait_for_fleet(coordinator, settings, say)
@@ -157,9 +158,7 @@ def _serve(
 
     def after_round(record: RoundRecord, evaluated: Sequence[EvaluationReport]) -> None:
         recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
-        history.add_round(record)
-        history.add_evaluations(evaluated)
-        publish_history(coordinator, history)
+        publish_round(coordinator, history, record, evaluated)
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
         if on_round is not None:
             on_round(record)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from coordinator.dashboard.history import RunHistoryLog, publish_history
+from coordinator.dashboard.history import RunHistoryLog, publish_round
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -247,9 +247,7 @@ def _run(
         moved.append((sent, received))
         recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
         if history is not None:
-            history.add_round(record)
-            history.add_evaluations(evaluated)
-            publish_history(coordinator, history)
+            publish_round(coordinator, history, record, evaluated)
         if on_round is not None:
             on_round(record)
 

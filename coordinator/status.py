@@ -6,13 +6,14 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.errors import PflError
-from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus
+from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
@@ -66,6 +67,18 @@ class FleetView:
             )
         return rows
 
+    def apply(self, message: Message) -> bool:
+        """Take in a retained status message; whether it was one (other kinds are left)."""
+        if isinstance(message, CoordinatorStatus):
+            self.coordinator = message
+        elif isinstance(message, FleetStatus):
+            self.fleet = message
+        elif isinstance(message, DeviceStatus):
+            self.devices[message.device_id] = message
+        else:
+            return False
+        return True
+
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready mapping for `--json`."""
         return {
@@ -74,6 +87,45 @@ class FleetView:
             "scalars": dict(self.fleet.scalars) if self.fleet else {},
             "devices": self.rows(),
         }
+
+
+def watch_fleet(
+    broker: BrokerSettings,
+    fleet: str,
+    on_message: Callable[[Message], None],
+    purpose: str,
+    *,
+    history: bool = False,
+) -> MqttTransport:
+    """An operator client handing `on_message` every retained status of `fleet` (decoded).
+
+    With `history`, the run's history too. The caller closes the transport. Malformed messages
+    are logged and skipped.
+
+    Raises:
+        BrokerConnectionError: the broker cannot be reached.
+    """
+
+    def decode(topic: str, payload: bytes) -> None:
+        try:
+            message, _ = decode_frame(payload)
+        except PflError as error:
+            logger.warning("ignored a malformed message on %s: %s", topic, error)
+            return
+        on_message(message)
+
+    client_id = f"{topics.RESERVED_PREFIX}{purpose}-{uuid.uuid4().hex[:12]}"
+    transport = MqttTransport(broker, client_id, clean_start=True)
+    patterns = [
+        topics.coordinator_status(fleet),
+        topics.fleet_status(fleet),
+        topics.device_subscription(fleet, "status"),
+    ]
+    if history:
+        patterns.append(topics.run_history(fleet))
+    for pattern in patterns:
+        transport.subscribe(pattern, decode)
+    return transport
 
 
 def collect_fleet_view(broker: BrokerSettings, fleet: str, listen_s: float = 1.5) -> FleetView:
@@ -85,24 +137,10 @@ def collect_fleet_view(broker: BrokerSettings, fleet: str, listen_s: float = 1.5
     view = FleetView()
     lock = threading.Lock()
 
-    def on_message(topic: str, payload: bytes) -> None:
-        try:
-            message, _ = decode_frame(payload)
-        except PflError as error:
-            logger.warning("ignored a malformed message on %s: %s", topic, error)
-            return
+    def take(message: Message) -> None:
         with lock:
-            if isinstance(message, CoordinatorStatus):
-                view.coordinator = message
-            elif isinstance(message, FleetStatus):
-                view.fleet = message
-            elif isinstance(message, DeviceStatus):
-                view.devices[message.device_id] = message
+            view.apply(message)
 
-    client_id = f"pfl-status-{uuid.uuid4().hex[:12]}"
-    with MqttTransport(broker, client_id, clean_start=True) as transport:
-        transport.subscribe(topics.coordinator_status(fleet), on_message)
-        transport.subscribe(topics.fleet_status(fleet), on_message)
-        transport.subscribe(topics.device_subscription(fleet, "status"), on_message)
+    with watch_fleet(broker, fleet, take, "status"):
         time.sleep(listen_s)
     return view

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from coordinator.status import FleetView
-from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
+from protocols.messages import CoordinatorStatus, FleetStatus, Message, RunHistory
 
 
 class Board:
@@ -24,7 +24,6 @@ class Board:
         self._lock = threading.Lock()
         self._view = FleetView()
         self._history: RunHistory | None = None
-        self._settings: dict[str, Any] = {}
         self._finished = False
         self._version = 0
         self._updated = 0.0
@@ -39,31 +38,22 @@ class Board:
     def apply(self, message: Message) -> None:
         """Take in a message from the fleet's topics (other kinds are ignored)."""
         with self._lock:
-            if isinstance(message, CoordinatorStatus):
-                self._view.coordinator = message
-            elif isinstance(message, FleetStatus):
-                self._view.fleet = message
-            elif isinstance(message, DeviceStatus):
-                self._view.devices[message.device_id] = message
-            elif isinstance(message, RunHistory):
+            if isinstance(message, RunHistory):
                 self._history = message
-                self._settings = dict(message.settings)
-            else:
+            elif not self._view.apply(message):
                 return
             self._changed()
 
     def replace_run(
         self,
         *,
-        settings: dict[str, Any],
-        history: RunHistory | None,
+        history: RunHistory,
         fleet: FleetStatus | None,
         coordinator: CoordinatorStatus | None,
         finished: bool,
     ) -> None:
         """Take in what a run directory holds now (the feed compares before calling)."""
         with self._lock:
-            self._settings = settings
             self._history = history
             self._view.fleet = fleet
             self._view.coordinator = coordinator
@@ -96,7 +86,7 @@ class Board:
                 "now": time.time(),
                 "coordinator": coordinator.model_dump(mode="json") if coordinator else None,
                 "finished": self._finished or bool(coordinator and coordinator.state == "finished"),
-                "settings": self._settings,
+                "settings": dict(history.settings) if history else {},
                 "scalars": dict(self._view.fleet.scalars) if self._view.fleet else {},
                 "fleet": self._view.rows(),
                 "rounds": [r.model_dump(mode="json") for r in history.rounds] if history else [],

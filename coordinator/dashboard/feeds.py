@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,7 @@ from pydantic import ValidationError
 
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import flatten_settings, round_summary
-from protocols import topics
-from protocols.codec import decode_frame
-from protocols.errors import PflError
+from coordinator.status import watch_fleet
 from protocols.messages import (
     RUN_HISTORY_ROUNDS,
     CoordinatorStatus,
@@ -43,25 +40,7 @@ def watch_broker(board: Board, broker: BrokerSettings, fleet: str) -> MqttTransp
     Raises:
         BrokerConnectionError: the broker cannot be reached.
     """
-
-    def on_message(topic: str, payload: bytes) -> None:
-        try:
-            message, _ = decode_frame(payload)
-        except PflError as error:
-            logger.warning("dashboard ignored a malformed message on %s: %s", topic, error)
-            return
-        board.apply(message)
-
-    client_id = f"{topics.RESERVED_PREFIX}dashboard-{uuid.uuid4().hex[:12]}"
-    transport = MqttTransport(broker, client_id, clean_start=True)
-    for pattern in (
-        topics.coordinator_status(fleet),
-        topics.fleet_status(fleet),
-        topics.run_history(fleet),
-        topics.device_subscription(fleet, "status"),
-    ):
-        transport.subscribe(pattern, on_message)
-    return transport
+    return watch_fleet(broker, fleet, board.apply, "dashboard", history=True)
 
 
 class RunDirectoryFeed:
@@ -111,14 +90,13 @@ def read_run_directory(directory: Path) -> dict[str, Any]:
     """
     summary = _read_json(directory / "summary.json")
     raw_settings = _read_json(directory / "run.json") or summary or {}
-    settings = flatten_settings(raw_settings)
     rounds = deque(_rounds(directory / "metrics.jsonl"), maxlen=RUN_HISTORY_ROUNDS)
     devices = list(_device_results(directory / "devices.jsonl"))
     fleet_name = str(raw_settings.get("fleet", "default"))
     history = RunHistory(
         fleet=fleet_name,
         run_id=NO_RUN_ID,
-        settings=settings,
+        settings=flatten_settings(raw_settings),
         rounds=tuple(rounds),
         devices=tuple(devices),
     )
@@ -139,7 +117,6 @@ def read_run_directory(directory: Path) -> dict[str, Any]:
         rounds=total if isinstance(total, int) and total >= 0 else None,
     )
     return {
-        "settings": settings,
         "history": history,
         "fleet": fleet,
         "coordinator": coordinator,

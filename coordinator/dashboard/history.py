@@ -109,6 +109,18 @@ class RunHistoryLog:
         )
 
 
+def publish_round(
+    coordinator: Coordinator,
+    history: RunHistoryLog,
+    record: RoundRecord,
+    evaluated: Iterable[EvaluationReport],
+) -> None:
+    """Add a finished round and the evaluations made after it, then retain the history."""
+    history.add_round(record)
+    history.add_evaluations(evaluated)
+    publish_history(coordinator, history)
+
+
 def publish_history(coordinator: Coordinator, history: RunHistoryLog) -> None:
     """Retain the history on the fleet's history topic (operators may read it, devices not)."""
     message = history.message(coordinator.run_id)

@@ -87,6 +87,7 @@ function renderFleet(s) {
   for (const d of s.fleet) {
     const tr = document.createElement("tr");
     tr.dataset.device = d.device;
+    cell(tr, d.device);
     const online = cell(tr, d.online ? "online" : "offline", "online");
     const dot = document.createElement("span");
     dot.className = d.online ? "dot on" : "dot";
@@ -103,7 +104,6 @@ function renderFleet(s) {
     cell(tr, d.dropped);
     const flags = [d.quarantined ? "quarantined" : "", d.flapping ? "flapping (one id, two devices?)" : ""].filter(Boolean);
     cell(tr, flags.join(", "), flags.length ? "flag" : "");
-    tr.prepend(Object.assign(document.createElement("td"), { textContent: d.device }));
     rows.appendChild(tr);
   }
   body.replaceChildren(rows);
