@@ -17,10 +17,12 @@ from coordinator.cli_fleet import export, provision, status
 from coordinator.cli_options import (
     AlgorithmOption,
     BatchSizeOption,
+    BufferOption,
     CaOption,
     CertOption,
     CompressDownOption,
     CompressOption,
+    ConcurrencyOption,
     ConfigOption,
     DashboardCertOption,
     DashboardKeyOption,
@@ -42,7 +44,9 @@ from coordinator.cli_options import (
     LocalEpochsOption,
     LrOption,
     MaxSamplesOption,
+    MaxStalenessOption,
     MaxWeightShareOption,
+    ModeOption,
     NormBoundOption,
     OutOption,
     ParticipationOption,
@@ -57,6 +61,7 @@ from coordinator.cli_options import (
     SecaggOption,
     SecaggThresholdOption,
     SeedOption,
+    StalenessOption,
     TaskOption,
     UserOption,
     VerboseOption,
@@ -131,6 +136,11 @@ def simulate(
     secagg_neighbors: SecaggNeighborsOption = None,
     secagg_threshold: SecaggThresholdOption = None,
     secagg_clip: SecaggClipOption = None,
+    mode: ModeOption = None,
+    buffer: BufferOption = None,
+    max_staleness: MaxStalenessOption = None,
+    staleness: StalenessOption = None,
+    concurrency: ConcurrencyOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -163,6 +173,41 @@ def simulate(
             "--export-guard",
             help="with --export-dir: ship the global model where it validates better",
         ),
+    ] = None,
+    sim_speeds: Annotated[
+        str | None,
+        typer.Option(
+            help="device speeds: equal, or lognormal:<ratio of the 95th to the 5th percentile> "
+            "(default: equal)"
+        ),
+    ] = None,
+    sim_availability: Annotated[
+        str | None,
+        typer.Option(
+            help="when devices are online: always, diurnal[:on_fraction[:period_s]] or "
+            "trace:<sessions.csv> (default: always)"
+        ),
+    ] = None,
+    sim_uptime: Annotated[
+        float | None,
+        typer.Option(
+            help="mean simulated seconds online between random dropouts (default: 0, none)"
+        ),
+    ] = None,
+    sim_downtime: Annotated[
+        float | None, typer.Option(help="simulated seconds offline after a dropout (default: 300)")
+    ] = None,
+    sim_seconds_per_sample: Annotated[
+        float | None,
+        typer.Option(help="simulated seconds per sample and epoch at speed 1 (default: 0.01)"),
+    ] = None,
+    sim_latency: Annotated[
+        float | None,
+        typer.Option(help="simulated seconds per job beyond training (default: 1)"),
+    ] = None,
+    sim_deadline: Annotated[
+        float | None,
+        typer.Option(help="sync: a round's deadline in simulated seconds, 0 = none (default: 0)"),
     ] = None,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
@@ -275,6 +320,11 @@ def serve(
     secagg_neighbors: SecaggNeighborsOption = None,
     secagg_threshold: SecaggThresholdOption = None,
     secagg_clip: SecaggClipOption = None,
+    mode: ModeOption = None,
+    buffer: BufferOption = None,
+    max_staleness: MaxStalenessOption = None,
+    staleness: StalenessOption = None,
+    concurrency: ConcurrencyOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

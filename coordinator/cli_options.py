@@ -141,6 +141,27 @@ CompressDownOption = Annotated[
         "(default: none)"
     ),
 ]
+ModeOption = Annotated[
+    str | None,
+    typer.Option(help="sync (rounds) or async (buffered asynchronous aggregation) (default: sync)"),
+]
+BufferOption = Annotated[
+    int | None, typer.Option(help="async: updates per aggregation, FedBuff's K (default: 10)")
+]
+MaxStalenessOption = Annotated[
+    int | None,
+    typer.Option(help="async: drop updates more aggregations behind than this (default: 10)"),
+]
+StalenessOption = Annotated[
+    str | None,
+    typer.Option(
+        help="async: staleness weight: constant, poly[:a], hinge[:a[:b]] (default: poly:0.5)"
+    ),
+]
+ConcurrencyOption = Annotated[
+    int | None,
+    typer.Option(help="async: devices training at once, 0 = participation x fleet (default: 0)"),
+]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 ConfigOption = Annotated[
     Path | None,

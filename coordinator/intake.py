@@ -57,6 +57,10 @@ class Collector(Generic[Answer]):
             self.answers[device_id] = answer
             return True
 
+    def asks(self, device_id: str, round_id: int) -> bool:
+        """Whether an answer from `device_id` for `round_id` belongs here (not stale)."""
+        return round_id == self.round_id
+
     def complete(self) -> bool:
         """Every asked device answered."""
         with self._lock:
@@ -136,7 +140,7 @@ def answered_collector(
     """
     if message.run_id != run_id:
         msg = f"{message.kind} from another run ({message.run_id[:8]})"
-    elif collector is None or message.round_id != collector.round_id:
+    elif collector is None or not collector.asks(message.device_id, message.round_id):
         msg = f"stale or unexpected {message.kind}"
     else:
         return collector

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from coordinator.async_settings import check_async
 from coordinator.metrics import personalization_effect
 from coordinator.privacy import PrivacyEngine, check_privacy
 from coordinator.rounds import Coordinator, RoundRecord
@@ -118,6 +119,14 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     if secure is not None:
         for stage in stages:
             check_secure(build_strategy(stage.config, settings.participation), settings.uplink())
+    if settings.mode == "async":
+        check_async(
+            [stage.config.name for stage in stages],
+            private=privacy is not None,
+            secure=secure is not None,
+            compress_down=settings.compress_down,
+            pretrain_rounds=settings.pretrain_rounds,
+        )
     poisson = privacy is not None and privacy.sampling == "poisson"
     # Poisson cohorts are drawn by the PrivacyEngine; the strategy then takes everyone it is given
     return Stages(tuple(stages), 1.0 if poisson else settings.participation, secure)

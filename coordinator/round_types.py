@@ -47,11 +47,19 @@ class RoundRecord:
     skipped: int = 0
     dropped: int = 0
     """Messages the coordinator dropped while the round ran (malformed, stale, over a limit)."""
+    sim_seconds: float | None = None
+    """On a simulated clock: the simulated time at which the round's model was published."""
 
     def as_json(self) -> dict[str, Any]:
-        """A flat JSON-ready mapping (a loss devices did not report is null)."""
+        """A flat JSON-ready mapping: a loss devices did not report is null.
+
+        `sim_seconds` is there only on a simulated clock.
+        """
         loss = self.train_loss
-        return {**self.__dict__, "train_loss": loss if math.isfinite(loss) else None}
+        document = {**self.__dict__, "train_loss": loss if math.isfinite(loss) else None}
+        if self.sim_seconds is None:
+            del document["sim_seconds"]
+        return document
 
 
 def coordinator_will(fleet: str) -> Will:

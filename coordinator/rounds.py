@@ -232,6 +232,39 @@ class Coordinator:
         )
         if self.privacy is not None:
             updates = self.privacy.privatize(updates, presummed=secure_sum is not None)
+        scalars, norm_median = self.apply_updates(round_id, updates)
+        participants = len(updates) if secure_sum is None else len(secure_sum.survivors)
+        if secure_sum is not None:
+            scalars.update(secure_sum.scalars())
+        elif self.privacy is None:
+            scalars["update_norm_median"] = norm_median
+        if self.privacy is not None:  # released, even if skipped (the noise was drawn)
+            scalars.update(self.privacy.finish(within_clip, reporters=participants))
+        self.finish_round(round_id, scalars)
+        samples = sum(u.num_samples for u in updates)
+        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+        if self.privacy is not None:
+            loss = math.nan  # devices do not report it under DP
+        return RoundRecord(
+            round_id=round_id,
+            participants=participants,
+            selected=len(plan.devices),
+            train_loss=loss,
+            bytes_up=self.bytes_up - up_before,
+            bytes_down=self.bytes_down - down_before,
+            wall_seconds=time.perf_counter() - started,
+            scalars=scalars,
+            skipped=declined,
+        )
+
+    def apply_updates(
+        self, round_id: int, updates: Sequence[ReceivedUpdate]
+    ) -> tuple[dict[str, float], float]:
+        """Aggregate `updates` (device-id order) through the guard into the shared model.
+
+        Returns the round's scalars and the median update norm. A rejected aggregate leaves
+        the model unchanged and says so in the scalars.
+        """
         guarded = guarded_aggregate(
             self.strategy,
             round_id,
@@ -250,32 +283,18 @@ class Coordinator:
             scalars["aggregate_rejected"] = 1.0
         if guarded.cut:
             scalars["guard_cut"] = float(len(guarded.cut))
-        participants = len(updates) if secure_sum is None else len(secure_sum.survivors)
-        if secure_sum is not None:
-            scalars.update(secure_sum.scalars())
-        elif self.privacy is None:
-            scalars["update_norm_median"] = guarded.norm_median
-        if self.privacy is not None:  # released, even if skipped (the noise was drawn)
-            scalars.update(self.privacy.finish(within_clip, reporters=participants))
+        return scalars, guarded.norm_median
+
+    def finish_round(self, round_id: int, scalars: dict[str, float]) -> None:
+        """Round `round_id` is aggregated: publish its model and the fleet's status."""
         self.last_scalars = scalars
         self.round_id = round_id
         self.publish_model(force=self.relay.resends_model)
         self.publish_fleet_status()
-        samples = sum(u.num_samples for u in updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
-        if self.privacy is not None:
-            loss = math.nan  # devices do not report it under DP
-        return RoundRecord(
-            round_id=round_id,
-            participants=participants,
-            selected=len(plan.devices),
-            train_loss=loss,
-            bytes_up=self.bytes_up - up_before,
-            bytes_down=self.bytes_down - down_before,
-            wall_seconds=time.perf_counter() - started,
-            scalars=scalars,
-            skipped=declined,
-        )
+
+    def open_inbox(self, inbox: Collector[ReceivedUpdate] | None) -> None:
+        """Collect training updates into `inbox` until closed with None (asynchronous rounds)."""
+        self._train = inbox
 
     def _collect_updates(
         self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
@@ -287,7 +306,7 @@ class Coordinator:
         """
         collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
         self._train = collector
-        self._announce(round_id, "train", plan, privacy=dp)
+        self.announce(round_id, "train", plan, privacy=dp)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), needed),
             self.settings.round_timeout_s,
@@ -323,7 +342,7 @@ class Coordinator:
                 self._specs,
                 self.registry.online_ids,
                 self.settings.round_timeout_s,
-                lambda: self._announce(round_id, "train", plan, privacy=dp, secure=secure),
+                lambda: self.announce(round_id, "train", plan, privacy=dp, secure=secure),
             )
         finally:
             self.bytes_down += self.secure.bytes_down - sent_before
@@ -335,7 +354,7 @@ class Coordinator:
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
-        self._announce(self.round_id, "evaluate", None, final=final)
+        self.announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
         )
@@ -350,7 +369,7 @@ class Coordinator:
             )
         return reports, summarize_evaluations(reports)
 
-    def _announce(
+    def announce(
         self,
         round_id: int,
         phase: str,
@@ -359,7 +378,9 @@ class Coordinator:
         final: bool = False,
         privacy: DevicePrivacy | None = None,
         secure: SecureRound | None = None,
+        asynchronous: bool = False,
     ) -> None:
+        """Publish (retained) a call for work: `plan`'s devices, or every device without one."""
         selected = () if plan is None else tuple(sorted(plan.devices))
         assignments = {  # scalars only for the devices that have any: every device reads this
             d: DeviceAssignment(scalars=dict(plan.scalars[d]))
@@ -382,6 +403,7 @@ class Coordinator:
             delta_base_sha256=self.models.delta_base,
             privacy=privacy,
             secure=secure,
+            asynchronous=asynchronous,
         )
         self._announcement = encode_frame(announcement)
         self._broadcast(
@@ -452,7 +474,8 @@ class Coordinator:
             if (
                 collector is not None
                 and status.run_id == self.run_id
-                and status.round_id == collector.round_id
+                and status.round_id is not None
+                and collector.asks(status.device_id, status.round_id)
             ):
                 logger.info(
                     "device %s skipped the %s of round %s: %s",

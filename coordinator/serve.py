@@ -10,6 +10,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
+from coordinator.asynchronous import BufferedRounds
 from coordinator.checkpoint import (
     RECORD_FILE,
     load_checkpoint,
@@ -152,9 +153,17 @@ def _serve(
     publish_history(coordinator, history)  # the settings, before the first round
     _wait_for_fleet(coordinator, settings, say)
 
+    asynchronous = settings.async_settings()
+    engine = (
+        None
+        if asynchronous is None
+        else BufferedRounds(coordinator, asynchronous, None, settings.participation)
+    )
+
     def run_round() -> RoundRecord:
         coordinator.publish_status("running")
-        return _run_round_with_retries(coordinator, settings, say)
+        run = coordinator.run_round if engine is None else engine.run_round
+        return _run_round_with_retries(coordinator, settings, say, run)
 
     def after_round(record: RoundRecord, evaluated: Sequence[EvaluationReport]) -> None:
         recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
@@ -170,6 +179,8 @@ def _serve(
         run_round=run_round,
         after_round=after_round,
     )
+    if engine is not None:
+        engine.close()
     coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = summarize_run(
@@ -300,13 +311,16 @@ def _names(ids: list[str], shown: int = 8) -> str:
 
 
 def _run_round_with_retries(
-    coordinator: Coordinator, settings: ServeSettings, say: Notify
+    coordinator: Coordinator,
+    settings: ServeSettings,
+    say: Notify,
+    run_round: Callable[[], RoundRecord],
 ) -> RoundRecord:
     attempt = 0
     while True:
         _wait_for_fleet(coordinator, settings, say)
         try:
-            return coordinator.run_round()
+            return run_round()
         except RoundError as error:
             attempt += 1
             if attempt > settings.round_retries:

@@ -13,7 +13,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from coordinator.aggregate_guard import GuardSettings
+from coordinator.async_settings import AsyncSettings
+from coordinator.availability import AvailabilitySpec, DeviceTiming, SimulatedClock, parse_speeds
 from coordinator.dashboard.settings import DashboardSettings
+from coordinator.staleness import StalenessRule
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
@@ -80,6 +83,19 @@ class RunSettings(TomlSettings):
         0.6, gt=0.5, le=1, description="secagg: share of neighbours needed to unmask"
     )
     secagg_clip: float = Field(10.0, gt=0, description="secagg: clip norm of each delta (no DP)")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: rounds; async: buffered asynchronous aggregation (FedBuff)"
+    )
+    buffer: int = Field(10, ge=1, description="async: updates per aggregation (K)")
+    max_staleness: int = Field(
+        10, ge=0, description="async: drop updates more aggregations behind than this"
+    )
+    staleness: str = Field(
+        "poly:0.5", description="async: staleness weight: constant, poly[:a], hinge[:a[:b]]"
+    )
+    concurrency: int = Field(
+        0, ge=0, description="async: devices training at once (0: participation x fleet)"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
@@ -89,6 +105,22 @@ class RunSettings(TomlSettings):
     @classmethod
     def _known_codec(cls, value: str) -> str:
         return str(Compression.parse(value))
+
+    @field_validator("staleness")
+    @classmethod
+    def _known_staleness(cls, value: str) -> str:
+        return str(StalenessRule.parse(value))
+
+    def async_settings(self) -> AsyncSettings | None:
+        """Buffered asynchronous aggregation's settings (None for synchronous rounds)."""
+        if self.mode != "async":
+            return None
+        return AsyncSettings(
+            buffer=self.buffer,
+            max_staleness=self.max_staleness,
+            staleness=StalenessRule.parse(self.staleness),
+            concurrency=self.concurrency,
+        )
 
     def uplink(self) -> Compression:
         """The codec devices encode their updates with (`protocols.compression`)."""
@@ -175,6 +207,54 @@ class SimulationSettings(RunSettings, PartitionSettings):
     export_guard: bool = Field(
         False, description="with export_dir: ship the global model where it validates better"
     )
+    sim_speeds: str = Field(
+        "equal", description="device speeds: equal, or lognormal:<ratio of fastest 5% to slowest>"
+    )
+    sim_availability: str = Field(
+        "always", description="always, diurnal[:on_fraction[:period_s]] or trace:<sessions.csv>"
+    )
+    sim_uptime: float = Field(
+        0.0, ge=0, description="mean simulated seconds online between random dropouts (0: none)"
+    )
+    sim_downtime: float = Field(300.0, ge=0, description="simulated seconds offline per dropout")
+    sim_seconds_per_sample: float = Field(
+        0.01, gt=0, description="simulated seconds per sample and epoch at speed 1"
+    )
+    sim_latency: float = Field(1.0, ge=0, description="simulated seconds per job beyond training")
+    sim_deadline: float = Field(
+        0.0, ge=0, description="sync: a round's deadline in simulated seconds (0: none)"
+    )
+
+    @field_validator("sim_speeds")
+    @classmethod
+    def _known_speeds(cls, value: str) -> str:
+        parse_speeds(value)
+        return value
+
+    def simulated_clock(self, device_ids: list[str]) -> SimulatedClock | None:
+        """The simulated clock asynchronous runs, and sync runs with any `sim_*` setting, use.
+
+        Raises:
+            ValueError: an availability that does not parse (FileNotFoundError: no trace file).
+        """
+        defaults = {
+            name: field.default
+            for name, field in SimulationSettings.model_fields.items()
+            if name.startswith("sim_")
+        }
+        realistic = any(getattr(self, name) != value for name, value in defaults.items())
+        if self.mode == "sync" and not realistic:
+            return None
+        return SimulatedClock(
+            device_ids,
+            self.seed,
+            speed_ratio=parse_speeds(self.sim_speeds),
+            availability=AvailabilitySpec.parse(
+                self.sim_availability, self.sim_uptime, self.sim_downtime
+            ),
+            timing=DeviceTiming(self.sim_seconds_per_sample, self.sim_latency),
+            deadline_s=self.sim_deadline,
+        )
 
 
 class ServeSettings(RunSettings, BrokerAccess):

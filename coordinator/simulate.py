@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from coordinator.asynchronous import BufferedRounds
+from coordinator.availability import SimulatedClock
 from coordinator.dashboard.history import RunHistoryLog, publish_round
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
@@ -28,7 +30,7 @@ from coordinator.pipeline import (
     summarize_run,
 )
 from coordinator.privacy import privacy_engine
-from coordinator.rounds import EngineSettings, RoundRecord, coordinator_will
+from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
 from coordinator.simulation_workers import WorkerDevices, worker_count
 from device_agent.agent import DeviceAgent
@@ -190,6 +192,23 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
     return _Wiring(lambda: connect("coordinator", coordinator_will(settings.fleet)), host)
 
 
+def buffered_rounds(
+    coordinator: Coordinator, settings: SimulationSettings, clock: SimulatedClock
+) -> BufferedRounds:
+    """Asynchronous rounds, or synchronous ones, on the simulated clock.
+
+    Raises:
+        ValueError: a synchronous run on the simulated clock with DP or secure aggregation.
+    """
+    if settings.mode == "sync" and (settings.privacy() is not None or settings.secagg):
+        msg = (
+            "the --sim-* settings run rounds on a simulated clock, which does not combine with "
+            "differential privacy or secure aggregation yet"
+        )
+        raise ValueError(msg)
+    return BufferedRounds(coordinator, settings.async_settings(), clock, settings.participation)
+
+
 def _run(
     settings: SimulationSettings, wiring: _Wiring, on_round: RoundCallback | None
 ) -> SimulationResult:
@@ -230,6 +249,8 @@ def _run(
         stateful=not settings.stateless,
     )
     devices = wiring.host(fleet)
+    clock = settings.simulated_clock([device_name(i) for i in range(settings.devices)])
+    buffered = None if clock is None else buffered_rounds(coordinator, settings, clock)
     coordinator.start()
     if not coordinator.wait_for_devices(settings.devices, timeout_s=join_timeout(settings.devices)):
         msg = f"only {coordinator.registry.online_count()} of {settings.devices} devices joined"
@@ -261,7 +282,7 @@ def _run(
                 coordinator.registry.online_count(),
                 settings.devices,
             )
-        return coordinator.run_round()
+        return coordinator.run_round() if buffered is None else buffered.run_round()
 
     records, reports = drive_rounds(
         coordinator,
@@ -270,6 +291,8 @@ def _run(
         run_round=run_round,
         after_round=after_round,
     )
+    if buffered is not None:
+        buffered.close()
     coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = replace(
@@ -287,6 +310,7 @@ def _run(
         stateless=settings.stateless,
         partition=settings.partition,
         alpha=settings.alpha,
+        sim_seconds=None if clock is None else clock.now,
     )
     if settings.export_dir is not None:  # every device's personalized model, verified
         exported = devices.export(

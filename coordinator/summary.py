@@ -14,9 +14,11 @@ FleetMetrics = Mapping[str, float | None]
 PersonalizationEffect = Mapping[str, float | int]
 """`personalization_effect`'s counts of devices personalization helped and hurt."""
 
-_SIMULATION_ONLY: Final = frozenset({"stateless", "partition", "alpha", "export", "privacy"})
+_SIMULATION_ONLY: Final = frozenset(
+    {"stateless", "partition", "alpha", "export", "privacy", "sim_seconds"}
+)
 """Keys summary.json has only when they apply: a simulation's split, `export` only with
---export-dir, `privacy` only under differential privacy."""
+--export-dir, `privacy` only under differential privacy, `sim_seconds` on a simulated clock."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class RunSummary(Mapping[str, Any]):
     export: Mapping[str, Any] | None = None
     privacy: Mapping[str, Any] | None = None
     """Under DP: the guarantee the run's released models carry (epsilon at delta, settings)."""
+    sim_seconds: float | None = None
+    """On a simulated clock: the simulated time the run took."""
 
     def as_json(self) -> dict[str, Any]:
         """The summary.json document; a simulation-only key that is None is left out."""

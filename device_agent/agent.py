@@ -302,6 +302,11 @@ class DeviceAgent:
 
     def _need_model(self, announcement: RoundAnnouncement) -> bool:
         """Whether this device holds `announcement`'s model; if not, fetch it."""
+        if announcement.asynchronous:  # any model from the announced one on will do
+            if self._model is not None and self._model.header.round_id >= announcement.round_id - 1:
+                return True
+            self.downloads.latest()
+            return False
         held = None if self._model is None else self._model.header.manifest.sha256
         return self.downloads.need(announcement.model_sha256, held, announcement.delta_base_sha256)
 

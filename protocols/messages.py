@@ -402,6 +402,9 @@ class RoundAnnouncement(Message):
     """Differential privacy for this round's updates (None: none)."""
     secure: SecureRound | None = None
     """Secure aggregation of this round's updates (None: plain updates)."""
+    asynchronous: bool = False
+    """Asynchronous rounds: train on the model retained when this device fetches, which may be
+    newer than `model_sha256` (the coordinator counts staleness from `round_id`)."""
 
     def addresses(self, device_id: str) -> bool:
         """Whether this announcement asks `device_id` to answer."""

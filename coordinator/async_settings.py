@@ -1,0 +1,92 @@
+"""Asynchronous mode's settings, and the runs it refuses with the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from coordinator.staleness import StalenessRule
+
+REFUSED: Final[dict[str, str]] = {
+    "pfedme": (
+        "its global step mixes one round's personalized models with the previous global model "
+        "(beta-weighted), a synchronous step with no asynchronous form"
+    ),
+    "pfedbred": (
+        "its global step mixes one round's personalized models with the previous global model "
+        "(beta-weighted), a synchronous step with no asynchronous form"
+    ),
+    "selffl": (
+        "its aggregation weights come from the fleet variance estimated over one round's "
+        "cohort, which a buffer of updates from different model versions does not estimate"
+    ),
+    "selffl-aug": (
+        "its aggregation weights come from the fleet variance estimated over one round's "
+        "cohort, which a buffer of updates from different model versions does not estimate"
+    ),
+    "federico": (
+        "devices train on peer models relayed within one round; relays across model versions "
+        "have no defined rule"
+    ),
+    "local": "local training aggregates nothing, so it has no rounds to make asynchronous",
+}
+"""Algorithms that need a synchronous round, and why."""
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """FedBuff's knobs: buffer size K, staleness bound and rule, devices training at once."""
+
+    buffer: int = 10
+    max_staleness: int = 10
+    staleness: StalenessRule = field(default_factory=StalenessRule)
+    concurrency: int = 0
+    """Devices training at once (0: the run's participation of the fleet, at least `buffer`)."""
+
+
+def check_async(
+    algorithms: Iterable[str],
+    *,
+    private: bool,
+    secure: bool,
+    compress_down: str,
+    pretrain_rounds: int,
+) -> None:
+    """Refuse what asynchronous rounds cannot do, naming the reason and the way out.
+
+    Raises:
+        ValueError: an algorithm or option that needs synchronous rounds.
+    """
+    for name in algorithms:
+        if name in REFUSED:
+            msg = f"--mode async: {name} needs synchronous rounds: {REFUSED[name]}; use --mode sync"
+            raise ValueError(msg)
+    problems = {
+        "differential privacy (--dp-noise)": private,
+        "secure aggregation (--secagg)": secure,
+        "--pretrain-rounds": pretrain_rounds > 0,
+        "--compress-down int8": compress_down != "none",
+    }
+    reasons = {
+        "differential privacy (--dp-noise)": (
+            "its accountant counts rounds that each sample one cohort, and buffered updates "
+            "from devices asked at different times are not such rounds"
+        ),
+        "secure aggregation (--secagg)": (
+            "masks cancel only within one round's cohort, and a buffer mixes devices asked "
+            "at different times"
+        ),
+        "--pretrain-rounds": (
+            "the shared part changes between stages, and updates in flight would straddle "
+            "the change"
+        ),
+        "--compress-down int8": (
+            "devices fetch whichever model is current when they start, and a model delta "
+            "needs the one just before it; use --compress-down none"
+        ),
+    }
+    for option, present in problems.items():
+        if present:
+            msg = f"--mode async does not combine with {option}: {reasons[option]}"
+            raise ValueError(msg)

@@ -1,0 +1,416 @@
+"""Asynchronous buffered aggregation (FedBuff) and synchronous rounds on a simulated clock.
+
+Asynchronous mode (Nguyen et al. 2022, FedBuff): up to `concurrency` devices train at once,
+each on the model current when it was asked, and the coordinator aggregates every `buffer`
+updates. An update's staleness is how many aggregations happened since its device was asked;
+one staler than `max_staleness` is dropped, the others are scaled by the staleness rule
+(`coordinator.staleness`) before the strategy averages the buffer. A device works at most once
+for each model version, so no device fills a buffer alone; a buffer no further device can add to
+is aggregated as it is.
+
+Time is real (`pfl-coord serve`: updates count in the order they arrive, a device's work is given
+up after the round timeout or when it goes offline) or simulated (`pfl-coord simulate`: a
+`SimulatedClock` says when each device finishes or drops out; updates count in simulated order,
+whatever order the machine computed them in, so results depend on the seed alone). On the
+simulated clock synchronous rounds run here too (`settings=None`): the round's cohort is drawn
+from the devices online at its start and it ends when its last device finishes, or at the
+deadline, which late updates miss.
+
+Each call of `run_round` returns one aggregation as a `RoundRecord`, so the run loop, periodic
+evaluation, metrics, checkpoints and dashboards are those of synchronous runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from coordinator.async_settings import AsyncSettings
+from coordinator.availability import SimulatedClock
+from coordinator.intake import Collector
+from coordinator.round_types import RoundRecord
+from coordinator.rounds import Coordinator
+from coordinator.staleness import weigh_update
+from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
+from protocols.errors import RoundError
+
+logger = logging.getLogger(__name__)
+POLL_S = 0.5
+"""How often a real-time coordinator looks for devices that came online or ran out of time."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Work a device was asked for."""
+
+    round_id: int
+    """The aggregation it was meant for: the model version it started from, plus one."""
+    event_s: float = 0.0
+    """Simulated: when the device finishes, or drops out."""
+    survives: bool = True
+    """Simulated: whether it stays online until it finishes."""
+    deadline: float = math.inf
+    """Real time (`time.monotonic()`): when the coordinator gives the work up."""
+
+
+class DispatchInbox(Collector[ReceivedUpdate]):
+    """Updates from devices asked at different times for different aggregations.
+
+    Each device answers the work it was last asked for, once; the engine settles that work
+    (takes the answer or gives it up) before asking the device again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0, "train", set())
+        self.rounds: dict[str, int] = {}
+        self._arrivals: list[str] = []
+        self._news = threading.Event()
+
+    def dispatch(self, device_id: str, round_id: int) -> None:
+        """`device_id` was asked to train for aggregation `round_id`."""
+        with self._lock:
+            self.expected.add(device_id)
+            self.rounds[device_id] = round_id
+            self.answers.pop(device_id, None)
+            self.declined.discard(device_id)
+
+    def asks(self, device_id: str, round_id: int) -> bool:
+        """Only the work a device was asked for and has not answered yet."""
+        with self._lock:
+            return self.rounds.get(device_id) == round_id and device_id not in self.answers
+
+    def offer(self, device_id: str, answer: ReceivedUpdate) -> bool:
+        """Take the first answer to a device's open work; note its arrival."""
+        if not super().offer(device_id, answer):
+            return False
+        with self._lock:
+            self._arrivals.append(device_id)
+        return True
+
+    def decline(self, device_id: str) -> None:
+        """The device will not answer its open work (it said so, or it is quarantined)."""
+        with self._lock:
+            if device_id in self.expected and device_id not in self.answers:
+                self.declined.add(device_id)
+                self._arrivals.append(device_id)
+
+    def landed(self, device_id: str) -> bool:
+        """The device answered or declined its open work."""
+        with self._lock:
+            return device_id in self.answers or device_id in self.declined
+
+    def has_arrivals(self) -> bool:
+        """Whether an answer or decline arrived since `arrivals()` was last called."""
+        with self._lock:
+            return bool(self._arrivals)
+
+    def arrivals(self) -> list[str]:
+        """Devices whose answer or decline arrived since the last call, in arrival order."""
+        with self._lock:
+            arrived, self._arrivals = self._arrivals, []
+            return arrived
+
+    def settle(self, device_id: str) -> tuple[ReceivedUpdate | None, bool]:
+        """Close a device's open work: (its answer or None, whether it declined)."""
+        with self._lock:
+            self.expected.discard(device_id)
+            self.rounds.pop(device_id, None)
+            declined = device_id in self.declined
+            self.declined.discard(device_id)
+            return self.answers.pop(device_id, None), declined
+
+
+@dataclass
+class _Tally:
+    """What happened to the work that ended during one aggregation."""
+
+    asked: int = 0
+    declined: int = 0
+    lost: int = 0
+    stale: int = 0
+    late: int = 0
+
+
+class BufferedRounds:
+    """Runs a coordinator's aggregations asynchronously, or synchronously on a simulated clock.
+
+    Args:
+        settings: FedBuff's settings, or None for synchronous rounds (then `clock` is required).
+        clock: the simulated clock, or None for real time.
+        participation: the run's fraction of the fleet (the default concurrency).
+    """
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        settings: AsyncSettings | None,
+        clock: SimulatedClock | None,
+        participation: float = 1.0,
+    ) -> None:
+        if settings is None and clock is None:
+            msg = "synchronous rounds run here only on a simulated clock"
+            raise ValueError(msg)
+        self.coordinator = coordinator
+        self.settings = settings
+        self.clock = clock
+        self.participation = participation
+        self.inbox = DispatchInbox()
+        self.in_flight: dict[str, Dispatch] = {}
+        self.buffer: dict[str, tuple[ReceivedUpdate, int]] = {}
+        self._asked_for: dict[str, int] = {}
+        coordinator.open_inbox(self.inbox)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long the coordinator waits for one device's answer or for any progress."""
+        return self.coordinator.settings.round_timeout_s
+
+    def close(self) -> None:
+        """Stop collecting updates: later ones are stale."""
+        self.coordinator.open_inbox(None)
+
+    def run_round(self) -> RoundRecord:
+        """Collect one aggregation's updates, aggregate them and publish the new model.
+
+        Raises:
+            RoundError: no device answered within the round timeout (real time), or no device
+                will ever be online again (simulated).
+        """
+        c = self.coordinator
+        started, up_before, down_before = time.perf_counter(), c.bytes_up, c.bytes_down
+        round_id = c.round_id + 1
+        c.quarantine.start_round(round_id, c.offences.counts())
+        tally = _Tally()
+        if self.settings is None:
+            self._synchronous_round(round_id, tally)
+        else:
+            self._fill_buffer(round_id, self.settings, tally)
+        entries = [self.buffer[d] for d in sorted(self.buffer)]
+        self.buffer.clear()
+        updates = [update for update, _ in entries]
+        staleness = [s for _, s in entries]
+        if updates:
+            scalars, norm_median = c.apply_updates(round_id, updates)
+            scalars["update_norm_median"] = norm_median
+        else:
+            logger.warning("round %d: no update arrived in time; the model is unchanged", round_id)
+            scalars = {"aggregate_rejected": 1.0}
+        scalars.update(self._scalars(tally, staleness))
+        c.finish_round(round_id, scalars)
+        samples = sum(u.num_samples for u in updates)
+        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+        return RoundRecord(
+            round_id=round_id,
+            participants=len(updates),
+            selected=tally.asked,
+            train_loss=loss,
+            bytes_up=c.bytes_up - up_before,
+            bytes_down=c.bytes_down - down_before,
+            wall_seconds=time.perf_counter() - started,
+            scalars=scalars,
+            skipped=tally.declined,
+            sim_seconds=None if self.clock is None else self.clock.now,
+        )
+
+    def _scalars(self, tally: _Tally, staleness: list[int]) -> dict[str, float]:
+        out = {"lost": float(tally.lost), "late": float(tally.late)}
+        if self.settings is not None:
+            out["stale_dropped"] = float(tally.stale)
+            out["in_flight"] = float(len(self.in_flight))
+            out["staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
+            out["staleness_max"] = float(max(staleness, default=0))
+        return out
+
+    # -- asynchronous -----------------------------------------------------------------------
+
+    def _fill_buffer(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+        """Ask devices and take their updates until the buffer is full or nobody can add to it."""
+        progress_by = time.monotonic() + self.timeout_s
+        while len(self.buffer) < settings.buffer:
+            self._ask(round_id, settings, tally)
+            if self.in_flight:
+                before = len(self.buffer)
+                self._next_events(round_id, settings, tally)
+                if len(self.buffer) > before:
+                    progress_by = time.monotonic() + self.timeout_s
+                continue
+            if self.clock is not None:
+                if self.buffer:  # nobody online may work on this version any more
+                    break
+                self._wait_for_simulated_devices(round_id)
+                continue
+            if time.monotonic() > progress_by:
+                if self.buffer:
+                    break
+                msg = f"no update in {self.timeout_s:g} s: no device is online to train"
+                raise RoundError(msg, round_id=round_id)
+            c = self.coordinator
+            c.transport.wait_until(lambda: self._askable(round_id) != [], POLL_S)
+        if self.clock is not None:  # devices still fetching must find the model they were sent
+            self._wait_for_answers([d for d, job in self.in_flight.items() if job.survives])
+
+    def _concurrency(self, settings: AsyncSettings) -> int:
+        if settings.concurrency:
+            return settings.concurrency
+        known = len(self.coordinator.registry.records())
+        return max(settings.buffer, math.ceil(self.participation * known))
+
+    def _askable(self, round_id: int) -> list[str]:
+        """Online devices not working now and not yet asked for this aggregation."""
+        c = self.coordinator
+        held = c.quarantine.held()
+        return [
+            d
+            for d in sorted(c.registry.online_ids())
+            if d not in self.in_flight
+            and self._asked_for.get(d) != round_id
+            and d not in held
+            and (self.clock is None or self.clock.online(d))
+        ]
+
+    def _ask(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+        free = self._concurrency(settings) - len(self.in_flight)
+        candidates = self._askable(round_id) if free > 0 else []
+        if not candidates:
+            return
+        c = self.coordinator
+        picked = c.rng.choice(len(candidates), size=min(free, len(candidates)), replace=False)
+        chosen = sorted(candidates[i] for i in picked)
+        asked = []
+        for device_id in chosen:
+            dispatch = self._dispatch(device_id, round_id)
+            self.in_flight[device_id] = dispatch
+            self._asked_for[device_id] = round_id
+            if dispatch.survives:  # a device that drops out first never gets to answer
+                self.inbox.dispatch(device_id, round_id)
+                asked.append(device_id)
+        tally.asked += len(chosen)
+        if asked:
+            c.announce(round_id, "train", RoundPlan(tuple(asked)), asynchronous=True)
+
+    def _dispatch(self, device_id: str, round_id: int) -> Dispatch:
+        if self.clock is None:
+            return Dispatch(round_id, deadline=time.monotonic() + self.timeout_s)
+        event_s, survives = self.clock.job(device_id, *self._work(device_id))
+        return Dispatch(round_id, event_s, survives)
+
+    def _work(self, device_id: str) -> tuple[int, int]:
+        """(samples, epochs) of one job of `device_id`, for its simulated duration."""
+        c = self.coordinator
+        samples = c.registry.declared_samples(device_id) or 0
+        return samples, int(getattr(c.strategy.config, "local_epochs", 1))
+
+    def _next_events(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+        if self.clock is not None:
+            device_id = min(self.in_flight, key=lambda d: (self.in_flight[d].event_s, d))
+            dispatch = self.in_flight.pop(device_id)
+            self.clock.now = max(self.clock.now, dispatch.event_s)
+            if dispatch.survives:
+                self._wait_for_answers([device_id])
+            self._land(device_id, dispatch, settings, tally)
+            return
+        c = self.coordinator
+        soonest = min(d.deadline for d in self.in_flight.values())
+        free = self._concurrency(settings) > len(self.in_flight)
+        c.transport.wait_until(
+            lambda: self.inbox.has_arrivals() or (free and self._askable(round_id) != []),
+            max(0.0, min(POLL_S, soonest - time.monotonic())),
+        )
+        online = c.registry.online_ids()
+        now = time.monotonic()
+        for device_id in self.inbox.arrivals():
+            if device_id in self.in_flight:
+                self._land(device_id, self.in_flight.pop(device_id), settings, tally)
+        for device_id, dispatch in list(self.in_flight.items()):
+            if now > dispatch.deadline or device_id not in online:
+                logger.info("device %s: work for round %d given up", device_id, dispatch.round_id)
+                del self.in_flight[device_id]
+                self._land(device_id, dispatch, settings, tally)
+
+    def _land(
+        self, device_id: str, dispatch: Dispatch, settings: AsyncSettings, tally: _Tally
+    ) -> None:
+        """A device's work ended: buffer its update (scaled by staleness), or count why not."""
+        update, declined = self.inbox.settle(device_id)
+        if update is None:
+            if declined:
+                tally.declined += 1
+            else:
+                tally.lost += 1
+            return
+        staleness = self.coordinator.round_id + 1 - dispatch.round_id
+        if staleness > settings.max_staleness:
+            tally.stale += 1
+            logger.info("device %s: update %d rounds stale, dropped", device_id, staleness)
+            return
+        weight = settings.staleness.weight(staleness)
+        self.buffer[device_id] = (weigh_update(update, weight), staleness)
+
+    def _wait_for_answers(self, device_ids: list[str]) -> None:
+        """Simulated time: let the machine compute until these devices answered (or left)."""
+        c = self.coordinator
+        c.transport.wait_until(
+            lambda: all(
+                self.inbox.landed(d) or d not in c.registry.online_ids() for d in device_ids
+            ),
+            self.timeout_s,
+        )
+
+    def _wait_for_simulated_devices(self, round_id: int) -> None:
+        """Nobody can work now: move the simulated clock to when somebody comes online."""
+        assert self.clock is not None
+        known = sorted(self.coordinator.registry.online_ids())
+        at = self.clock.next_online(known)
+        if at is None or at <= self.clock.now:
+            msg = "no device will be online again to train"
+            raise RoundError(msg, round_id=round_id)
+        self.clock.now = at
+
+    # -- synchronous, on the simulated clock ------------------------------------------------
+
+    def _synchronous_round(self, round_id: int, tally: _Tally) -> None:
+        """One synchronous round: the cohort trains from now; late and lost updates miss it."""
+        clock = self.clock
+        assert clock is not None
+        c = self.coordinator
+        while True:
+            held = c.quarantine.held()
+            fleet = c.registry.snapshot()
+            cohort = FleetSnapshot(
+                tuple(
+                    replace(
+                        d, online=d.online and d.device_id not in held and clock.online(d.device_id)
+                    )
+                    for d in fleet.devices
+                )
+            )
+            if cohort.online():
+                break
+            self._wait_for_simulated_devices(round_id)
+        plan = c.strategy.plan_round(round_id, cohort, c.rng)
+        jobs = {d: self._dispatch(d, round_id) for d in plan.devices}
+        asked = tuple(d for d in plan.devices if jobs[d].survives)
+        for device_id in asked:
+            self.inbox.dispatch(device_id, round_id)
+        tally.asked = len(plan.devices)
+        if asked:
+            c.relay.start_round(round_id)
+            scalars = {d: plan.scalars[d] for d in asked if d in plan.scalars}
+            c.announce(round_id, "train", RoundPlan(asked, scalars))
+            self._wait_for_answers(list(asked))
+        deadline = clock.now + clock.deadline_s if clock.deadline_s else math.inf
+        for device_id in plan.devices:
+            update, declined = self.inbox.settle(device_id)
+            if update is None and not declined:
+                tally.lost += 1
+            elif update is None:
+                tally.declined += 1
+            elif jobs[device_id].event_s > deadline:
+                tally.late += 1
+            else:
+                self.buffer[device_id] = (update, 0)
+        ends = [job.event_s for job in jobs.values()]
+        clock.now = min(max(ends, default=clock.now), deadline)
