@@ -174,7 +174,8 @@ class DeviceSessions:
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._back_at = -math.inf
-        """No session starts before this: the end of the last one, or of its dropout."""
+        """No session starts before this: the end of the last dropout."""
+        self._next_drop: float | None = None
 
     def online(self, t: float) -> bool:
         """Whether the device is online at simulated time `t`."""
@@ -228,21 +229,26 @@ class DeviceSessions:
         return spans
 
     def _add(self, start: float, end: float) -> None:
-        """Add a session, split by random dropouts when the spec has them."""
-        start = max(start, self._back_at)
-        if start >= end:
-            return
-        if not self._spec.uptime_s:
-            self._starts.append(start)
-            self._ends.append(end)
-            self._back_at = end
-            return
-        while start < end:
-            up = float(self._rng.exponential(self._spec.uptime_s))
-            self._starts.append(start)
-            self._ends.append(min(end, start + up))
-            start += up + self._spec.downtime_s
-        self._back_at = max(end, start) if start > end else end
+        """Add a session, cut by the random dropouts when the spec has them.
+
+        Dropouts are one process across sessions: the next one is an exponential uptime after
+        the device was last back, whichever session it falls in.
+        """
+        t = max(start, self._back_at)
+        while t < end:
+            if self._spec.uptime_s and self._next_drop is None:
+                self._next_drop = t + float(self._rng.exponential(self._spec.uptime_s))
+            stop = end if self._next_drop is None else min(end, self._next_drop)
+            if self._ends and self._ends[-1] == t:  # the session goes on across a period
+                self._ends[-1] = stop
+            else:
+                self._starts.append(t)
+                self._ends.append(stop)
+            if self._next_drop is not None and self._next_drop < end:
+                t = self._back_at = self._next_drop + self._spec.downtime_s
+                self._next_drop = None
+            else:
+                t = end
 
 
 class SimulatedClock:
