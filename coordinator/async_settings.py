@@ -8,23 +8,19 @@ from typing import Final
 
 from coordinator.staleness import StalenessRule
 
+_GLOBAL_STEP = (
+    "its global step mixes one round's personalized models with the previous global model "
+    "(beta-weighted), a synchronous step with no asynchronous form"
+)
+_FLEET_VARIANCE = (
+    "its aggregation weights come from the fleet variance estimated over one round's cohort, "
+    "which a buffer of updates from different model versions does not estimate"
+)
 REFUSED: Final[dict[str, str]] = {
-    "pfedme": (
-        "its global step mixes one round's personalized models with the previous global model "
-        "(beta-weighted), a synchronous step with no asynchronous form"
-    ),
-    "pfedbred": (
-        "its global step mixes one round's personalized models with the previous global model "
-        "(beta-weighted), a synchronous step with no asynchronous form"
-    ),
-    "selffl": (
-        "its aggregation weights come from the fleet variance estimated over one round's "
-        "cohort, which a buffer of updates from different model versions does not estimate"
-    ),
-    "selffl-aug": (
-        "its aggregation weights come from the fleet variance estimated over one round's "
-        "cohort, which a buffer of updates from different model versions does not estimate"
-    ),
+    "pfedme": _GLOBAL_STEP,
+    "pfedbred": _GLOBAL_STEP,
+    "selffl": _FLEET_VARIANCE,
+    "selffl-aug": _FLEET_VARIANCE,
     "federico": (
         "devices train on peer models relayed within one round; relays across model versions "
         "have no defined rule"
@@ -62,31 +58,32 @@ def check_async(
         if name in REFUSED:
             msg = f"--mode async: {name} needs synchronous rounds: {REFUSED[name]}; use --mode sync"
             raise ValueError(msg)
-    problems = {
-        "differential privacy (--dp-noise)": private,
-        "secure aggregation (--secagg)": secure,
-        "--pretrain-rounds": pretrain_rounds > 0,
-        "--compress-down int8": compress_down != "none",
-    }
-    reasons = {
-        "differential privacy (--dp-noise)": (
+    refused_options = [
+        (
+            private,
+            "differential privacy (--dp-noise)",
             "its accountant counts rounds that each sample one cohort, and buffered updates "
-            "from devices asked at different times are not such rounds"
+            "from devices asked at different times are not such rounds",
         ),
-        "secure aggregation (--secagg)": (
-            "masks cancel only within one round's cohort, and a buffer mixes devices asked "
-            "at different times"
+        (
+            secure,
+            "secure aggregation (--secagg)",
+            "masks cancel only within one round's cohort, and a buffer mixes devices asked at "
+            "different times",
         ),
-        "--pretrain-rounds": (
-            "the shared part changes between stages, and updates in flight would straddle "
-            "the change"
+        (
+            pretrain_rounds > 0,
+            "--pretrain-rounds",
+            "the shared part changes between stages, and updates in flight would straddle it",
         ),
-        "--compress-down int8": (
-            "devices fetch whichever model is current when they start, and a model delta "
-            "needs the one just before it; use --compress-down none"
+        (
+            compress_down != "none",
+            "--compress-down int8",
+            "devices fetch whichever model is current when they start, and a model delta needs "
+            "the one just before it; use --compress-down none",
         ),
-    }
-    for option, present in problems.items():
+    ]
+    for present, option, reason in refused_options:
         if present:
-            msg = f"--mode async does not combine with {option}: {reasons[option]}"
+            msg = f"--mode async does not combine with {option}: {reason}"
             raise ValueError(msg)

@@ -164,3 +164,41 @@ def test_async_keeps_working_with_compressed_updates_and_stateless_devices() -> 
     assert result.summary.metrics is not None
     assert result.summary.metrics["personalized_mean"] > 0.3
     assert all(r.participants == 3 for r in result.records)
+
+
+def test_the_inbox_takes_only_the_open_job_of_each_device_and_only_once() -> None:
+    inbox = DispatchInbox()
+    update = ReceivedUpdate("dev-1", 3, 0.1, {"w": torch.zeros(1)})
+    inbox.dispatch("dev-1", 4)
+    assert not inbox.asks("dev-1", 3)  # an older job's answer is a replay
+    assert not inbox.asks("dev-2", 4)  # a device not asked
+    assert inbox.asks("dev-1", 4)
+    assert inbox.offer("dev-1", update)
+    assert not inbox.asks("dev-1", 4)  # answered: a second copy is refused
+    assert not inbox.offer("dev-1", update)
+    assert inbox.arrivals() == ["dev-1"]
+    assert inbox.settle("dev-1") == (update, False)
+    assert not inbox.asks("dev-1", 4)  # settled: nothing open any more
+    inbox.dispatch("dev-1", 5)
+    inbox.decline("dev-1")
+    assert inbox.landed("dev-1")
+    assert inbox.settle("dev-1") == (None, True)
+
+
+def test_async_over_the_embedded_mqtt_broker_from_the_command_line(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable, "-m", "coordinator.cli", "simulate", "--transport", "mqtt",
+        "--devices", "4", "--rounds", "3", "--mode", "async", "--buffer", "2",
+        "--concurrency", "3", "--sim-speeds", "lognormal:5", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds"] == 3
+    assert summary["sim_seconds"] > 0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["participants"] for line in lines] == [2, 2, 2]
