@@ -275,6 +275,8 @@ def _print_summary(result: SimulationResult | ServeResult) -> None:
     table.add_row("bytes up", f"{summary.bytes_up:,}")
     table.add_row("bytes down", f"{summary.bytes_down:,}")
     table.add_row("wall seconds", f"{summary.wall_seconds:.2f}")
+    if summary.sim_seconds is not None:
+        table.add_row("simulated seconds", f"{summary.sim_seconds:.1f}")
     if summary.export:
         exported = summary.export
         table.add_row(
