@@ -118,7 +118,9 @@ class DeviceAgent:
         self._slots = ModelSlots(workspace)
         self.last_loss: float | None = None
         self._model: ReceivedModel | None = None
-        self._pending: tuple[RoundAnnouncement, bytes] | None = None
+        self._pending: dict[str, tuple[RoundAnnouncement, bytes]] = {}
+        """Work waiting for its model, one per phase: an evaluation announced while an
+        asynchronous job is still fetching does not replace that job."""
         self._export_command: Command | None = None  # waiting for the model it exports
         self.downloads = ModelDownloads(transport, fleet, self._on_model, self._on_model_delta)
         self._answered: set[tuple[str, int, str, float]] = set()
@@ -248,7 +250,7 @@ class DeviceAgent:
                     self._decline(message, reason)
                     return
                 self.secure.join(message)
-            self._pending = (message, payload)
+            self._pending[message.phase] = (message, payload)
             self._serve_pending()
 
     def _on_secure(self, topic: str, payload: bytes) -> None:
@@ -319,15 +321,16 @@ class DeviceAgent:
         self._work(announcement, model, models)
 
     def _serve_pending(self) -> None:
-        if self._pending is None:
-            return
-        announcement, frame = self._pending
-        if not self._need_model(announcement) or self._model is None:
-            return  # the announced model is on its way
-        if not self.secure.ready(announcement):
-            return  # secure aggregation deals its shares before anyone trains
-        model = self._model
-        self._pending = None
+        for phase, (announcement, frame) in list(self._pending.items()):
+            if not self._need_model(announcement) or self._model is None:
+                continue  # the announced model is on its way
+            if not self.secure.ready(announcement):
+                continue  # secure aggregation deals its shares before anyone trains
+            del self._pending[phase]
+            self._serve(announcement, frame, self._model)
+
+    def _serve(self, announcement: RoundAnnouncement, frame: bytes, model: ReceivedModel) -> None:
+        """Do announced work whose model is here, or answer it again if it was done."""
         self.received.remember_round(announcement, frame)  # kept with the model it uses
         self._answered.add(sighting(announcement))
         again = self.secure.answer_again(announcement)

@@ -44,3 +44,26 @@ def test_an_async_device_trains_on_the_newer_model_it_finds() -> None:
 
 def test_a_sync_device_waits_for_the_announced_model_instead() -> None:
     assert _announce_then_move_the_model_on(asynchronous=False) == []
+
+
+def test_an_evaluation_announced_while_an_async_job_waits_for_its_model_replaces_nothing() -> None:
+    broker = InProcessBroker()
+    coordinator = hub_coordinator(broker, "fedavg", devices=1, rounds=3)
+    coordinator.start()
+    hub_agents(broker, ["dev-0000"])
+    seen = _updates(broker)
+    reports: list[object] = []
+    tap = broker.connect("eval-tap")
+    tap.subscribe(
+        topics.device_subscription("default", "evaluation"),
+        lambda _topic, payload: reports.append(decode_frame(payload)[0]),
+    )
+    broker.pump(lambda: False)
+    coordinator.model = {k: v + 0.01 for k, v in coordinator.model.items()}
+    coordinator.round_id = 1
+    coordinator.publish_model()  # the device holds model 0 only: the job must fetch model 1
+    coordinator.announce(2, "train", RoundPlan(("dev-0000",)), asynchronous=True)
+    coordinator.announce(1, "evaluate", None)  # before the device has even seen the job
+    broker.pump(lambda: False)
+    assert [(u.device_id, u.round_id) for u in seen] == [("dev-0000", 2)]
+    assert len(reports) == 1
