@@ -336,10 +336,11 @@ class BufferedRounds:
         """A device's work ended: buffer its update (scaled by staleness), or count why not."""
         update, declined = self.inbox.settle(device_id)
         if update is None:
-            if declined:
+            if declined:  # not asked again for this version: it would decline again
                 tally.declined += 1
-            else:
+            else:  # it left or ran out of time: once back it may work on this version
                 tally.lost += 1
+                self._asked_for.pop(device_id, None)
             return
         staleness = self.coordinator.round_id + 1 - dispatch.round_id
         if staleness > settings.max_staleness:

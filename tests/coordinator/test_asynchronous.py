@@ -202,3 +202,20 @@ def test_async_over_the_embedded_mqtt_broker_from_the_command_line(tmp_path: Pat
     assert summary["sim_seconds"] > 0
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["participants"] for line in lines] == [2, 2, 2]
+
+
+def test_devices_whose_jobs_were_lost_work_on_the_same_version_once_back(tmp_path: Path) -> None:
+    # Prepare: every device leaves before its first job ends and comes back at 100 s
+    trace = tmp_path / "sessions.csv"
+    rows = [f"dev-{i:04d},{start},{end}" for i in range(4) for start, end in ((0, 1.5), (100, 1e6))]
+    trace.write_text("device,start_s,end_s\n" + "\n".join(rows) + "\n")
+    # Execute
+    result = _run(
+        mode="async", devices=4, buffer=4, concurrency=4, rounds=1,
+        sim_availability=f"trace:{trace}",
+    )  # fmt: skip
+    # Assert: the lost jobs are counted, then the same version is trained once they are back
+    (record,) = result.records
+    assert (record.participants, record.scalars["lost"], record.selected) == (4, 4.0, 8)
+    assert record.sim_seconds is not None
+    assert record.sim_seconds > 100.0
