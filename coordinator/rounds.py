@@ -11,21 +11,16 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from coordinator.aggregate_guard import guarded_aggregate
+from coordinator.device_messages import DeviceMessages
 from coordinator.downlink import ModelPublisher
 from coordinator.flapping import FlapWatch
 from coordinator.fleet_view import fleet_status
 from coordinator.intake import (
     Collector,
-    answered_collector,
-    check_claims,
-    check_hello,
-    device_message,
-    unpack_delta,
 )
 from coordinator.metrics import summarize_evaluations
 from coordinator.privacy import PrivacyEngine
@@ -37,30 +32,25 @@ from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_b
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
-from protocols.errors import PflError, RoundError, describe
+from protocols.errors import RoundError
 from protocols.messages import (
     Command,
     CoordinatorStatus,
     DeviceAssignment,
-    DeviceHello,
     DevicePrivacy,
-    DeviceStatus,
-    DeviceUpdate,
     EvaluationReport,
     FleetStatus,
-    PeerRequest,
     RoundAnnouncement,
     SecureRound,
 )
 from protocols.offences import Offences
 from protocols.transport.base import Transport
-from protocols.transport.inbound import UNKNOWN_SENDER, sender_of
 
 logger = logging.getLogger(__name__)
 __all__ = ["Coordinator", "EngineSettings", "RoundRecord", "coordinator_will"]
 
 
-class Coordinator:
+class Coordinator(DeviceMessages):
     """Drives rounds over any transport.
 
     It holds the whole model: the shared tensors it aggregates, and the initial values of the
@@ -415,131 +405,3 @@ class Coordinator:
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
         self.bytes_down += len(payload) * self.registry.online_count()
-
-    # -- handlers ---------------------------------------------------------------------------
-
-    def _guarded(self, handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
-        """Nothing a device sends raises out of a handler: a failure drops that one message."""
-
-        def guarded(topic: str, payload: bytes) -> None:
-            self.bytes_up += len(payload)
-            sender = sender_of(topic)
-            if self._quarantined(sender):
-                self._drop(sender, topic, "quarantined for the rest of the round")
-                return
-            try:
-                handler(topic, payload)
-            except PflError as error:
-                self._drop(sender, topic, str(error))
-            except Exception as error:  # an input no validator caught: count it, stay up
-                logger.debug("handler failure on %s", topic, exc_info=True)
-                self._drop(sender, topic, describe(error))
-
-        return guarded
-
-    def _drop(self, sender: str, topic: str, reason: str) -> None:
-        self.rejected += 1
-        self.offences.record(sender, topic, reason)
-
-    def _quarantined(self, sender: str) -> bool:
-        """Over its limit this round: the round stops waiting for it, status shows it."""
-        if sender == UNKNOWN_SENDER:
-            return False
-        held, newly = self.quarantine.holds(sender, self.offences.count(sender))
-        if newly:
-            for collector in (self._train, self._evaluation):
-                if collector is not None:
-                    collector.decline(sender)
-            if self.secure is not None:
-                self.secure.decline(sender)
-            self.publish_fleet_status()
-        return held
-
-    def _on_hello(self, topic: str, payload: bytes) -> None:
-        hello, _ = device_message(topic, payload, DeviceHello)
-        check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
-        clash = self.registry.on_hello(hello)
-        self.models.forget(hello.device_id)
-        if self.flaps.note(hello.device_id, clash, hello.instance):
-            self.publish_fleet_status()
-
-    def _on_status(self, topic: str, payload: bytes) -> None:
-        status, _ = device_message(topic, payload, DeviceStatus)
-        self.registry.on_status(status)
-        if status.state != "skipped":
-            return
-        if self.secure is not None and status.run_id == self.run_id:
-            self.secure.decline(status.device_id)
-        for collector in (self._train, self._evaluation):
-            if (
-                collector is not None
-                and status.run_id == self.run_id
-                and status.round_id is not None
-                and collector.asks(status.device_id, status.round_id)
-            ):
-                logger.info(
-                    "device %s skipped the %s of round %s: %s",
-                    status.device_id,
-                    collector.phase,
-                    status.round_id,
-                    status.detail,
-                )
-                collector.decline(status.device_id)
-                self.models.acknowledge(status.device_id)
-
-    def _on_update(self, topic: str, payload: bytes) -> None:
-        update, blob = device_message(topic, payload, DeviceUpdate)
-        if self.secure is not None and self.secure.active():
-            check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
-            self.secure.on_update(update, blob)
-            self.models.acknowledge(update.device_id)
-            self.registry.on_update(update.device_id, update.round_id, None)
-            return
-        collector = answered_collector(self._train, update, self.run_id, topic)
-        declared = self.registry.declared_samples(update.device_id)
-        check_claims(update, self.strategy.name, declared, topic)
-        expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
-        delta = unpack_delta(update, blob, expected, self.settings.uplink)
-        self.models.acknowledge(update.device_id)
-        received = ReceivedUpdate(
-            update.device_id,
-            update.num_samples,
-            update.train_loss,
-            delta,
-            dict(update.scalars),
-            update.within_clip,
-        )
-        self.registry.on_update(update.device_id, update.round_id, update.train_loss)
-        if not collector.offer(update.device_id, received):
-            logger.info(
-                "ignored duplicate or unrequested update from %s for round %d",
-                update.device_id,
-                update.round_id,
-            )
-
-    def _on_secagg(self, topic: str, payload: bytes) -> None:
-        if self.secure is None:
-            msg = "secure aggregation message, but this run does not aggregate securely"
-            raise RoundError(msg, topic=topic)
-        self.secure.on_message(topic, payload)
-
-    def _on_request(self, topic: str, payload: bytes) -> None:
-        """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""
-        request, _ = device_message(topic, payload, PeerRequest)
-        collector: Collector[Any] | None = (
-            self._train if request.phase == "train" else self._evaluation
-        )
-        asked = answered_collector(collector, request, self.run_id, topic).expected
-        if request.device_id not in asked:
-            msg = f"{request.phase} request from a device not asked this round"
-            raise RoundError(msg, device_id=request.device_id, round_id=request.round_id)
-        frame = self.relay.answer(request)
-        self.transport.publish(topics.relay(self.settings.fleet, request.device_id), frame)
-        self.bytes_down += len(frame)
-
-    def _on_evaluation(self, topic: str, payload: bytes) -> None:
-        report, _ = device_message(topic, payload, EvaluationReport)
-        answered_collector(self._evaluation, report, self.run_id, topic).offer(
-            report.device_id, report
-        )
-        self.models.acknowledge(report.device_id)
