@@ -10,18 +10,18 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from pathlib import Path
 
 from torch import nn
 
-from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
+from device_agent.agent_exports import AgentExports
+from device_agent.algorithms.base import LocalResult
 from device_agent.capabilities import probe_capabilities
 from device_agent.context import RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.eligibility import EligibilityPolicy
-from device_agent.exporting import ExportSource, answer_export_command, export_device_model
+from device_agent.exporting import answer_export_command
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
-from device_agent.relay import RelayClient, deployable, has_global_model, latest_round
+from device_agent.relay import RelayClient, deployable, has_global_model
 from device_agent.replies import sighting, update_frame, work_key
 from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
@@ -30,14 +30,13 @@ from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from protocols import topics
 from protocols.codec import Tensors, decode_frame, encode_frame
-from protocols.errors import PflError, ProtocolError, StateError, TrainingError
+from protocols.errors import PflError, ProtocolError, TrainingError
 from protocols.messages import (
     Capabilities,
     Command,
     DeviceHello,
     DeviceStatus,
     EvaluationReport,
-    ExportReport,
     MemoryPlan,
     ModelDelta,
     PeerModels,
@@ -55,7 +54,7 @@ def device_will(fleet: str, device_id: str) -> Will:
     return Will(topics.device(fleet, device_id, "status"), encode_frame(status))
 
 
-class DeviceAgent:
+class DeviceAgent(AgentExports):
     """One device of the fleet, real or virtual.
 
     Args:
@@ -465,62 +464,3 @@ class DeviceAgent:
 
     def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
         self.transport.publish(topics.device(self.fleet, self.device_id, kind), payload)
-
-    # -- export (device_agent/exporting.py) --------------------------------------------------
-
-    def export(
-        self, out_path: Path, *, quantize: str | None = None, guard: bool = False
-    ) -> ExportReport:
-        """Write this device's personalized model to `out_path` as a verified ONNX file.
-
-        Failures (no round seen yet, personal state for another architecture, a failed parity
-        check) come back as ok=False with the error, so a command is always answered.
-        """
-        return export_device_model(
-            self.export_source(), Path(out_path), quantize=quantize, guard=guard
-        )
-
-    def export_source(self) -> ExportSource:
-        """What an export of this device reads, without the agent itself."""
-        return ExportSource(
-            device_id=self.device_id,
-            task=self.task,
-            data=self.data,
-            seed=self.seed,
-            initial_state=self.initial_state,
-            latest_round_id=self.latest_round_id(),
-            context=self.export_context,
-        )
-
-    def export_context(self) -> tuple[int, LocalUpdate, LocalContext]:
-        """The export's round, and the context of the latest round with its model loaded.
-
-        Raises:
-            StateError: no round announcement or shared model received yet.
-            PflError: the personal state does not fit (StateError) or the model is malformed.
-        """
-        announcement, model = self.last_announcement, self._model
-        if announcement is None or model is None:
-            msg = "no round seen yet: a device exports after it has received a round and a model"
-            raise StateError(msg, device_id=self.device_id)
-        update, ctx = self.contexts.build(announcement, model, self.relay.export_models())
-        return self.relay.export_round(update, announcement, model), update, ctx
-
-    def latest_round_id(self) -> int:
-        """The round of the latest shared model received (0 before any)."""
-        return 0 if self._model is None else latest_round(self._model, self.last_announcement)
-
-    def load_received(
-        self,
-        model_frame: bytes,
-        announcement: RoundAnnouncement,
-        mixture: dict[str, Tensors] | None = None,
-    ) -> None:
-        """Take kept frames (and an evaluation's relayed models) as received, offline.
-
-        Raises:
-            ProtocolError: the model frame is malformed or not a shared model.
-        """
-        self._model = ReceivedModel.from_frame(model_frame)
-        self.last_announcement = announcement
-        self.relay.mixture = dict(mixture or {})
