@@ -63,7 +63,7 @@ def live_run(
             min_devices=DEVICES,
             eval_every=1,
             round_timeout=30.0,
-            join_timeout=10.0,  # after a test kills an agent, the run ends soon for want of it
+            join_timeout=30.0,  # agents start slowly on a busy machine; a killed one ends the run
             out=tmp_path / "run",
             checkpoint_dir=tmp_path / "checkpoint",
             dashboard="127.0.0.1:0",
