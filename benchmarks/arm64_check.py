@@ -9,12 +9,13 @@ writes its ONNX file there; onnxruntime on arm64 runs it, and the host runs the 
 compare. The results table (versions, the arm64 hello, per-round times of both agents, the ONNX
 check) goes into docs/deployment.md.
 
-    sudo python -m benchmarks.arm64_check [--cache DIR] [--torch SPEC] [--out docs/deployment.md]
+    python -m benchmarks.arm64_check [--cache DIR] [--torch SPEC] [--out docs/deployment.md]
 
 Needs root (debootstrap, chroot, binfmt_misc, mounting /proc). The cache folder (PFL_ARM64_CACHE,
-default /var/cache/pfl-arm64) keeps the root file system, the venv and pip's cache: the first run
-takes about 45 minutes (debootstrap ~8, torch and the dependencies installed under emulation ~20,
-the run ~10), later runs about 10. Not part of pytest: emulated torch is far too slow for it.
+default /var/cache/pfl-arm64) keeps the root file system, the venvs and pip's cache: the first run
+takes about 25 minutes on 2 cores (debootstrap ~8, torch and the dependencies installed under
+emulation ~8 to 12, the run ~4), later runs about 4; another --torch makes a venv of its own
+(~8 minutes once). Not part of pytest: emulation is far too slow for it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from benchmarks.arm64_rootfs import (
     ensure_venv,
     mounted,
     run,
+    venv_for,
 )
 from benchmarks.common import write_section
 
@@ -172,6 +174,13 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=10)
 
 
+def install_line(torch_spec: str, pin: str) -> str:
+    """The two pip lines this run made, as the report names them."""
+    first = " ".join(f'"{word}"' for word in [*torch_spec.split(), *pin.split()])
+    second = " ".join(["<pfl-edge wheel>", *(f'"{word}"' for word in pin.split())])
+    return f"`pip install {first}`, then `pip install {second}`"
+
+
 def main() -> None:
     """Set up (or reuse) the arm64 userland, run the fleet and the export, write the table."""
     parser = argparse.ArgumentParser(
@@ -183,7 +192,12 @@ def main() -> None:
         default=Path(os.environ.get("PFL_ARM64_CACHE", "/var/cache/pfl-arm64")),
     )
     parser.add_argument(
-        "--torch", default=DEFAULT_TORCH, help="what the board's pip installs first"
+        "--torch",
+        default=DEFAULT_TORCH,
+        help='what the board\'s pip installs first, e.g. "torch==2.1.2"',
+    )
+    parser.add_argument(
+        "--pin", default="", help='requirements for both pip lines, e.g. "numpy<2" for torch < 2.3'
     )
     parser.add_argument(
         "--timeout", type=float, default=1800, help="round and join timeout, seconds"
@@ -203,7 +217,8 @@ def main() -> None:
     step("rootfs", started)
     with mounted(root) as chroot:
         started = time.monotonic()
-        ensure_venv(chroot, args.torch, build_wheel(args.cache))
+        venv = venv_for(f"{args.torch} {args.pin}".strip(), DEFAULT_TORCH)
+        ensure_venv(chroot, venv, args.torch, build_wheel(args.cache), args.pin)
         step("install", started)
         work = chroot.host_path(WORK)
         shutil.rmtree(work, ignore_errors=True)
@@ -223,7 +238,7 @@ def main() -> None:
         debian=debian,
         qemu=qemu,
         binfmt=flags,
-        torch_spec=args.torch,
+        install=install_line(args.torch, args.pin),
         budget=BUDGET,
         steps=steps,
     )

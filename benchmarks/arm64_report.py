@@ -105,7 +105,7 @@ def render(
     debian: str,
     qemu: str,
     binfmt: str,
-    torch_spec: str,
+    install: str,
     budget: str,
     steps: Mapping[str, float],
 ) -> str:
@@ -125,7 +125,7 @@ def render(
     ]
     intro = (
         f"Measured {datetime.date.today().isoformat()} by `python -m benchmarks.arm64_check` "
-        f'(the board\'s install: `pip install "{torch_spec}"`, then the pfl-edge wheel), '
+        f"(the board's install: {install}), "
         f"{qemu}, binfmt_misc flags `{binfmt}`. Both agents run one torch thread "
         f"(`OMP_NUM_THREADS=1`) with `--memory-budget {budget}`; a round is timed on the host, "
         "from its announcement to the device's answer."

@@ -25,6 +25,7 @@ HOST_PACKAGES = ("qemu-user-static", "debootstrap", "binfmt-support")
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 VENV = "/opt/pfl-edge/venv"
 """Where docs/deployment.md tells a Pi or Jetson user to make the virtual environment."""
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 HOST_CA = "/etc/pfl-arm64/host-ca.crt"
 """The host's trust store, copied in: pip in the chroot trusts what the host's pip trusts."""
 READY = ".pfl-rootfs-ready"
@@ -145,7 +146,7 @@ def mounted(root: Path) -> Iterator[Chroot]:
         shutil.copyfile("/etc/ssl/certs/ca-certificates.crt", root / HOST_CA.lstrip("/"))
         env = {
             "HOME": "/root",
-            "PATH": f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin",
+            "PATH": BASE_PATH,
             "LANG": "C.UTF-8",
             "PIP_CERT": HOST_CA,
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -157,30 +158,42 @@ def mounted(root: Path) -> Iterator[Chroot]:
             subprocess.run(["umount", "-l", str(target)], check=False)
 
 
-def ensure_venv(chroot: Chroot, torch_spec: str, wheel: Path) -> None:
+def venv_for(torch_spec: str, default_spec: str) -> str:
+    """The docs' venv for the default torch; one beside it for each other spec, kept too."""
+    if torch_spec == default_spec:
+        return VENV
+    return f"{VENV}-{hashlib.sha256(torch_spec.encode()).hexdigest()[:8]}"
+
+
+def ensure_venv(chroot: Chroot, venv: str, torch_spec: str, wheel: Path, pins: str = "") -> None:
     """Install as docs/deployment.md says: a venv, torch for the board first, then pfl-edge.
 
-    Each step is skipped when its stamp says it is done with the same inputs; pip's cache stays
-    in the root file system, so a changed wheel reinstalls in a minute, not an hour.
+    `torch_spec` is what the board's first `pip install` gets, e.g. "torch==2.1.2 numpy<2";
+    `pins` go on the second one too (the resolver would otherwise lift numpy again). A
+    venv that holds another spec is made afresh, as a board would be. Each step is skipped when
+    its stamp says it is done with the same inputs; pip's cache stays in the root file system.
+    Afterwards `chroot` runs this venv's commands first on its PATH.
     """
-    stamps = chroot.host_path("/opt/pfl-edge/stamps")
-    stamps.mkdir(parents=True, exist_ok=True)
-    if not chroot.host_path(f"{VENV}/bin/python").exists():
-        chroot.run(["/usr/bin/python3", "-m", "venv", VENV], what="python3 -m venv")
+    stamps = chroot.host_path(venv) / "pfl-stamps"
     if _stale(stamps / "torch", torch_spec):
-        chroot.run([f"{VENV}/bin/pip", "install", torch_spec], what=f"pip install {torch_spec}")
+        shutil.rmtree(chroot.host_path(venv), ignore_errors=True)
+        chroot.run(["/usr/bin/python3", "-m", "venv", venv], what="python3 -m venv")
+        pip_install = [f"{venv}/bin/pip", "install", *torch_spec.split(), *pins.split()]
+        chroot.run(pip_install, what=f"pip install {torch_spec}")
+        stamps.mkdir()
         (stamps / "torch").write_text(torch_spec)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     if _stale(stamps / "pfl-edge", digest):
         inside = f"/tmp/{wheel.name}"
         shutil.copyfile(wheel, chroot.host_path(inside))
-        pip = f"{VENV}/bin/pip"
+        pip = f"{venv}/bin/pip"
         # The dependencies first, then this checkout's code even when the version is unchanged.
-        chroot.run([pip, "install", inside], what="pip install pfl-edge")
+        chroot.run([pip, "install", inside, *pins.split()], what="pip install pfl-edge")
         chroot.run(
             [pip, "install", "--no-deps", "--force-reinstall", inside], what="reinstalling pfl-edge"
         )
         (stamps / "pfl-edge").write_text(digest)
+    chroot.env["PATH"] = f"{venv}/bin:{BASE_PATH}"
 
 
 def _stale(stamp: Path, value: str) -> bool:
