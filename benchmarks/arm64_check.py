@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.arm64_fleet import ExportCheck, FleetRun, Recorder, start_mosquitto
-from benchmarks.arm64_report import raw, render
+from benchmarks.arm64_report import problems, raw, render
 from benchmarks.arm64_rootfs import (
     Chroot,
     SetupError,
@@ -106,15 +106,15 @@ def fleet(chroot: Chroot, work: Path, timeout: float) -> FleetRun:
             env,
         )  # fmt: skip
         started = time.monotonic()
-        serve = subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--broker", url, "--task", "digits",
-             "--algorithm", "fedalt", "--pretrain-rounds", "2", "--rounds", "1",
-             "--min-devices", "2", "--quorum", "1.0", "--round-timeout", str(timeout),
-             "--join-timeout", str(timeout), "--out", str(work / "run"),
-             "--checkpoint-dir", str(work / "checkpoint")],
-            stdout=serve_log.open("wb"), stderr=subprocess.STDOUT, env=env, timeout=6 * timeout,
-            check=False,
-        )  # fmt: skip
+        with serve_log.open("wb") as log:
+            serve = subprocess.run(
+                [sys.executable, "-m", "coordinator.cli", "serve", "--broker", url,
+                 "--task", "digits", "--algorithm", "fedalt", "--pretrain-rounds", "2",
+                 "--rounds", "1", "--min-devices", "2", "--quorum", "1.0",
+                 "--round-timeout", str(timeout), "--join-timeout", str(timeout),
+                 "--out", str(work / "run"), "--checkpoint-dir", str(work / "checkpoint")],
+                stdout=log, stderr=subprocess.STDOUT, env=env, timeout=6 * timeout, check=False,
+            )  # fmt: skip
         serve_seconds = time.monotonic() - started
     finally:
         for process in agents.values():
@@ -244,8 +244,12 @@ def main() -> None:
     )
     (args.cache / "last-result.md").write_text(section + "\n")
     (args.cache / "last-result.json").write_text(json.dumps(raw(outcome, onnx), indent=2))
+    found = problems(outcome, onnx)
+    if found:  # a failed check leaves the docs as they were
+        raise SetupError("the arm64 check failed:\n- " + "\n- ".join(found))
     write_section(args.out, section, MARKER)
     print(section)
+    print("arm64 check passed")
 
 
 if __name__ == "__main__":

@@ -77,10 +77,8 @@ def _round_rows(outcome: FleetRun) -> list[list[str]]:
 
 
 def _onnx_rows(onnx: ExportCheck) -> list[list[str]]:
-    report, arm, host = onnx.report, onnx.arm, onnx.host
-    flat_arm = [value for row in arm["outputs"] for value in row]
-    flat_host = [value for row in host["outputs"] for value in row]
-    difference = max(abs(a - b) for a, b in zip(flat_arm, flat_host, strict=True))
+    report, arm = onnx.report, onnx.arm
+    difference = _output_difference(onnx)
     chosen = "global" if report["metrics"].get("chosen_global") else "personalized"
     exported = (
         f"ok={report['ok']}, {chosen} model of round {report['round_id']}, "
@@ -158,3 +156,35 @@ def raw(outcome: FleetRun, onnx: ExportCheck) -> dict[str, object]:
         "serve_seconds": outcome.serve_seconds,
         "export": dataclasses.asdict(onnx),
     }
+
+
+EXPECTED_ROUNDS = ((1, "fedavg"), (2, "fedavg"), (3, "fedalt"))
+"""Two FedAvg warm-up rounds, then FedAlt: what both devices must have trained."""
+MAX_OUTPUT_DIFF = 1e-4
+
+
+def problems(outcome: FleetRun, onnx: ExportCheck) -> list[str]:
+    """What the check requires and did not see; empty when the arm64 agent passed."""
+    found = []
+    if set(outcome.events.hellos) != {ARM, HOST}:
+        found.append(f"hellos from {sorted(outcome.events.hellos)}, not both agents")
+    trained = {(a.round_id, a.algorithm, a.device_id) for a in outcome.events.rounds}
+    for round_id, algorithm in EXPECTED_ROUNDS:
+        for device in (ARM, HOST):
+            if (round_id, algorithm, device) not in trained:
+                found.append(f"{device} did not answer {algorithm} round {round_id}")
+    report, arm = onnx.report, onnx.arm
+    if not report.get("ok") or report.get("parity_max_abs_diff", 1.0) > MAX_OUTPUT_DIFF:
+        found.append(f"pfl-agent export on arm64 failed: {report.get('error') or report}")
+    if arm.get("machine") != "aarch64" or arm.get("device_id") != ARM:
+        found.append(f"the ONNX file ran on {arm.get('machine')} for {arm.get('device_id')}")
+    if _output_difference(onnx) > MAX_OUTPUT_DIFF:
+        found.append(f"arm64 and host outputs differ by {_output_difference(onnx):.1e}")
+    return found
+
+
+def _output_difference(onnx: ExportCheck) -> float:
+    """Largest |arm64 - host| over the probe's outputs of the same file."""
+    flat_arm = [value for row in onnx.arm["outputs"] for value in row]
+    flat_host = [value for row in onnx.host["outputs"] for value in row]
+    return float(max(abs(a - b) for a, b in zip(flat_arm, flat_host, strict=True)))
