@@ -6,6 +6,7 @@ import os
 import platform
 from pathlib import Path
 
+import numpy as np
 import psutil
 import torch
 
@@ -53,3 +54,25 @@ def probe_capabilities() -> Capabilities:
         torch_version=torch.__version__.split("+")[0],
         python_version=platform.python_version(),
     )
+
+
+def require_numpy_bridge() -> None:
+    """Fail at start, saying how to fix it, when torch cannot exchange arrays with this NumPy.
+
+    torch wheels before 2.3 (and board builds made the same way) were compiled against NumPy 1.x
+    and cannot use NumPy 2, which pfl-edge's `numpy>=1.24` lets pip install beside them. Every
+    shard, data directory and export goes through `torch.from_numpy`, which then fails deep in
+    loading with a bare "Numpy is not available".
+
+    Raises:
+        ValueError: torch cannot use the installed NumPy.
+    """
+    try:
+        torch.from_numpy(np.zeros(1, dtype=np.float32))
+    except RuntimeError as error:
+        msg = (
+            f"torch {torch.__version__} cannot use NumPy {np.__version__} ({error}): that torch "
+            "was built against NumPy 1.x; install 'numpy<2' beside it, or torch 2.3 or newer "
+            "(docs/deployment.md, Raspberry Pi and Jetson)"
+        )
+        raise ValueError(msg) from error

@@ -6,7 +6,7 @@ import logging
 import threading
 
 from device_agent.agent import DeviceAgent, device_will
-from device_agent.capabilities import available_memory_bytes
+from device_agent.capabilities import available_memory_bytes, require_numpy_bridge
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
@@ -25,8 +25,10 @@ def load_data(settings: AgentSettings, task: Task) -> DeviceData:
     """This device's data: its own directory, or its shard of the task's data.
 
     Raises:
-        ValueError: the directory or shard cannot be loaded, or its data does not fit the model.
+        ValueError: the directory or shard cannot be loaded, or its data does not fit the model,
+            or torch cannot use the installed NumPy.
     """
+    require_numpy_bridge()
     if settings.data is not None:
         data = load_device_data(settings.data, settings.data_shard or 0)
         check_model_fits(task, data.train, f"--data {settings.data}")

@@ -220,6 +220,17 @@ def _accumulate(
     return total
 
 
+def total_norm(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all `values` taken together, as float64.
+
+    What `torch.nn.utils.get_total_norm` computes, which only torch 2.6 and newer have, while
+    pfl-edge accepts torch 2.1 (a board's own build is often older).
+    """
+    norms = [torch.linalg.vector_norm(value).to(torch.float64) for value in values]
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    return total
+
+
 def require_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
     """Refuse to keep or send non-finite tensors, in one fused pass (a total norm).
 
@@ -231,7 +242,7 @@ def require_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
         TrainingError: some tensor holds NaN or Inf.
     """
     values = [t.detach() for t in tensors.values() if t.is_floating_point() and t.numel()]
-    if values and not math.isfinite(float(torch.nn.utils.get_total_norm(values))):
+    if values and not math.isfinite(float(total_norm(values))):
         msg = f"{what} became non-finite during training"
         raise TrainingError(msg)
 
