@@ -59,9 +59,16 @@ class PrivacySettings(BaseModel):
 
 
 def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
-    """The L2 norm over every floating tensor together (integer tensors are counters)."""
-    floating = [t.to(torch.float64) for t in delta.values() if t.is_floating_point()]
-    return float(torch.stack([(t * t).sum() for t in floating]).sum().sqrt()) if floating else 0.0
+    """The L2 norm over every floating tensor together (integer tensors are counters).
+
+    Each tensor's norm is accumulated in float64 in one fused call, then combined: a handful of
+    operations per update however many tensors it has (the aggregate guard takes one per device).
+    """
+    floating = [t.detach() for t in delta.values() if t.is_floating_point()]
+    if not floating:
+        return 0.0
+    norms = torch._foreach_norm(floating, 2, dtype=torch.float64)
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
 def clip_to_norm(delta: Mapping[str, torch.Tensor], max_norm: float) -> Tensors:
