@@ -117,7 +117,7 @@ def train(
     step = _optimizer_step(spec, parameters)
     micro = budget.micro_batch_size if budget is not None else None
     meter = budget.meter if budget is not None else None
-    model.train()
+    _train_mode(model)
     steps = 0
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
@@ -173,15 +173,21 @@ def _optimizer_step(spec: TrainSpec, parameters: Mapping[str, nn.Parameter]) -> 
         )
         return optimizer.step
 
-    @torch.no_grad()
     def plain_step() -> None:
-        for lr, group in groups.items():
-            stepped: list[torch.Tensor] = [p for p in group if p.grad is not None]
-            if stepped:
-                grads = [p.grad for p in stepped if p.grad is not None]
-                torch._foreach_add_(stepped, grads, alpha=-lr)
+        with torch.no_grad():
+            for lr, group in groups.items():
+                stepped: list[torch.Tensor] = [p for p in group if p.grad is not None]
+                if stepped:
+                    grads = [p.grad for p in stepped if p.grad is not None]
+                    torch._foreach_add_(stepped, grads, alpha=-lr)
 
     return plain_step
+
+
+def _train_mode(model: nn.Module) -> None:
+    """`model.train()`, skipped when every module already trains: it sets each one's flag."""
+    if not all(module.training for module in model.modules()):
+        model.train()
 
 
 def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
