@@ -200,6 +200,7 @@ class RoundContexts:
             device_id=self.device_id,
             peers=announcement.peers,
             peer_models=peer_models or {},
+            slots=self._slots,
         )
         return plan.update, context
 

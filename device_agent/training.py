@@ -276,6 +276,12 @@ class ModelSlots:
 
     def __init__(self, model: nn.Module) -> None:
         self._slots = dict(model.state_dict(keep_vars=True))
+        self.parameter_names = frozenset(name for name, _ in model.named_parameters())
+        """The names among the slots that are parameters (the rest are buffers)."""
+
+    def live(self) -> Tensors:
+        """The model's tensors as they are now, detached (what `state_dict()` would give)."""
+        return {name: value.detach() for name, value in self._slots.items()}
 
     @torch.no_grad()
     def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
