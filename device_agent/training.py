@@ -283,20 +283,22 @@ class ModelSlots:
         """The model's tensors as they are now, detached (what `state_dict()` would give)."""
         return {name: value.detach() for name, value in self._slots.items()}
 
-    @torch.no_grad()
     def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy `tensors` into the model's parameters and buffers of the same names.
 
         Raises:
             ValueError: a name the model does not have, or a shape that differs.
         """
-        for name, value in tensors.items():
-            slot = self._slots.get(name)
-            if slot is None or slot.shape != value.shape:
-                expected = "absent" if slot is None else tuple(slot.shape)
-                msg = f"cannot load {name} of shape {tuple(value.shape)} (model: {expected})"
-                raise ValueError(msg)
-            slot.copy_(value)
+        if not tensors:  # e.g. no personal part: not even a no_grad context
+            return
+        with torch.no_grad():
+            for name, value in tensors.items():
+                slot = self._slots.get(name)
+                if slot is None or slot.shape != value.shape:
+                    expected = "absent" if slot is None else tuple(slot.shape)
+                    msg = f"cannot load {name} of shape {tuple(value.shape)} (model: {expected})"
+                    raise ValueError(msg)
+                slot.copy_(value)
 
 
 def snapshot(model: nn.Module, names: Sequence[str]) -> Tensors:
