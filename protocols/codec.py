@@ -25,7 +25,14 @@ from protocols.messages import (
     dump_header,
     parse_header,
 )
-from protocols.tensor_blob import FROM_TORCH, WIRE_DTYPES, read_blob, require_all_finite, write_blob
+from protocols.tensor_blob import (
+    FROM_TORCH,
+    WIRE_DTYPES,
+    as_tensor,
+    read_blob,
+    require_all_finite,
+    write_blob,
+)
 
 Tensors = dict[str, torch.Tensor]
 """Name-keyed tensors: what algorithms compute on and what a frame's blob carries."""
@@ -117,7 +124,7 @@ def unpack_tensors(
         blob, [(name, dtype, parsed[name][2]) for name, (dtype, _) in described.items()]
     )
     return {
-        name: _tensor(parsed[name][2], WIRE_DTYPES[dtype_name][0], shape)
+        name: as_tensor(parsed[name][2], dtype_name, shape)
         for name, (dtype_name, shape) in described.items()
     }
 
@@ -228,14 +235,6 @@ def _compare(described: _Layout, actual: _Layout, ref: str, where: str) -> None:
             if got != want:
                 msg = f"tensor {name!r} has {field} {got} in the {where}; {ref}: {want}"
                 raise ProtocolError(msg)
-
-
-def _tensor(data: bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A writable tensor over the parsed bytes (a bytearray, or bytes in older safetensors)."""
-    buffer = data if isinstance(data, bytearray) else bytearray(data)
-    if not buffer:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
 def _manifest_of(header: Message) -> TensorManifest | None:

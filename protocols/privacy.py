@@ -74,7 +74,8 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
 
 
 def _flat_array(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
+    if tensor.requires_grad or not tensor.is_cpu:  # checked: the calls cost more than the tests
+        tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
         tensor = tensor.float()
     return tensor.numpy().reshape(-1)
