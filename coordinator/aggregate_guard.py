@@ -88,8 +88,10 @@ def screen(updates: Sequence[ReceivedUpdate], settings: GuardSettings) -> Screen
     cut: dict[str, str] = {}
     screened = []
     for update, count in zip(updates, counts, strict=True):
-        if count != update.num_samples:
-            cut[update.device_id] = f"weight capped from {update.num_samples} to {count} samples"
+        if count == update.num_samples:
+            screened.append(update)  # frozen: shared, not copied
+            continue
+        cut[update.device_id] = f"weight capped from {update.num_samples} to {count} samples"
         screened.append(replace(update, num_samples=count))
     norms = [update_norm(u.shared_delta) for u in screened]
     median = lower_median(norms) if norms else 0.0

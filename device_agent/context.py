@@ -9,9 +9,9 @@ assembly serves training, evaluation and export, so an exported model is the one
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -100,7 +100,7 @@ class RoundContexts:
         self._slots = ModelSlots(workspace)
         self._memory: MemoryModel | None = None
         # the last announcement planned, its (algorithm, config) key and its plan
-        self._last_plan: tuple[RoundAnnouncement, tuple[str, str], Plan] | None = None
+        self._last_plan: tuple[RoundAnnouncement, tuple[str, dict[str, Any]], Plan] | None = None
 
     def plan_memory_at_start(self) -> MemoryPlan | None:
         """Measure once, then plan plain training at the default batch for the hello.
@@ -130,7 +130,8 @@ class RoundContexts:
         last = self._last_plan
         if last is not None and last[0] is announcement:  # asked again in the same round
             return last[2]
-        key = (announcement.algorithm, json.dumps(announcement.config, sort_keys=True))
+        # compared as values, not re-encoded: the same config from the trusted coordinator
+        key = (announcement.algorithm, announcement.config)
         if last is not None and last[1] == key:  # a new round of the same algorithm and config
             plan = last[2]
         else:
@@ -193,15 +194,13 @@ class RoundContexts:
             global_shared=global_shared,
             personal=personal,
             generator=generator,
-            budget=replace(
-                self._step_budget(plan),
-                meter=None if self.limits is None else WorkMeter(self.limits),
-            ),
+            budget=self._round_budget(plan),
             assignment=dict(scalars.scalars) if scalars is not None else {},
             state=state,
             device_id=self.device_id,
             peers=announcement.peers,
             peer_models=peer_models or {},
+            slots=self._slots,
         )
         return plan.update, context
 
@@ -261,6 +260,13 @@ class RoundContexts:
         }
         require_finite(kept, "personal state")
         self.store.save(plan.fingerprint, kept, announcement.run_id)
+
+    def _round_budget(self, plan: Plan) -> StepBudget:
+        """The step budget with a fresh meter for this round's ceilings (none without limits)."""
+        budget = self._step_budget(plan)
+        if self.limits is None and budget.meter is None:
+            return budget
+        return replace(budget, meter=None if self.limits is None else WorkMeter(self.limits))
 
     def _step_budget(self, plan: Plan) -> StepBudget:
         """The micro-batch this round's split and batch size allow under the memory budget.

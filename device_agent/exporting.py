@@ -128,7 +128,7 @@ def export_device_model(
         chosen: Chosen = "personalized"
         if mixture is None:
             personalized = fresh_model(source.task, source.seed, [ctx.model.state_dict()])
-            ctx = dataclasses.replace(ctx, model=personalized)
+            ctx = dataclasses.replace(ctx, model=personalized, slots=None)  # not the workspace's
             update.personalize(ctx)
             global_model = fresh_model(
                 source.task, source.seed, [source.initial_state, ctx.global_shared]

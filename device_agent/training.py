@@ -117,7 +117,7 @@ def train(
     step = _optimizer_step(spec, parameters)
     micro = budget.micro_batch_size if budget is not None else None
     meter = budget.meter if budget is not None else None
-    model.train()
+    _train_mode(model)
     steps = 0
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
@@ -173,15 +173,21 @@ def _optimizer_step(spec: TrainSpec, parameters: Mapping[str, nn.Parameter]) -> 
         )
         return optimizer.step
 
-    @torch.no_grad()
     def plain_step() -> None:
-        for lr, group in groups.items():
-            stepped: list[torch.Tensor] = [p for p in group if p.grad is not None]
-            if stepped:
-                grads = [p.grad for p in stepped if p.grad is not None]
-                torch._foreach_add_(stepped, grads, alpha=-lr)
+        with torch.no_grad():
+            for lr, group in groups.items():
+                stepped: list[torch.Tensor] = [p for p in group if p.grad is not None]
+                if stepped:
+                    grads = [p.grad for p in stepped if p.grad is not None]
+                    torch._foreach_add_(stepped, grads, alpha=-lr)
 
     return plain_step
+
+
+def _train_mode(model: nn.Module) -> None:
+    """`model.train()`, skipped when every module already trains: it sets each one's flag."""
+    if not all(module.training for module in model.modules()):
+        model.train()
 
 
 def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
@@ -281,21 +287,29 @@ class ModelSlots:
 
     def __init__(self, model: nn.Module) -> None:
         self._slots = dict(model.state_dict(keep_vars=True))
+        self.parameter_names = frozenset(name for name, _ in model.named_parameters())
+        """The names among the slots that are parameters (the rest are buffers)."""
 
-    @torch.no_grad()
+    def live(self) -> Tensors:
+        """The model's tensors as they are now, detached (what `state_dict()` would give)."""
+        return {name: value.detach() for name, value in self._slots.items()}
+
     def load(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy `tensors` into the model's parameters and buffers of the same names.
 
         Raises:
             ValueError: a name the model does not have, or a shape that differs.
         """
-        for name, value in tensors.items():
-            slot = self._slots.get(name)
-            if slot is None or slot.shape != value.shape:
-                expected = "absent" if slot is None else tuple(slot.shape)
-                msg = f"cannot load {name} of shape {tuple(value.shape)} (model: {expected})"
-                raise ValueError(msg)
-            slot.copy_(value)
+        if not tensors:  # e.g. no personal part: not even a no_grad context
+            return
+        with torch.no_grad():
+            for name, value in tensors.items():
+                slot = self._slots.get(name)
+                if slot is None or slot.shape != value.shape:
+                    expected = "absent" if slot is None else tuple(slot.shape)
+                    msg = f"cannot load {name} of shape {tuple(value.shape)} (model: {expected})"
+                    raise ValueError(msg)
+                slot.copy_(value)
 
 
 def snapshot(model: nn.Module, names: Sequence[str]) -> Tensors:

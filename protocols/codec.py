@@ -1,22 +1,17 @@
 """Frames and tensors on the wire: magic, header length, JSON header, then a safetensors blob.
 
 `decode_frame` validates the header and the blob's length only; `unpack_tensors` checks checksum,
-layout, manifest and finiteness, so a receiver pays only for the tensors it actually uses.
+layout, manifest and finiteness, so a receiver pays only for the tensors it actually uses. The
+blob itself is written and read in `protocols.tensor_blob`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import json
-import math
-import struct
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-import numpy as np
-import safetensors
-import safetensors.torch
 import torch
 from pydantic import ValidationError
 
@@ -30,6 +25,14 @@ from protocols.messages import (
     dump_header,
     parse_header,
 )
+from protocols.tensor_blob import (
+    FROM_TORCH,
+    WIRE_DTYPES,
+    as_tensor,
+    read_blob,
+    require_all_finite,
+    write_blob,
+)
 
 Tensors = dict[str, torch.Tensor]
 """Name-keyed tensors: what algorithms compute on and what a frame's blob carries."""
@@ -39,19 +42,6 @@ DEFAULT_MAX_FRAME_BYTES: Final = 256 * 1024 * 1024
 """Frames above this are rejected unread; a 10M-parameter float32 model (~40 MB) fits easily."""
 
 _PREFIX_BYTES: Final = len(MAGIC) + 4
-_DTYPES: Final[dict[DType, tuple[torch.dtype, str]]] = {  # wire name: (torch, safetensors)
-    "float32": (torch.float32, "F32"),
-    "float64": (torch.float64, "F64"),
-    "float16": (torch.float16, "F16"),
-    "bfloat16": (torch.bfloat16, "BF16"),
-    "int64": (torch.int64, "I64"),
-    "int32": (torch.int32, "I32"),
-    "int8": (torch.int8, "I8"),
-    "uint8": (torch.uint8, "U8"),
-    "bool": (torch.bool, "BOOL"),
-}
-_FROM_TORCH: Final[dict[torch.dtype, DType]] = {dtype: name for name, (dtype, _) in _DTYPES.items()}
-_FROM_SAFETENSORS: Final[dict[str, str]] = {code: name for name, (_, code) in _DTYPES.items()}
 _Layout = Mapping[str, tuple[str, tuple[int, ...]]]
 
 
@@ -59,16 +49,9 @@ def describe_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorSpec, .
     """The manifest entries `tensors` would get, sorted by name: what a receiver should expect.
 
     Raises:
-        ProtocolError: a tensor has an unsupported dtype.
+        ProtocolError: a tensor has an unsupported dtype or an invalid name.
     """
-    specs = []
-    for name in sorted(tensors):
-        dtype = _FROM_TORCH.get(tensors[name].dtype)
-        if dtype is None:
-            msg = f"tensor {name!r} has unsupported dtype {tensors[name].dtype}"
-            raise ProtocolError(msg)
-        specs.append(TensorSpec(name=name, dtype=dtype, shape=tuple(tensors[name].shape)))
-    return tuple(specs)
+    return tuple(_spec_of(name, tensors[name]) for name in sorted(tensors))
 
 
 def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorManifest, bytes]:
@@ -80,26 +63,30 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[TensorManifest, b
     Raises:
         ProtocolError: a tensor has an invalid name, an unsupported dtype, or a NaN/Inf value.
     """
-    prepared: Tensors = {}
-    specs: list[TensorSpec] = []
-    for name in sorted(tensors):
-        tensor = tensors[name].detach()
-        dtype = _FROM_TORCH.get(tensor.dtype)
-        if dtype is None:
-            supported = ", ".join(_DTYPES)
-            msg = f"tensor {name!r} has unsupported dtype {tensor.dtype}; use one of {supported}"
-            raise ProtocolError(msg)
-        tensor = tensor.cpu().contiguous()
-        try:
-            specs.append(TensorSpec(name=name, dtype=dtype, shape=tuple(tensor.shape)))
-        except ValidationError as error:
-            msg = f"invalid tensor name {name!r}: {error.errors()[0]['msg']}"
-            raise ProtocolError(msg) from None
-        prepared[name] = tensor
-    _require_all_finite(prepared)
-    blob = _serialize(prepared) if prepared else b""
+    prepared = {name: tensors[name].detach().cpu().contiguous() for name in sorted(tensors)}
+    specs = tuple(_spec_of(name, tensor) for name, tensor in prepared.items())
+    blob = write_blob(prepared)
     digest = hashlib.sha256(blob).hexdigest()
-    return TensorManifest(tensors=tuple(specs), byte_length=len(blob), sha256=digest), blob
+    return TensorManifest(tensors=specs, byte_length=len(blob), sha256=digest), blob
+
+
+def _spec_of(name: str, tensor: torch.Tensor) -> TensorSpec:
+    dtype = FROM_TORCH.get(tensor.dtype)
+    if dtype is None:
+        supported = ", ".join(WIRE_DTYPES)
+        msg = f"tensor {name!r} has unsupported dtype {tensor.dtype}; use one of {supported}"
+        raise ProtocolError(msg)
+    return _spec(name, dtype, tuple(tensor.shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec(name: str, dtype: DType, shape: tuple[int, ...]) -> TensorSpec:
+    """A validated manifest entry; a model's layout recurs every round, so each is made once."""
+    try:
+        return TensorSpec(name=name, dtype=dtype, shape=shape)
+    except ValidationError as error:
+        msg = f"invalid tensor name {name!r}: {error.errors()[0]['msg']}"
+        raise ProtocolError(msg) from None
 
 
 def unpack_tensors(
@@ -130,14 +117,16 @@ def unpack_tensors(
     if hashlib.sha256(blob).hexdigest() != manifest.sha256:
         msg = "tensor blob checksum mismatch: its SHA-256 differs from the manifest's"
         raise ProtocolError(msg)
-    parsed = _parse(blob)
+    parsed = read_blob(blob)
     found = {name: entry[:2] for name, entry in parsed.items()}
     _compare(described, found, "in the manifest", "blob")
-    tensors: Tensors = {}
-    for name, (dtype_name, shape) in described.items():
-        tensors[name] = _tensor(parsed[name][2], _DTYPES[dtype_name][0], shape)
-    _require_all_finite(tensors)
-    return tensors
+    require_all_finite(
+        blob, [(name, dtype, parsed[name][2]) for name, (dtype, _) in described.items()]
+    )
+    return {
+        name: as_tensor(parsed[name][2], dtype_name, shape)
+        for name, (dtype_name, shape) in described.items()
+    }
 
 
 def encode_frame(header: Message, blob: bytes = b"") -> bytes:
@@ -219,25 +208,6 @@ def decode_tensors_frame(
         raise _error(str(error), header) from None
 
 
-def _require_all_finite(tensors: Mapping[str, torch.Tensor]) -> None:
-    for name, tensor in tensors.items():
-        _require_finite(name, tensor)
-
-
-def _require_finite(name: str, tensor: torch.Tensor) -> None:
-    """Reject NaN/Inf; numpy's check costs microseconds where a torch reduction costs tens."""
-    if not tensor.is_floating_point() or not tensor.numel():
-        return
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
-        low, high = torch.aminmax(tensor)
-        finite = math.isfinite(low.item()) and math.isfinite(high.item())
-    else:
-        finite = bool(np.isfinite(tensor.numpy()).all())
-    if not finite:
-        msg = f"tensor {name!r} contains NaN or Inf"
-        raise ProtocolError(msg)
-
-
 def _layout(specs: Sequence[TensorSpec], what: str) -> dict[str, tuple[DType, tuple[int, ...]]]:
     layout = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in specs}
     if len(layout) != len(specs):
@@ -250,6 +220,8 @@ def _layout(specs: Sequence[TensorSpec], what: str) -> dict[str, tuple[DType, tu
 
 def _compare(described: _Layout, actual: _Layout, ref: str, where: str) -> None:
     """Require `actual` to hold exactly the tensors `described` lists, naming the first misfit."""
+    if actual == described:
+        return
     missing = ", ".join(map(repr, sorted(described.keys() - actual.keys())))
     if missing:
         msg = f"missing tensor(s) {missing}: {ref} but absent from the {where}"
@@ -263,66 +235,6 @@ def _compare(described: _Layout, actual: _Layout, ref: str, where: str) -> None:
             if got != want:
                 msg = f"tensor {name!r} has {field} {got} in the {where}; {ref}: {want}"
                 raise ProtocolError(msg)
-
-
-def _serialize(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """The safetensors layout, written directly, several times faster for small tensors.
-
-    An 8-byte header length, a JSON header padded to 8 bytes, then each tensor's little-endian
-    bytes: exactly what `safetensors.torch.save` writes, and read back by the same parser.
-    """
-    header: dict[str, object] = {}
-    chunks: list[bytes] = []
-    offset = 0
-    for name, tensor in tensors.items():
-        raw = _raw_bytes(tensor)
-        code = _DTYPES[_FROM_TORCH[tensor.dtype]][1]
-        header[name] = {
-            "dtype": code,
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + len(raw)],
-        }
-        chunks.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return b"".join([struct.pack("<Q", len(text)), text, *chunks])
-
-
-def _raw_bytes(tensor: torch.Tensor) -> bytes:
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; the bits are what travel
-        tensor = tensor.view(torch.int16)
-    array = tensor.numpy()
-    if sys.byteorder != "little":
-        array = array.byteswap()
-    return array.tobytes()
-
-
-def _parse(blob: bytes) -> dict[str, tuple[str, tuple[int, ...], bytes | bytearray]]:
-    """Let safetensors check the blob's layout; return each tensor's dtype, shape and bytes."""
-    if not blob:
-        return {}
-    try:
-        entries = safetensors.deserialize(blob)  # type: ignore[no-untyped-call]
-    except Exception as error:  # the parser's error types vary across safetensors releases
-        msg = f"tensor blob is not valid safetensors: {error}"
-        raise ProtocolError(msg) from None
-    return {
-        name: (
-            _FROM_SAFETENSORS.get(item["dtype"], item["dtype"]),
-            tuple(item["shape"]),
-            item["data"],
-        )
-        for name, item in entries
-    }
-
-
-def _tensor(data: bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A writable tensor over the parsed bytes (a bytearray, or bytes in older safetensors)."""
-    buffer = data if isinstance(data, bytearray) else bytearray(data)
-    if not buffer:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
 def _manifest_of(header: Message) -> TensorManifest | None:

@@ -25,6 +25,7 @@ A device subscribes to `model` (or `model-delta`) only while it needs a model it
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
@@ -51,6 +52,8 @@ FleetTopicKind = Literal[
 ]
 DEVICE_TOPIC_KINDS: Final[tuple[str, ...]] = get_args(DeviceTopicKind)
 CHUNK_SEGMENT: Final = "chunk"
+_CACHED_TOPICS: Final = 1 << 16
+"""Topics built or parsed per message are remembered (valid ones only): they recur every round."""
 _SEGMENT: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -138,6 +141,7 @@ def secure(fleet: str, device_id: str = BROADCAST) -> str:
     return f"{ROOT}/{_segment(fleet, 'fleet')}/secure/{segment}"
 
 
+@functools.lru_cache(maxsize=_CACHED_TOPICS)
 def device(fleet: str, device_id: str, kind: DeviceTopicKind) -> str:
     """A topic in a device's own subtree."""
     if kind not in DEVICE_TOPIC_KINDS:
@@ -219,6 +223,7 @@ class TopicRef:
     device_id: str | None = None
 
 
+@functools.lru_cache(maxsize=_CACHED_TOPICS)
 def parse_topic(topic: str) -> TopicRef:
     """Turn an inbound topic into a typed reference.
 

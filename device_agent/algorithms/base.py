@@ -11,6 +11,7 @@ from torch import nn
 
 from device_agent.training import (
     ExtraLoss,
+    ModelSlots,
     StepBudget,
     TrainSpec,
     TrainStats,
@@ -45,6 +46,8 @@ class LocalContext:
     """The model owners a relay algorithm may ask for this round (the announcement's list)."""
     peer_models: Mapping[str, Tensors] = field(default_factory=dict)
     """The owners' models the coordinator relayed for this round (FedeRiCo), by owner."""
+    slots: ModelSlots | None = None
+    """`model`'s tensors by name, kept by the device across rounds (None: read from `model`)."""
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,12 @@ def phase_spec(
 ) -> TrainSpec:
     """A phase training the parameters among `names`, with the config's other settings."""
     cfg = ctx.config
+    if ctx.slots is not None:
+        trainable = tuple(name for name in names if name in ctx.slots.parameter_names)
+    else:
+        trainable = trainable_parameters(ctx.model, names)
     return TrainSpec(
-        trainable=trainable_parameters(ctx.model, names),
+        trainable=trainable,
         epochs=epochs,
         batch_size=cfg.batch_size,
         lr=lr,
@@ -171,7 +178,11 @@ def train_phase(
 
 def round_result(ctx: LocalContext, stats: TrainStats) -> LocalResult:
     """Report the shared delta (local - global) and keep the personal tensors on the device."""
-    live = {name: value.detach() for name, value in ctx.model.state_dict(keep_vars=True).items()}
+    live = (
+        ctx.slots.live()
+        if ctx.slots is not None
+        else {name: value.detach() for name, value in ctx.model.state_dict(keep_vars=True).items()}
+    )
     return LocalResult(
         shared_delta=difference(live, ctx.global_shared),  # global_shared names the shared part
         num_samples=len(ctx.data.train),

@@ -16,6 +16,8 @@ from protocols.topics import topic_matches
 from protocols.transport.base import MessageHandler, TransportStats, Will
 
 logger = logging.getLogger(__name__)
+_MATCHED_TOPICS = 1 << 16
+"""Topics whose wildcard matches are remembered: each device's recur every round."""
 
 
 @dataclass(eq=False)
@@ -40,6 +42,8 @@ class InProcessBroker:
     _exact: dict[str, dict[int, _Subscription]] = field(default_factory=dict)
     _wildcards: list[_Subscription] = field(default_factory=list)
     _retained: dict[str, bytes] = field(default_factory=dict)
+    _matching: dict[str, list[_Subscription]] = field(default_factory=dict)
+    """The wildcard subscriptions each topic matched, until the wildcards change."""
     _queue: deque[_Delivery] = field(default_factory=deque)
     _dispatching: bool = False
     delivered: Counter[str] = field(default_factory=Counter)
@@ -61,6 +65,7 @@ class InProcessBroker:
         pattern = subscription.pattern
         if "+" in pattern or "#" in pattern:
             self._wildcards.append(subscription)
+            self._matching.clear()
             retained = [(t, p) for t, p in self._retained.items() if topic_matches(pattern, t)]
         else:  # by lookup: 10,000 devices each retain a status
             self._exact.setdefault(pattern, {})[id(subscription)] = subscription
@@ -74,6 +79,7 @@ class InProcessBroker:
             subscription.active = False  # retained copies queued for it are not delivered
             if subscription in self._wildcards:
                 self._wildcards.remove(subscription)
+                self._matching.clear()
             else:
                 self._exact.get(subscription.pattern, {}).pop(id(subscription), None)
 
@@ -108,9 +114,13 @@ class InProcessBroker:
         if delivery.only is not None:
             return [delivery.only]
         # exact subscriptions by lookup: a fleet of 1000 has 4000 of them
-        targets = [s for s in self._wildcards if topic_matches(s.pattern, delivery.topic)]
-        targets += self._exact.get(delivery.topic, {}).values()
-        return targets
+        matching = self._matching.get(delivery.topic)
+        if matching is None:
+            if len(self._matching) >= _MATCHED_TOPICS:
+                self._matching.clear()
+            matching = [s for s in self._wildcards if topic_matches(s.pattern, delivery.topic)]
+            self._matching[delivery.topic] = matching
+        return [*matching, *self._exact.get(delivery.topic, {}).values()]
 
     def _hand(self, subscription: _Subscription, topic: str, payload: bytes) -> None:
         stats = subscription.client.stats

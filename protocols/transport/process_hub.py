@@ -172,14 +172,15 @@ class ProcessHub(InProcessBroker):
         taken = 0
         wait_ms = None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
         ready: list[tuple[int, int]] = self._readable.poll(wait_ms)
-        for fd, _ in ready:
-            link = self._by_fd[fd]
-            try:
-                while link.up.poll(0):
+        while ready:  # one frame per readable link, then ask the kept poll object again
+            for fd, _ in ready:
+                link = self._by_fd[fd]
+                try:
                     self._accept(link, decode_link_frame(link.up.recv_bytes()))
-                    taken += 1
-            except (EOFError, OSError):
-                raise link.failure() from None
+                except (EOFError, OSError):
+                    raise link.failure() from None
+                taken += 1
+            ready = self._readable.poll(0)
         return taken
 
     def quiesce(self, timeout_s: float) -> tuple[int, int]:

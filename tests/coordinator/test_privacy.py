@@ -82,6 +82,24 @@ def _result(delta: dict[str, torch.Tensor]) -> LocalResult:
     return LocalResult(delta, 120, 0.7, {"head.weight": torch.ones(2)}, {"sigma": 0.3})
 
 
+def test_update_norm_is_the_norm_over_every_floating_tensor_and_skips_counters() -> None:
+    # Prepare: several floating dtypes, an empty tensor, and an integer counter
+    delta = {
+        "w": torch.tensor([[1.0, -2.0], [0.5, 0.25]]),
+        "h": torch.tensor([3.0], dtype=torch.float16),
+        "b": torch.tensor([-4.0], dtype=torch.bfloat16),
+        "d": torch.tensor([0.125], dtype=torch.float64),
+        "empty": torch.zeros(0),
+        "steps": torch.tensor([1000]),
+    }
+    expected = math.sqrt(1 + 4 + 0.25 + 0.0625 + 9 + 16 + 0.125**2)
+
+    # Execute / Assert
+    assert update_norm(delta) == pytest.approx(expected, rel=1e-15)
+    assert update_norm({"steps": torch.tensor([5])}) == 0.0
+    assert math.isnan(update_norm({"w": torch.tensor([1.0, math.nan])}))
+
+
 def test_a_device_clips_its_delta_and_reports_no_loss_count_or_scalars() -> None:
     delta = {"w": torch.tensor([3.0, 0.0, 4.0]), "b": torch.tensor([12.0])}  # norm 13
     private, within = privatize(

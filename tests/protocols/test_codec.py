@@ -407,6 +407,54 @@ def test_unpack_rejects_non_finite_values_in_a_crafted_blob(dtype_name: str, bad
         unpack_tensors(manifest, blob)
 
 
+@pytest.mark.parametrize("dtype_name", FLOATS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_unpack_rejects_non_finite_values_among_tensors_of_one_dtype(
+    dtype_name: str, bad: float
+) -> None:
+    # Prepare: every tensor of one dtype, so the whole blob is checked in one pass
+    dtype = DTYPES[dtype_name]
+    poisoned = torch.ones(3, 2, dtype=dtype)
+    poisoned[2, 1] = bad
+    tensors = {"a": torch.ones(4, dtype=dtype), "b": poisoned, "c": torch.ones(5, dtype=dtype)}
+    manifest, blob = crafted_manifest(tensors)
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="'b' contains NaN or Inf"):
+        unpack_tensors(manifest, blob)
+
+
+@pytest.mark.parametrize("dtype_name", FLOATS)
+def test_pack_names_the_non_finite_tensor_among_neighbours_of_its_dtype(dtype_name: str) -> None:
+    # Prepare: finite tensors of the same dtype on both sides, and an integer one in between
+    dtype = DTYPES[dtype_name]
+    poisoned = torch.zeros(7, dtype=dtype)
+    poisoned[0] = float("nan")
+    tensors = {
+        "a": torch.ones(2, dtype=dtype),
+        "b": poisoned,
+        "c": torch.ones(3, dtype=dtype),
+        "d.steps": torch.tensor(3),
+        "e": torch.ones(1, dtype=dtype),
+    }
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="'b' contains NaN or Inf"):
+        pack_tensors(tensors)
+
+
+def test_pack_writes_what_safetensors_writes_for_one_dtype() -> None:
+    # Prepare
+    tensors = {f"layer{i}.weight": make_tensor(torch.float32, (i + 1, 3), seed=i) for i in range(4)}
+
+    # Execute
+    _, blob = pack_tensors(tensors)
+
+    # Assert: byte for byte, also on the second call (the layout's header is reused)
+    assert blob == safetensors.torch.save(tensors)
+    assert pack_tensors(tensors)[1] == blob
+
+
 def _with_specs(manifest: TensorManifest, *specs: TensorSpec) -> TensorManifest:
     return manifest.model_copy(update={"tensors": specs})
 
