@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ def _layout_of(key: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _BlobLayout
     runs: list[_Run] = []
     offset = 0
     for name, code, shape in key:
-        end = offset + _item_size(code) * _count(shape)
+        end = offset + _item_size(code) * math.prod(shape)
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, end]}
         if code in _FLOATING and end > offset:
             last = runs[-1] if runs else None
@@ -192,13 +193,6 @@ def _layout_of(key: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _BlobLayout
 
 def _item_size(code: str) -> int:
     return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2}.get(code, 1)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _raw(tensor: torch.Tensor) -> memoryview:
