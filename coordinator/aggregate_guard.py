@@ -89,7 +89,7 @@ def screen(updates: Sequence[ReceivedUpdate], settings: GuardSettings) -> Screen
     screened = []
     for update, count in zip(updates, counts, strict=True):
         if count == update.num_samples:
-            screened.append(update)  # frozen: shared, not copied
+            screened.append(update)  # not capped: kept as it is
             continue
         cut[update.device_id] = f"weight capped from {update.num_samples} to {count} samples"
         screened.append(replace(update, num_samples=count))

@@ -117,7 +117,7 @@ def train(
     step = _optimizer_step(spec, parameters)
     micro = budget.micro_batch_size if budget is not None else None
     meter = budget.meter if budget is not None else None
-    _train_mode(model)
+    _set_mode(model, training=True)
     steps = 0
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
@@ -184,10 +184,10 @@ def _optimizer_step(spec: TrainSpec, parameters: Mapping[str, nn.Parameter]) -> 
     return plain_step
 
 
-def _train_mode(model: nn.Module) -> None:
-    """`model.train()`, skipped when every module already trains: it sets each one's flag."""
-    if not all(module.training for module in model.modules()):
-        model.train()
+def _set_mode(model: nn.Module, *, training: bool) -> None:
+    """`model.train(training)`, skipped when every module is in that mode: it sets each flag."""
+    if any(module.training != training for module in model.modules()):
+        model.train(training)
 
 
 def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
@@ -258,7 +258,7 @@ def evaluate(model: nn.Module, task: Task, split: Split, batch_size: int = 1024)
     """The task's metric averaged over `split` (accuracy or mean squared error)."""
     if len(split) == 0:
         return float("nan")
-    model.eval()
+    _set_mode(model, training=False)
     total = 0.0
     for start in range(0, len(split), batch_size):
         outputs = model(split.inputs[start : start + batch_size])

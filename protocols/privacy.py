@@ -74,7 +74,7 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
 
 
 def _flat_array(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.requires_grad or not tensor.is_cpu:  # checked: the calls cost more than the tests
+    if tensor.requires_grad or not tensor.is_cpu:  # only when needed: the calls cost more
         tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
         tensor = tensor.float()
