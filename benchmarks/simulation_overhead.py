@@ -23,7 +23,8 @@ import torch
 from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
-from coordinator.simulation_workers import worker_count
+from coordinator.simulation_workers import available_cores, worker_count
+from device_agent.compute_threads import forward_macs, torch_threads, useful_threads
 from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig
@@ -66,11 +67,26 @@ def mean_test_metric(model: torch.nn.Module, task: Task, fleet: Sequence[DeviceD
     return sum(scores) / len(scores)
 
 
+def same_threads(settings: SimulationSettings) -> int:
+    """The torch threads a one-worker simulation of `settings` trains with: the bare loop's too."""
+    task = load_task(settings.task)
+    sample = task.make_fleet(1, settings.partition_spec(), settings.seed)[0].train.inputs[:1]
+    macs = forward_macs(task.build_model(settings.seed), sample)
+    return useful_threads(macs * settings.algorithm_config().batch_size, available_cores())
+
+
 def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
     """FedAvg with nothing but PyTorch; returns (seconds, mean test accuracy)."""
     task = load_task(settings.task)
     config = settings.algorithm_config()
     fleet = task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
+    with torch_threads(same_threads(settings)):
+        return _timed_fedavg(settings, task, config, fleet)
+
+
+def _timed_fedavg(
+    settings: SimulationSettings, task: Task, config: AlgorithmConfig, fleet: Sequence[DeviceData]
+) -> tuple[float, float]:
     started = time.perf_counter()
     model = task.build_model(settings.seed)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -153,8 +169,10 @@ def main() -> None:
             "Workload: "
             + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items())
             + f"; batch size {config.batch_size}, lr {config.lr}; the same with 5 local epochs.",
-            f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
-            f"torch {torch.__version__}; median of {args.repeats} alternating repeats.",
+            f"Machine: {platform.machine()}, {available_cores()} cores; both train on "
+            f"{same_threads(settings)} torch thread(s), the simulation's choice for this model "
+            f"(device_agent/compute_threads.py); torch {torch.__version__}; median of "
+            f"{args.repeats} alternating repeats.",
             "",
             "| local epochs | bare loop (s) | simulate, 1 worker (s) | ratio "
             f"| simulate, {worker_count(0, WORKLOAD['devices'])} workers (s) | bare accuracy "

@@ -32,8 +32,14 @@ from coordinator.pipeline import (
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from coordinator.simulation_workers import WorkerDevices, worker_count
+from coordinator.simulation_workers import (
+    WorkerDevices,
+    available_cores,
+    threads_per_worker,
+    worker_count,
+)
 from device_agent.agent import DeviceAgent
+from device_agent.compute_threads import torch_threads, useful_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
 from pfl_tasks.registry import load_task
@@ -107,7 +113,8 @@ class LocalDevices:
 @dataclass(frozen=True)
 class _Wiring:
     connect_coordinator: Callable[[], Transport]
-    host: Callable[[VirtualFleet], DeviceHost]
+    host: Callable[[VirtualFleet, int], DeviceHost]
+    """Starts the devices of a fleet whose training steps take that many multiply-adds."""
 
 
 def join_timeout(devices: int) -> float:
@@ -145,7 +152,8 @@ def _wiring(
     if workers == 1:
         hub = broker or InProcessBroker()
 
-        def host_here(fleet: VirtualFleet) -> DeviceHost:
+        def host_here(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
+            cleanup.enter_context(torch_threads(useful_threads(step_macs, available_cores())))
             return LocalDevices(fleet.build(every, hub.connect, threaded=False), hub)
 
         will = coordinator_will(settings.fleet)
@@ -155,8 +163,9 @@ def _wiring(
         raise ValueError(msg)
     process_hub = broker or ProcessHub()
 
-    def host_in_workers(fleet: VirtualFleet) -> DeviceHost:
-        devices = WorkerDevices(process_hub, fleet, settings.devices, workers)
+    def host_in_workers(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
+        threads = threads_per_worker(workers, step_macs)
+        devices = WorkerDevices(process_hub, fleet, settings.devices, workers, threads)
         cleanup.callback(devices.close)
         return devices
 
@@ -186,7 +195,8 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
         cleanup.callback(transport.close)
         return transport
 
-    def host(fleet: VirtualFleet) -> DeviceHost:
+    def host(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
+        cleanup.enter_context(torch_threads(useful_threads(step_macs, available_cores())))
         return LocalDevices(fleet.build(range(settings.devices), connect, threaded=True), None)
 
     return _Wiring(lambda: connect("coordinator", coordinator_will(settings.fleet)), host)
@@ -248,7 +258,7 @@ def _run(
         seed=settings.seed,
         stateful=not settings.stateless,
     )
-    devices = wiring.host(fleet)
+    devices = wiring.host(fleet, fleet.step_macs(stages.final.config.batch_size))
     clock = settings.simulated_clock([device_name(i) for i in range(settings.devices)])
     buffered = None if clock is None else buffered_rounds(coordinator, settings, clock)
     coordinator.start()

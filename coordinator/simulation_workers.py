@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from device_agent.agent import DeviceAgent
+from device_agent.compute_threads import useful_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet
 from protocols.errors import describe
@@ -62,9 +63,12 @@ def worker_count(requested: int, devices: int) -> int:
     return max(1, min(requested or available_cores(), devices))
 
 
-def threads_per_worker(workers: int) -> int:
-    """Torch intra-op threads for each of `workers` processes: together no more than the cores."""
-    return max(1, available_cores() // workers)
+def threads_per_worker(workers: int, step_macs: int) -> int:
+    """Torch intra-op threads for each of `workers` processes training steps of `step_macs`.
+
+    Together no more than the cores; fewer where the model is too small to gain from them.
+    """
+    return useful_threads(step_macs, max(1, available_cores() // workers))
 
 
 def balanced_shares(work: Sequence[int], workers: int) -> list[list[int]]:
@@ -86,11 +90,12 @@ def balanced_shares(work: Sequence[int], workers: int) -> list[list[int]]:
 class WorkerDevices:
     """Virtual devices in worker processes, reached through `hub`."""
 
-    def __init__(self, hub: ProcessHub, fleet: VirtualFleet, devices: int, workers: int) -> None:
-        """Fork `workers` processes running devices 0..devices-1 between them."""
+    def __init__(
+        self, hub: ProcessHub, fleet: VirtualFleet, devices: int, workers: int, threads: int
+    ) -> None:
+        """Fork `workers` processes for devices 0..devices-1, each with `threads` torch threads."""
         self.hub = hub
         self.agents: list[DeviceAgent] = []  # they live in the workers
-        threads = threads_per_worker(workers)
         context = multiprocessing.get_context("fork")
         inherited: list[Connection] = []
         shares = balanced_shares([len(data.train) for data in fleet.data[:devices]], workers)

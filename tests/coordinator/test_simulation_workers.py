@@ -19,6 +19,7 @@ from coordinator.simulation_workers import (
     threads_per_worker,
     worker_count,
 )
+from device_agent.compute_threads import MACS_PER_THREAD
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.inprocess import InProcessBroker
@@ -132,9 +133,12 @@ def test_worker_count_and_threads_never_oversubscribe_the_cores() -> None:
     assert worker_count(0, 1000) == cores  # default: one per core
     assert worker_count(0, 1) == 1  # never more workers than devices
     assert worker_count(8, 3) == 3
+    big_steps = 10 * cores * MACS_PER_THREAD
     for workers in range(1, 2 * cores + 1):
-        assert threads_per_worker(workers) >= 1
-        assert workers * threads_per_worker(workers) <= max(cores, workers)
+        assert threads_per_worker(workers, big_steps) >= 1
+        assert workers * threads_per_worker(workers, big_steps) <= max(cores, workers)
+        assert threads_per_worker(workers, 20_000) == 1  # a small MLP's step: one thread
+    assert threads_per_worker(1, big_steps) == cores
 
 
 def test_merged_export_entries_add_up_and_keep_every_failure() -> None:

@@ -1,0 +1,47 @@
+"""Torch threads by the work of a training step: counted multiply-adds, not timings."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from device_agent.compute_threads import (
+    MACS_PER_THREAD,
+    forward_macs,
+    torch_threads,
+    useful_threads,
+)
+
+
+def test_linear_layers_count_inputs_times_outputs_per_sample() -> None:
+    model = nn.Sequential(nn.Linear(60, 32), nn.ReLU(), nn.Linear(32, 10))
+    assert forward_macs(model, torch.zeros(10, 60)) == 10 * (60 * 32 + 32 * 10)
+
+
+def test_a_convolution_counts_its_kernel_at_every_output_position() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, kernel_size=3, padding=1), nn.Flatten(), nn.Linear(8 * 16, 2)
+    )
+    # 8 channels x 4x4 positions, each 3 x 3 x 3 multiply-adds; then the linear head
+    assert forward_macs(model, torch.zeros(2, 3, 4, 4)) == 2 * (8 * 16 * 27 + 128 * 2)
+
+
+def test_other_parameters_count_once_per_sample_and_hooks_are_removed() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    assert forward_macs(model, torch.zeros(3, 4)) == 3 * 16 + 3 * 8  # LayerNorm: 8 parameters
+    assert all(not layer._forward_hooks for layer in model.modules())
+
+
+def test_small_steps_get_one_thread_and_big_ones_one_per_share_up_to_the_cores() -> None:
+    assert useful_threads(0, 8) == 1
+    assert useful_threads(MACS_PER_THREAD - 1, 8) == 1
+    assert useful_threads(3 * MACS_PER_THREAD, 8) == 3
+    assert useful_threads(100 * MACS_PER_THREAD, 8) == 8
+    assert useful_threads(100 * MACS_PER_THREAD, 1) == 1
+
+
+def test_threads_are_set_inside_and_restored_after() -> None:
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
