@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import write_section
 from coordinator.simulation_workers import available_cores
@@ -29,24 +30,46 @@ SPEEDUP = {"task": "synthetic", "algorithm": "fedalt", "rounds": 5, "participati
 BIG = {"task": "synthetic", "algorithm": "fedavg", "participation": 0.1, "devices": 10_000}
 
 
+def _command(workload: dict[str, object], workers: int, out: str) -> list[str]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
+    command = [sys.executable, "-m", "coordinator.cli", "simulate", *flags]
+    return [*command, f"--workers={workers}", f"--out={out}"]
+
+
+def _summary(out: str) -> dict[str, Any]:
+    return dict(json.loads((Path(out) / "summary.json").read_text()))
+
+
 def simulate(workload: dict[str, object], workers: int) -> dict[str, float]:
     """One run in a fresh process: wall seconds (from its summary), peak RSS and the metric."""
     with tempfile.TemporaryDirectory() as out:
-        flags = [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
-        command = [sys.executable, "-m", "coordinator.cli", "simulate", *flags]
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        subprocess.run(
-            [*command, f"--workers={workers}", f"--out={out}"],
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run(_command(workload, workers, out), check=True, capture_output=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        summary = json.loads((Path(out) / "summary.json").read_text())
+        summary = _summary(out)
     return {
         "seconds": float(summary["wall_seconds"]),
         "metric": float(summary["metrics"]["personalized_mean"]),
         "peak_rss_mib": max(before, after) / 1024,  # the largest process of any run so far
     }
+
+
+def two_at_once(workload: dict[str, object]) -> float:
+    """Seconds of the slower of two one-worker runs started together.
+
+    Nothing connects them, so this is what the machine itself gives two processes doing the
+    work of one each: the ceiling a two-worker run (which also coordinates) is measured against.
+    """
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+        runs = [
+            subprocess.Popen(_command(workload, 1, out), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+            for out in (first, second)
+        ]  # fmt: skip
+        if any(run.wait() != 0 for run in runs):
+            msg = "a one-worker run of the pair failed"
+            raise RuntimeError(msg)
+        return max(float(_summary(out)["wall_seconds"]) for out in (first, second))
 
 
 def idle_device_bytes(devices: int) -> float:
@@ -68,18 +91,24 @@ def idle_device_bytes(devices: int) -> float:
     return (peaks[1] - peaks[0]) * 1024 / (devices - 1)
 
 
-def speedups(repeats: int, worker_counts: list[int]) -> list[str]:
-    """Table rows: devices, workers, seconds, speed-up against one worker, metric."""
-    rows = []
+def speedups(repeats: int, worker_counts: list[int]) -> tuple[list[str], list[str]]:
+    """Rows of the speed-up table, and of the machine's capacity for two processes.
+
+    Speed-ups: devices, workers, seconds, against one worker, metric. Capacity: two one-worker
+    runs at once against one alone, beside the two-worker speed-up.
+    """
+    rows, ceilings = [], []
     for devices in (100, 1000):
         workload = {**SPEEDUP, "devices": devices}
         times: dict[int, list[float]] = {w: [] for w in worker_counts}
+        pairs: list[float] = []
         metrics: dict[int, float] = {}
         for _ in range(repeats):
             for workers in worker_counts:
                 run = simulate(workload, workers)
                 times[workers].append(run["seconds"])
                 metrics[workers] = run["metric"]
+            pairs.append(two_at_once(workload))
         base = statistics.median(times[1])
         for workers in worker_counts:
             seconds = statistics.median(times[workers])
@@ -87,7 +116,14 @@ def speedups(repeats: int, worker_counts: list[int]) -> list[str]:
                 f"| {devices} | {workers} | {seconds:.1f} | **{base / seconds:.2f}x** | "
                 f"{metrics[workers]:.4f} |"
             )
-    return rows
+        pair = statistics.median(pairs)
+        capacity = 2 * base / pair
+        two = base / statistics.median(times[2]) if 2 in times else float("nan")
+        ceilings.append(
+            f"| {devices} | {base:.1f} | {pair:.1f} | {capacity:.2f}x | {two:.2f}x | "
+            f"{two / capacity:.0%} |"
+        )
+    return rows, ceilings
 
 
 def main() -> None:
@@ -99,8 +135,8 @@ def main() -> None:
     args = parser.parse_args()
     cores = available_cores()
     worker_counts = sorted({1, 2, *([4] if cores >= 4 else []), cores})
-    rows = speedups(args.repeats, worker_counts)
-    print("\n".join(rows))
+    rows, ceilings = speedups(args.repeats, worker_counts)
+    print("\n".join(rows + ceilings))
     big = simulate({**BIG, "rounds": args.big_rounds}, workers=cores)
     per_device = idle_device_bytes(2000)
     section = "\n".join(
@@ -114,13 +150,26 @@ def main() -> None:
             f"included); median of {args.repeats} alternating repeat(s).",
             "",
             "Speed-up: " + ", ".join(f"{k}={v}" for k, v in SPEEDUP.items()) + ".",
-            "Results are bit-identical for every worker count (tests assert it).",
+            "Results are bit-identical for every worker count (tests assert it). This model is "
+            "small, so every process trains on one torch thread (device_agent/compute_threads.py).",
             "",
             "| devices | workers | seconds | speed-up | personalized mean |",
             "|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            "Ten thousand devices: " + ", ".join(f"{k}={v}" for k, v in BIG.items())
+            "What the machine itself allows: two one-worker runs started together, nothing "
+            "connecting them. Their slower one's time against one run alone is the capacity this "
+            "machine has for two processes doing this work right now (2.00x on two idle, "
+            "equal cores); a two-worker run also coordinates its devices, so it can only "
+            "approach it.",
+            "",
+            "| devices | one run alone (s) | two at once (s) | capacity | 2 workers "
+            "| of capacity |",
+            "|---:|---:|---:|---:|---:|---:|",
+            *ceilings,
+            "",
+            "Ten thousand devices: "
+            + ", ".join(f"{k}={v}" for k, v in BIG.items())
             + f", rounds={args.big_rounds}, {cores} workers.",
             "",
             "| wall seconds | largest process peak RSS (MiB) | memory per idle device | "
