@@ -113,6 +113,11 @@ class DispatchInbox(Collector[ReceivedUpdate]):
             arrived, self._arrivals = self._arrivals, []
             return arrived
 
+    def requeue(self, device_ids: list[str]) -> None:
+        """Arrivals taken but not settled (the buffer filled first): first in the next call."""
+        with self._lock:
+            self._arrivals[:0] = device_ids
+
     def settle(self, device_id: str) -> tuple[ReceivedUpdate | None, bool]:
         """Close a device's open work: (its answer or None, whether it declined)."""
         with self._lock:
@@ -321,10 +326,15 @@ class BufferedRounds:
         )
         online = c.registry.online_ids()
         now = time.monotonic()
-        for device_id in self.inbox.arrivals():
+        arrived = self.inbox.arrivals()
+        while arrived and len(self.buffer) < settings.buffer:  # K updates an aggregation
+            device_id = arrived.pop(0)
             if device_id in self.in_flight:
                 self._land(device_id, self.in_flight.pop(device_id), settings, tally)
+        self.inbox.requeue(arrived)  # they count towards the next aggregation
         for device_id, dispatch in list(self.in_flight.items()):
+            if self.inbox.landed(device_id):
+                continue  # its answer is an arrival, settled in order
             if now > dispatch.deadline or device_id not in online:
                 logger.info("device %s: work for round %d given up", device_id, dispatch.round_id)
                 del self.in_flight[device_id]

@@ -219,3 +219,27 @@ def test_devices_whose_jobs_were_lost_work_on_the_same_version_once_back(tmp_pat
     assert (record.participants, record.scalars["lost"], record.selected) == (4, 4.0, 8)
     assert record.sim_seconds is not None
     assert record.sim_seconds > 100.0
+
+
+def test_in_real_time_an_aggregation_takes_k_updates_even_when_more_arrive_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: real-time buffered rounds (as `serve` runs them) over the in-process hub, and a
+    # coordinator that wakes only once three answers are in, as one busy aggregating would
+    import coordinator.simulate as simulate_module
+
+    def real_time(coordinator: Coordinator, settings: Any, clock: Any) -> BufferedRounds:
+        return BufferedRounds(coordinator, settings.async_settings(), None, 1.0)
+
+    def three_at_once(self: DispatchInbox) -> bool:
+        with self._lock:
+            return len(self._arrivals) >= 3
+
+    monkeypatch.setattr(simulate_module, "buffered_rounds", real_time)
+    monkeypatch.setattr(DispatchInbox, "has_arrivals", three_at_once)
+    # Execute
+    result = _run(mode="async", devices=4, buffer=2, concurrency=4, rounds=4, max_staleness=4)
+    # Assert: K updates an aggregation; those beyond it count in the next one, a version stale
+    assert [r.participants for r in result.records] == [2, 2, 2, 2]
+    assert result.records[1].scalars["staleness_max"] == 1.0
+    assert result.records[-1].sim_seconds is None  # real time

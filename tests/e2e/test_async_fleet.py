@@ -62,7 +62,9 @@ def test_agents_train_asynchronously_and_a_killed_coordinator_resumes(
     assert 3 <= killed_at < 6, processes.log("coordinator")
     lines = _lines(tmp_path / "run")
     assert [line["round_id"] for line in lines] == [1, 2, 3, 4, 5, 6]
-    assert all(line["participants"] == 2 for line in lines)
+    assert all(line["participants"] == 2 for line in lines), [
+        (line["round_id"], line["participants"], line["dropped"]) for line in lines
+    ]
     assert all(0 <= line["scalars"]["staleness_max"] <= 4 for line in lines)  # type: ignore[index]
     assert "sim_seconds" not in lines[0]  # real time
     assert resumed.records[0].round_id == killed_at + 1
