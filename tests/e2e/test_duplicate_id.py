@@ -105,10 +105,13 @@ def test_a_lone_agent_reconnecting_after_a_broker_restart_keeps_going(
     mosquitto: Mosquitto, processes: Processes
 ) -> None:
     processes.agent(mosquitto.url, 0, shards=1)
-    time.sleep(4.0)
+    deadline = time.monotonic() + 60.0  # connected first: an unreachable broker at start is fatal
+    broker = BrokerSettings(url=mosquitto.url)
+    while "dev-0000" not in collect_fleet_view(broker, "default", listen_s=0.5).devices:
+        assert time.monotonic() < deadline, processes.log("dev-0000")
     for _ in range(4):  # short-lived connections, but no other client with its id
         mosquitto.restart(down_s=0.3)
         time.sleep(2.0)
     time.sleep(2.0)
-    (process,) = processes.running.values()
-    assert process.poll() is None
+    ((name, process),) = processes.running.items()
+    assert process.poll() is None, processes.log(name)
