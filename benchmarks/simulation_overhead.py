@@ -23,8 +23,8 @@ import torch
 from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
-from coordinator.simulation_workers import available_cores, worker_count
-from device_agent.compute_threads import forward_macs, torch_threads, useful_threads
+from coordinator.simulation_workers import available_cores, threads_per_worker, worker_count
+from device_agent.compute_threads import step_macs, torch_threads
 from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig
@@ -70,9 +70,13 @@ def mean_test_metric(model: torch.nn.Module, task: Task, fleet: Sequence[DeviceD
 def same_threads(settings: SimulationSettings) -> int:
     """The torch threads a one-worker simulation of `settings` trains with: the bare loop's too."""
     task = load_task(settings.task)
-    sample = task.make_fleet(1, settings.partition_spec(), settings.seed)[0].train.inputs[:1]
-    macs = forward_macs(task.build_model(settings.seed), sample)
-    return useful_threads(macs * settings.algorithm_config().batch_size, available_cores())
+    inputs = [
+        data.train.inputs for data in task.make_fleet(1, settings.partition_spec(), settings.seed)
+    ]
+    macs = step_macs(
+        task.build_model(settings.seed), inputs, settings.algorithm_config().batch_size
+    )
+    return threads_per_worker(1, macs)
 
 
 def bare_loop(settings: SimulationSettings) -> tuple[float, float]:

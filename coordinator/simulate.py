@@ -32,14 +32,9 @@ from coordinator.pipeline import (
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.settings import SimulationSettings
-from coordinator.simulation_workers import (
-    WorkerDevices,
-    available_cores,
-    threads_per_worker,
-    worker_count,
-)
+from coordinator.simulation_workers import WorkerDevices, threads_per_worker, worker_count
 from device_agent.agent import DeviceAgent
-from device_agent.compute_threads import torch_threads, useful_threads
+from device_agent.compute_threads import torch_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
 from pfl_tasks.registry import load_task
@@ -153,7 +148,7 @@ def _wiring(
         hub = broker or InProcessBroker()
 
         def host_here(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
-            cleanup.enter_context(torch_threads(useful_threads(step_macs, available_cores())))
+            cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
             return LocalDevices(fleet.build(every, hub.connect, threaded=False), hub)
 
         will = coordinator_will(settings.fleet)
@@ -196,7 +191,7 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
         return transport
 
     def host(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
-        cleanup.enter_context(torch_threads(useful_threads(step_macs, available_cores())))
+        cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
         return LocalDevices(fleet.build(range(settings.devices), connect, threaded=True), None)
 
     return _Wiring(lambda: connect("coordinator", coordinator_will(settings.fleet)), host)

@@ -11,7 +11,7 @@ only on the model and the batch size, never on timings, so it is the same on eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -51,6 +51,15 @@ def forward_macs(model: nn.Module, inputs: torch.Tensor) -> int:
             handle.remove()
     others = sum(p.numel() for p in model.parameters() if id(p) not in counted)
     return total + others * len(inputs)
+
+
+def step_macs(model: nn.Module, inputs: Iterable[torch.Tensor], batch_size: int) -> int:
+    """Multiply-adds of one training step's forward pass at `batch_size` (0: no sample).
+
+    Counted on one sample of the first non-empty `inputs`: the count grows with the batch.
+    """
+    sample = next((batch[:1] for batch in inputs if len(batch)), None)
+    return 0 if sample is None else forward_macs(model, sample) * batch_size
 
 
 def useful_threads(step_macs: int, cores: int) -> int:

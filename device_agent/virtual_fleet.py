@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
-from device_agent.compute_threads import forward_macs
+from device_agent.compute_threads import step_macs
 from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
@@ -81,10 +81,8 @@ class VirtualFleet:
 
     def step_macs(self, batch_size: int) -> int:
         """Multiply-adds of one training step's forward pass at `batch_size` (0: no data)."""
-        sample = next((d.train.inputs[:1] for d in self.data if len(d.train)), None)
-        if sample is None:
-            return 0
-        return forward_macs(self.task.build_model(self.seed), sample) * batch_size
+        inputs = (data.train.inputs for data in self.data)
+        return step_macs(self.task.build_model(self.seed), inputs, batch_size)
 
     def build(
         self, indices: Iterable[int], connect: Connect, *, threaded: bool

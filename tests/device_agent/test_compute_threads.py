@@ -8,6 +8,7 @@ from torch import nn
 from device_agent.compute_threads import (
     MACS_PER_THREAD,
     forward_macs,
+    step_macs,
     torch_threads,
     useful_threads,
 )
@@ -45,3 +46,9 @@ def test_threads_are_set_inside_and_restored_after() -> None:
     with torch_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_a_step_counts_one_sample_of_the_first_data_that_has_one_times_the_batch() -> None:
+    model = nn.Linear(6, 2)
+    assert step_macs(model, [torch.zeros(0, 6), torch.zeros(5, 6)], batch_size=10) == 10 * 12
+    assert step_macs(model, [torch.zeros(0, 6)], batch_size=10) == 0
