@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
 DEVICES = 3
 
 
+class _TestOverError(Exception):
+    """Ends a serve run from its round callback once the test no longer needs it."""
+
+
 @dataclass
 class LiveRun:
     """A serve run in a thread, held after chosen rounds until the test lets it go on."""
@@ -39,6 +43,8 @@ class LiveRun:
     url: str = ""
     records: list[RoundRecord] = field(default_factory=list)
     result: list[ServeResult | BaseException] = field(default_factory=list)
+    ended: threading.Event = field(default_factory=threading.Event)
+    """Set when the test is over: the run stops after its current round."""
 
     def release(self, round_id: int) -> None:
         """Let the run go on after `round_id`."""
@@ -73,6 +79,8 @@ def live_run(
             run.records.append(record)
             if record.round_id in run.holds:
                 run.holds[record.round_id].wait(60.0)
+            if run.ended.is_set():  # a killed agent would keep the next round waiting for it
+                raise _TestOverError
 
         def serve() -> None:
             try:
@@ -97,6 +105,7 @@ def live_run(
 
     yield start
     for run in runs:
+        run.ended.set()
         for hold in run.holds.values():
             hold.set()
     for thread in threads:
