@@ -23,8 +23,8 @@ import torch
 from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
-from coordinator.simulation_workers import available_cores, threads_per_worker, worker_count
-from device_agent.compute_threads import step_macs, torch_threads
+from coordinator.simulation_workers import threads_per_worker, worker_count
+from device_agent.compute_threads import available_cores, step_macs, torch_threads
 from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from device_agent.agent import DeviceAgent
-from device_agent.compute_threads import useful_threads
+from device_agent.compute_threads import available_cores, useful_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet
 from protocols.errors import describe
@@ -41,13 +40,6 @@ from protocols.transport.process_link import (
 logger = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 3600.0
 """How long the parent waits for workers to finish what it asked (an export of 10,000 models)."""
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, not the machine's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def worker_count(requested: int, devices: int) -> int:

@@ -16,6 +16,7 @@ from torch import nn
 from device_agent.agent_exports import AgentExports
 from device_agent.algorithms.base import LocalResult
 from device_agent.capabilities import probe_capabilities
+from device_agent.compute_threads import StepThreads, threads_for
 from device_agent.context import RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.eligibility import EligibilityPolicy
@@ -61,6 +62,8 @@ class DeviceAgent(AgentExports):
         workspace: the nn.Module training happens in; virtual devices share one.
         initial_state: the task model's initial tensors, where personal state starts.
         limits: this device's ceilings on one round's work (None: none, as for virtual devices).
+        threads: torch threads for each round's batch size (None: the process's setting, as
+            for simulation workers, which choose for all their devices).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class DeviceAgent(AgentExports):
         memory_budget_bytes: int | None = None,
         eligibility: EligibilityPolicy | None = None,
         limits: WorkLimits | None = None,
+        threads: StepThreads | None = None,
     ) -> None:
         self.device_id = device_id
         self.fleet = fleet
@@ -115,6 +119,7 @@ class DeviceAgent(AgentExports):
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
         self.relay = RelayClient(device_id, self.contexts.model_layout, self.received)
         self._slots = ModelSlots(workspace)
+        self.threads = threads
         self.last_loss: float | None = None
         self._model: ReceivedModel | None = None
         self._pending: dict[str, tuple[RoundAnnouncement, bytes]] = {}
@@ -362,14 +367,15 @@ class DeviceAgent(AgentExports):
             if announcement.phase not in ("train", "evaluate"):
                 return
             plan = self.contexts.plan_work(announcement)
-            if peer_models is None and self.relay.wants_models(plan.update):
-                update, ctx = self.contexts.build(announcement, model)
-                request = self.relay.request(announcement, model, update, ctx)
-                self._publish("request", encode_frame(request))
-            elif announcement.phase == "train":
-                self._train(announcement, model, peer_models)
-            else:
-                self._evaluate(announcement, model, peer_models)
+            with threads_for(self.threads, min(plan.config.batch_size, len(self.data.train))):
+                if peer_models is None and self.relay.wants_models(plan.update):
+                    update, ctx = self.contexts.build(announcement, model)
+                    request = self.relay.request(announcement, model, update, ctx)
+                    self._publish("request", encode_frame(request))
+                elif announcement.phase == "train":
+                    self._train(announcement, model, peer_models)
+                else:
+                    self._evaluate(announcement, model, peer_models)
         except Exception as error:  # any local failure declines the round, never hangs it
             if not isinstance(error, PflError):
                 logger.debug("device %s: local failure", self.device_id, exc_info=True)

@@ -52,6 +52,13 @@ ConfigOption = Annotated[
     Path | None, typer.Option(help="TOML file with any setting (flags and PFL_* win)")
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="most torch threads training uses (default: the cores available; a model too "
+        "small to gain from them trains on fewer)"
+    ),
+]
 
 
 @app.command()
@@ -111,6 +118,7 @@ def start(
             "device id, 0 = never (default: 3)"
         ),
     ] = None,
+    threads: ThreadsOption = None,
     username: UsernameOption = None,
     password: PasswordOption = None,
     ca_file: CaFileOption = None,
@@ -146,6 +154,7 @@ def pool(
     fraction: FractionOption = None,
     seed: SeedOption = None,
     stateless: StatelessOption = None,
+    threads: ThreadsOption = None,
     username: UsernameOption = None,
     password: PasswordOption = None,
     ca_file: CaFileOption = None,

@@ -11,8 +11,9 @@ only on the model and the batch size, never on timings, so it is the same on eve
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -62,6 +63,13 @@ def step_macs(model: nn.Module, inputs: Iterable[torch.Tensor], batch_size: int)
     return 0 if sample is None else forward_macs(model, sample) * batch_size
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def useful_threads(step_macs: int, cores: int) -> int:
     """Threads for steps of `step_macs` multiply-adds: one per MACS_PER_THREAD, 1 to `cores`."""
     return max(1, min(cores, step_macs // MACS_PER_THREAD))
@@ -76,3 +84,25 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class StepThreads:
+    """Threads for one device's training steps at each batch size, at most `cores`.
+
+    A device learns its batch size from each announcement; its forward pass is counted once,
+    on one sample through a fresh copy of the model (a pass through the workspace could move
+    a batch norm's running statistics).
+    """
+
+    def __init__(self, fresh_model: nn.Module, inputs: Iterable[torch.Tensor], cores: int) -> None:
+        self.per_sample = step_macs(fresh_model, inputs, 1)
+        self.cores = max(1, cores)
+
+    def __call__(self, batch_size: int) -> int:
+        """Threads for a step of `batch_size` samples."""
+        return useful_threads(self.per_sample * batch_size, self.cores)
+
+
+def threads_for(choice: StepThreads | None, batch_size: int) -> AbstractContextManager[None]:
+    """`choice`'s threads for steps of `batch_size` while inside; without a choice, as they are."""
+    return nullcontext() if choice is None else torch_threads(choice(batch_size))

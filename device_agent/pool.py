@@ -47,7 +47,9 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
 
     agents = []
     try:
-        agents = fleet.build(settings.device_range(), connect, threaded=True)
+        indices = settings.device_range()
+        threads = fleet.step_threads(indices, settings.thread_ceiling())
+        agents = fleet.build(indices, connect, threaded=True, threads=threads)
         logger.info(
             "pool of %d devices (%s) serving fleet %s on %s",
             len(agents),

@@ -7,6 +7,7 @@ import threading
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import available_memory_bytes, require_numpy_bridge
+from device_agent.compute_threads import StepThreads
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
@@ -77,6 +78,9 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
             require_mains_power=settings.require_mains_power,
         ),
         limits=settings.work_limits(),
+        threads=StepThreads(
+            task.build_model(settings.seed), [data.train.inputs], settings.thread_ceiling()
+        ),
     )
     transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent

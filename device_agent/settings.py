@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from device_agent.compute_threads import available_cores
 from device_agent.identity import default_device_id
 from device_agent.virtual_fleet import parse_device_range
 from device_agent.work_limits import WorkLimits
@@ -15,7 +16,22 @@ from protocols import topics
 from protocols.program_settings import BrokerAccess, TomlSettings
 
 
-class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
+class ComputeSettings(BaseModel):
+    """How much of this machine training may use."""
+
+    threads: int = Field(
+        0,
+        ge=0,
+        description="most torch threads training uses (0: the cores available); a model too "
+        "small to gain from them trains on fewer",
+    )
+
+    def thread_ceiling(self) -> int:
+        """The most torch threads training may use."""
+        return self.threads or available_cores()
+
+
+class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettings):
     """`pfl-agent start`: one real device of a fleet.
 
     With `data_shard`, the agent holds exactly the data a simulation device with that index
@@ -79,7 +95,7 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings):
         return self
 
 
-class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings):
+class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettings):
     """`pfl-agent pool`: a range of a simulated fleet's virtual devices, each a real MQTT client.
 
     Device `i` holds `make_fleet(num_shards, partition, seed)[i]`, as in `pfl-coord simulate`,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
-from device_agent.compute_threads import step_macs
+from device_agent.compute_threads import StepThreads
 from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
@@ -80,17 +80,28 @@ class VirtualFleet:
         )
 
     def step_macs(self, batch_size: int) -> int:
-        """Multiply-adds of one training step's forward pass at `batch_size` (0: no data)."""
-        inputs = (data.train.inputs for data in self.data)
-        return step_macs(self.task.build_model(self.seed), inputs, batch_size)
+        """Multiply-adds of the largest training step at `batch_size` (0: no data)."""
+        largest = max((len(data.train) for data in self.data), default=0)
+        return self.step_threads(range(len(self.data)), 1).per_sample * min(batch_size, largest)
+
+    def step_threads(self, indices: Iterable[int], cores: int) -> StepThreads:
+        """Threads, at most `cores`, for the training steps of the devices at `indices`."""
+        inputs = (self.data[index].train.inputs for index in indices)
+        return StepThreads(self.task.build_model(self.seed), inputs, cores)
 
     def build(
-        self, indices: Iterable[int], connect: Connect, *, threaded: bool
+        self,
+        indices: Iterable[int],
+        connect: Connect,
+        *,
+        threaded: bool,
+        threads: StepThreads | None = None,
     ) -> list[DeviceAgent]:
         """Started agents for `indices`, connected through `connect(device_id, will)`.
 
         `threaded`: the transports call handlers on threads of their own (MQTT), so a lock
-        serializes the handlers of all these agents.
+        serializes the handlers of all these agents. `threads`: each round's torch threads
+        (None: the process's setting).
         """
         workspace = self.task.build_model(self.seed)
         cache = DecodedModelCache()
@@ -115,6 +126,7 @@ class VirtualFleet:
                 stateful=self.stateful,
                 capabilities=capabilities,
                 model_cache=cache,
+                threads=threads,
             )
             agent.contexts.reproducible_noise = True  # the same for any number of workers
             _rejoin_after_reconnects(connected, agent, one_at_a_time)

@@ -13,13 +13,12 @@ import torch
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import SimulationResult, run_simulation
 from coordinator.simulation_workers import (
-    available_cores,
     balanced_shares,
     merge_exports,
     threads_per_worker,
     worker_count,
 )
-from device_agent.compute_threads import MACS_PER_THREAD
+from device_agent.compute_threads import MACS_PER_THREAD, available_cores
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.inprocess import InProcessBroker

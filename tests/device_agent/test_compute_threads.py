@@ -7,8 +7,10 @@ from torch import nn
 
 from device_agent.compute_threads import (
     MACS_PER_THREAD,
+    StepThreads,
     forward_macs,
     step_macs,
+    threads_for,
     torch_threads,
     useful_threads,
 )
@@ -52,3 +54,15 @@ def test_a_step_counts_one_sample_of_the_first_data_that_has_one_times_the_batch
     model = nn.Linear(6, 2)
     assert step_macs(model, [torch.zeros(0, 6), torch.zeros(5, 6)], batch_size=10) == 10 * 12
     assert step_macs(model, [torch.zeros(0, 6)], batch_size=10) == 0
+
+
+def test_a_device_choice_counts_one_sample_and_scales_with_the_batch_up_to_its_cores() -> None:
+    # 1000 x 1000 multiply-adds a sample: a thread per 8 samples, at most 3
+    choice = StepThreads(nn.Linear(1000, 1000), [torch.zeros(4, 1000)], cores=3)
+    assert choice.per_sample == 1_000_000
+    assert [choice(batch) for batch in (1, 7, 8, 16, 64)] == [1, 1, 1, 2, 3]
+    with threads_for(choice, 16):
+        assert torch.get_num_threads() == 2
+    before = torch.get_num_threads()
+    with threads_for(None, 16):  # no choice: the process's setting stands
+        assert torch.get_num_threads() == before

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from coordinator.settings import SimulationSettings
+from device_agent.compute_threads import available_cores
 from device_agent.runner import load_data
 from device_agent.settings import AgentSettings
 from pfl_tasks.base import PartitionSpec
@@ -69,3 +70,13 @@ def test_the_default_device_id_is_this_machines_and_valid(monkeypatch) -> None:
     assert AgentSettings(data_shard=0, device_id="pi-kitchen").device_id == "pi-kitchen"
     monkeypatch.setattr("socket.gethostname", lambda: "pfl-coordinator")  # a reserved prefix
     assert default_device_id().startswith("device-")
+
+
+def test_threads_cap_training_and_default_to_the_cores_available() -> None:
+    def ceiling(**values: object) -> int:
+        return AgentSettings.load(None, device_id="d", data_shard=0, **values).thread_ceiling()
+
+    assert ceiling(threads=1) == 1
+    assert ceiling() == available_cores()
+    with pytest.raises(ValueError, match="threads"):
+        ceiling(threads=-1)
