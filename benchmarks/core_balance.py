@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,6 +30,26 @@ from pfl_tasks.synthetic import DIMENSION, NUM_CLASSES, SyntheticTask
 
 WINDOW_S = 0.25
 BATCH = 10
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(stolen, all) time of every CPU since boot, from /proc/stat; None where there is none.
+
+    "Stolen" is time the hypervisor ran something else while this machine's vCPU wanted to run.
+    """
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return None
+    fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
+    stolen = fields[7] if len(fields) > 7 else 0
+    return stolen, sum(fields[:8])
+
+
+def stolen_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    """The share of CPU time the hypervisor took between two `cpu_jiffies` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return "unknown"
+    return f"{(after[0] - before[0]) / (after[1] - before[1]):.1%}"
 
 
 def split_efficiency(
@@ -107,11 +128,14 @@ def both_cores(seconds: float) -> tuple[list[int], list[int]]:
 
 def rows(seconds: float, round_lengths: Sequence[float]) -> list[str]:
     """Table rows: per round length, the share of two cores' throughput an even split gets."""
+    before = cpu_jiffies()
     first, second = both_cores(seconds)
+    stolen = stolen_share(before, cpu_jiffies())
     ratios = np.minimum(first, second) / np.maximum(first, second)
     table = [
         f"| windows of {WINDOW_S} s | {len(ratios)} | slower / faster core: median "
-        f"{np.median(ratios):.2f}, worst {ratios.min():.2f} |"
+        f"{np.median(ratios):.2f}, worst {ratios.min():.2f}; taken by the hypervisor: "
+        f"{stolen} |"
     ]
     for round_s in round_lengths:
         efficiency = split_efficiency(first, second, WINDOW_S, round_s)

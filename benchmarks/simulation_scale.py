@@ -136,7 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     cores = available_cores()
     worker_counts = sorted({1, 2, *([4] if cores >= 4 else []), cores})
+    before = core_balance.cpu_jiffies()
     rows, ceilings = speedups(args.repeats, worker_counts)
+    stolen = core_balance.stolen_share(before, core_balance.cpu_jiffies())
     balance = core_balance.rows(30.0, (0.5, 5.0))
     print("\n".join(rows + ceilings + balance))
     big = simulate({**BIG, "rounds": args.big_rounds}, workers=cores)
@@ -149,7 +151,8 @@ def main() -> None:
             f"Machine: {platform.machine()}, {cores} cores available, load average "
             f"{os.getloadavg()[0]:.1f} at the end. Each run is a fresh `pfl-coord simulate` "
             "process (imports, worker start-up and the final evaluation of every device "
-            f"included); median of {args.repeats} alternating repeat(s).",
+            f"included); median of {args.repeats} alternating repeat(s). While they ran, the "
+            f"hypervisor took {stolen} of this virtual machine's CPU time (steal, /proc/stat).",
             "",
             "Speed-up: " + ", ".join(f"{k}={v}" for k, v in SPEEDUP.items()) + ".",
             "Results are bit-identical for every worker count (tests assert it). This model is "

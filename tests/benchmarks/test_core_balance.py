@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.core_balance import split_efficiency
+from benchmarks.core_balance import cpu_jiffies, split_efficiency, stolen_share
 
 
 def test_equal_steady_cores_lose_nothing() -> None:
@@ -35,3 +35,12 @@ def test_swings_shorter_than_a_round_average_out_and_longer_ones_do_not() -> Non
 def test_unusable_series_are_refused(first: list[int], second: list[int], round_s: float) -> None:
     with pytest.raises(ValueError, match=r"series|does not fit"):
         split_efficiency(first, second, 0.25, round_s)
+
+
+def test_the_stolen_share_is_the_steal_difference_over_the_total_difference() -> None:
+    assert stolen_share((10, 1000), (60, 2000)) == "5.0%"
+    assert stolen_share(None, (60, 2000)) == "unknown"
+    assert stolen_share((10, 1000), (10, 1000)) == "unknown"  # no time passed
+    reading = cpu_jiffies()
+    if reading is not None:  # Linux: steal is part of the total
+        assert 0 <= reading[0] <= reading[1]
