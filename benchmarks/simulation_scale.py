@@ -173,14 +173,16 @@ def main() -> None:
             "|---:|---:|---:|---:|---:|---:|",
             *ceilings,
             "",
-            "Why 100 devices fall short of the capacity: each worker owns a fixed half of the "
-            "devices, so every round waits for the slower worker, and this machine's two cores "
-            "do not run at one speed. Both cores running the same training step, each in a "
+            "One reason short rounds get less of the capacity: each worker owns a fixed half of "
+            "the devices, so every round waits for the slower worker, and this machine's two "
+            "cores do not run at one speed. Both cores running the same training step, each in a "
             "pinned process, counted per quarter second (`python -m benchmarks.core_balance`); "
             "replaying rounds split evenly between them at those speeds gives the share of the "
             "two cores' throughput such a round gets. A 100-device round with 2 workers lasts "
             "about 0.5 s, a 1000-device one about 5 s: short rounds meet every swing in speed, "
-            "long ones average them out.",
+            "long ones average them out. The rest of the gap at 100 devices is the "
+            "coordinator's work in every round (relaying and checking each update, in the "
+            "parent process), a larger share of a short round.",
             "",
             "| measured | samples | result |",
             "|---|---:|---|",
