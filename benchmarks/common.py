@@ -39,7 +39,7 @@ def mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
 def mean_std_cell(
     values: Sequence[float | None], *, scale: float = 1.0, digits: int = 3, std: bool = True
 ) -> str:
-    """"mean ± std" of `scale` x the values present, to `digits` decimals; "-" when none is."""
+    """The "mean ± std" of `scale` x the values present, to `digits` decimals; "-" if none is."""
     stats = mean_std([None if v is None else scale * v for v in values])
     if stats is None:
         return "-"
