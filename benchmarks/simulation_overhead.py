@@ -24,7 +24,7 @@ from benchmarks.common import write_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 from coordinator.simulation_workers import threads_per_worker, worker_count
-from device_agent.compute_threads import available_cores, step_macs, torch_threads
+from device_agent.compute_threads import available_cores, largest_step_macs, torch_threads
 from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig
@@ -67,24 +67,26 @@ def mean_test_metric(model: torch.nn.Module, task: Task, fleet: Sequence[DeviceD
     return sum(scores) / len(scores)
 
 
-def same_threads(settings: SimulationSettings) -> int:
+def same_threads(settings: SimulationSettings, task: Task, fleet: Sequence[DeviceData]) -> int:
     """The torch threads a one-worker simulation of `settings` trains with: the bare loop's too."""
-    task = load_task(settings.task)
-    inputs = [
-        data.train.inputs for data in task.make_fleet(1, settings.partition_spec(), settings.seed)
-    ]
-    macs = step_macs(
-        task.build_model(settings.seed), inputs, settings.algorithm_config().batch_size
+    inputs = [data.train.inputs for data in fleet]
+    batch_size = settings.algorithm_config().batch_size
+    return threads_per_worker(
+        1, largest_step_macs(task.build_model(settings.seed), inputs, batch_size)
     )
-    return threads_per_worker(1, macs)
+
+
+def simulated_fleet(settings: SimulationSettings, task: Task) -> list[DeviceData]:
+    """Every device's data, as the simulation of `settings` splits it."""
+    return task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
 
 
 def bare_loop(settings: SimulationSettings) -> tuple[float, float]:
     """FedAvg with nothing but PyTorch; returns (seconds, mean test accuracy)."""
     task = load_task(settings.task)
     config = settings.algorithm_config()
-    fleet = task.make_fleet(settings.devices, settings.partition_spec(), settings.seed)
-    with torch_threads(same_threads(settings)):
+    fleet = simulated_fleet(settings, task)
+    with torch_threads(same_threads(settings, task, fleet)):
         return _timed_fedavg(settings, task, config, fleet)
 
 
@@ -165,6 +167,8 @@ def main() -> None:
             f"{run['bare_accuracy']:.3f} | {run['sim_accuracy']:.3f} | {run['moved']:,} |"
         )
     config = SimulationSettings.load(None, **WORKLOAD).algorithm_config()
+    task = load_task(settings.task)
+    threads = same_threads(settings, task, simulated_fleet(settings, task))
     table = "\n".join(
         [
             MARKER,
@@ -174,7 +178,7 @@ def main() -> None:
             + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items())
             + f"; batch size {config.batch_size}, lr {config.lr}; the same with 5 local epochs.",
             f"Machine: {platform.machine()}, {available_cores()} cores; both train on "
-            f"{same_threads(settings)} torch thread(s), the simulation's choice for this model "
+            f"{threads} torch thread(s), the simulation's choice for this model "
             f"(device_agent/compute_threads.py); torch {torch.__version__}; median of "
             f"{args.repeats} alternating repeats.",
             "",

@@ -12,7 +12,7 @@ only on the model and the batch size, never on timings, so it is the same on eve
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
@@ -61,6 +61,16 @@ def step_macs(model: nn.Module, inputs: Iterable[torch.Tensor], batch_size: int)
     """
     sample = next((batch[:1] for batch in inputs if len(batch)), None)
     return 0 if sample is None else forward_macs(model, sample) * batch_size
+
+
+def largest_step_macs(model: nn.Module, inputs: Sequence[torch.Tensor], batch_size: int) -> int:
+    """Multiply-adds of the largest training step at `batch_size` of devices with `inputs`.
+
+    A batch holds at most a device's whole data, so a batch size above the largest device's
+    sample count counts as that count.
+    """
+    largest = max((len(batch) for batch in inputs), default=0)
+    return step_macs(model, inputs, min(batch_size, largest))
 
 
 def available_cores() -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
-from device_agent.compute_threads import StepThreads
+from device_agent.compute_threads import StepThreads, largest_step_macs
 from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
@@ -81,8 +81,8 @@ class VirtualFleet:
 
     def step_macs(self, batch_size: int) -> int:
         """Multiply-adds of the largest training step at `batch_size` (0: no data)."""
-        largest = max((len(data.train) for data in self.data), default=0)
-        return self.step_threads(range(len(self.data)), 1).per_sample * min(batch_size, largest)
+        inputs = [data.train.inputs for data in self.data]
+        return largest_step_macs(self.task.build_model(self.seed), inputs, batch_size)
 
     def step_threads(self, indices: Iterable[int], cores: int) -> StepThreads:
         """Threads, at most `cores`, for the training steps of the devices at `indices`."""

@@ -9,6 +9,7 @@ from device_agent.compute_threads import (
     MACS_PER_THREAD,
     StepThreads,
     forward_macs,
+    largest_step_macs,
     step_macs,
     threads_for,
     torch_threads,
@@ -66,3 +67,11 @@ def test_a_device_choice_counts_one_sample_and_scales_with_the_batch_up_to_its_c
     before = torch.get_num_threads()
     with threads_for(None, 16):  # no choice: the process's setting stands
         assert torch.get_num_threads() == before
+
+
+def test_the_largest_step_holds_at_most_the_largest_devices_data() -> None:
+    model = nn.Linear(6, 2)  # 12 multiply-adds a sample
+    inputs = [torch.zeros(3, 6), torch.zeros(7, 6)]
+    assert largest_step_macs(model, inputs, batch_size=5) == 5 * 12
+    assert largest_step_macs(model, inputs, batch_size=50) == 7 * 12
+    assert largest_step_macs(model, [], batch_size=50) == 0
