@@ -3,9 +3,9 @@
 Workers are forked after the fleet's data is built, so they read it from pages the OS shares
 instead of copying it N times. Each worker gets an even share of the devices by training
 samples (`balanced_shares`); its devices share one workspace and handle their messages one at a
-time, exactly as in one process. The parent's
-hub remains the only broker (see `protocols.transport.process_hub`), and the coordinator
-aggregates in device order, so a run's results do not depend on N.
+time, exactly as in one process. The parent's hub remains the only broker (see
+`protocols.transport.process_hub`), and the coordinator aggregates in device order, so a run's
+results do not depend on N.
 """
 
 from __future__ import annotations
