@@ -5,7 +5,8 @@ round's one-off costs are counted as a user pays them), timed by its own summary
 from the kernel (the parent and, separately, the largest worker). The worker counts of one
 workload run back to back, alternating over the repeats; the table reports medians.
 
-    python -m benchmarks.simulation_scale [--repeats 1] [--big-rounds 20] [--out docs/benchmarks.md]
+    python -m benchmarks.simulation_scale [--repeats 1] [--small-repeats 9] [--big-rounds 20]
+        [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -92,19 +93,30 @@ def idle_device_bytes(devices: int) -> float:
     return (peaks[1] - peaks[0]) * 1024 / (devices - 1)
 
 
-def speedups(repeats: int, worker_counts: list[int]) -> tuple[list[str], list[str]]:
+def paired_range(base: list[float], times: list[float]) -> str:
+    """The lowest and highest speed-up of runs made back to back ("1.52-1.96x").
+
+    A run's speed swings with the host's load over seconds: the spread of back-to-back pairs
+    shows how far one run's figure can stray from the median.
+    """
+    ratios = [one / other for one, other in zip(base, times, strict=True)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+
+def speedups(repeats: dict[int, int], worker_counts: list[int]) -> tuple[list[str], list[str]]:
     """Rows of the speed-up table, and of the machine's capacity for two processes.
 
-    Speed-ups: devices, workers, seconds, against one worker, metric. Capacity: two one-worker
-    runs at once against one alone, beside the two-worker speed-up.
+    `repeats`: alternations per fleet size. Speed-ups: devices, workers, seconds, against one
+    worker, the range over back-to-back runs, metric. Capacity: two one-worker runs at once
+    against one alone, beside the two-worker speed-up.
     """
     rows, ceilings = [], []
-    for devices in (100, 1000):
+    for devices, alternations in repeats.items():
         workload = {**SPEEDUP, "devices": devices}
         times: dict[int, list[float]] = {w: [] for w in worker_counts}
         pairs: list[float] = []
         metrics: dict[int, float] = {}
-        for _ in range(repeats):
+        for _ in range(alternations):
             for workers in worker_counts:
                 run = simulate(workload, workers)
                 times[workers].append(run["seconds"])
@@ -115,7 +127,7 @@ def speedups(repeats: int, worker_counts: list[int]) -> tuple[list[str], list[st
             seconds = statistics.median(times[workers])
             rows.append(
                 f"| {devices} | {workers} | {seconds:.1f} | **{base / seconds:.2f}x** | "
-                f"{metrics[workers]:.4f} |"
+                f"{paired_range(times[1], times[workers])} | {metrics[workers]:.4f} |"
             )
         pair = statistics.median(pairs)
         capacity = 2 * base / pair
@@ -130,14 +142,18 @@ def speedups(repeats: int, worker_counts: list[int]) -> tuple[list[str], list[st
 def main() -> None:
     """Run the measurements and write the section."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="alternations at 1000 devices")
+    parser.add_argument(
+        "--small-repeats", type=int, default=9, help="alternations at 100 devices (seconds each)"
+    )
     parser.add_argument("--big-rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     cores = available_cores()
     worker_counts = sorted({1, 2, *([4] if cores >= 4 else []), cores})
     before = core_balance.cpu_jiffies()
-    rows, ceilings = speedups(args.repeats, worker_counts)
+    repeats = {100: max(args.small_repeats, args.repeats), 1000: args.repeats}
+    rows, ceilings = speedups(repeats, worker_counts)
     stolen = core_balance.stolen_share(before, core_balance.cpu_jiffies())
     balance = core_balance.rows(30.0, (0.5, 5.0))
     print("\n".join(rows + ceilings + balance))
@@ -151,15 +167,17 @@ def main() -> None:
             f"Machine: {platform.machine()}, {cores} cores available, load average "
             f"{os.getloadavg()[0]:.1f} at the end. Each run is a fresh `pfl-coord simulate` "
             "process (imports, worker start-up and the final evaluation of every device "
-            f"included); median of {args.repeats} alternating repeat(s). While they ran, the "
+            f"included); medians of {repeats[100]} (100 devices) and {repeats[1000]} (1000) "
+            "alternating repeats, with the range of speed-ups over runs made back to back. "
+            "While they ran, the "
             f"hypervisor took {stolen} of this virtual machine's CPU time (steal, /proc/stat).",
             "",
             "Speed-up: " + ", ".join(f"{k}={v}" for k, v in SPEEDUP.items()) + ".",
             "Results are bit-identical for every worker count (tests assert it). This model is "
             "small, so every process trains on one torch thread (device_agent/compute_threads.py).",
             "",
-            "| devices | workers | seconds | speed-up | personalized mean |",
-            "|---:|---:|---:|---:|---:|",
+            "| devices | workers | seconds | speed-up | back-to-back range | personalized mean |",
+            "|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             "What the machine itself allows: two one-worker runs started together, nothing "
