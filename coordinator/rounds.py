@@ -11,6 +11,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -296,6 +297,7 @@ class Coordinator(DeviceMessages):
         """
         collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
         self._train = collector
+        self._pass_over_quarantined(collector)
         self.announce(round_id, "train", plan, privacy=dp)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), needed),
@@ -340,10 +342,15 @@ class Coordinator(DeviceMessages):
     def evaluate(
         self, *, final: bool = False
     ) -> tuple[list[EvaluationReport], dict[str, float | None]]:
-        """Ask every online device to evaluate its personalized and the global model."""
+        """Ask every online device to evaluate its personalized and the global model.
+
+        A device quarantined this round is not waited for: everything it sends is ignored
+        until the next round starts, its report too.
+        """
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
         self._evaluation = collector
+        self._pass_over_quarantined(collector)
         self.announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
@@ -358,6 +365,15 @@ class Coordinator(DeviceMessages):
                 len(devices),
             )
         return reports, summarize_evaluations(reports)
+
+    def _pass_over_quarantined(self, collector: Collector[Any]) -> None:
+        """Stop `collector` waiting for the devices quarantined now.
+
+        Called once the engine holds `collector`: the message intake declines in it any device
+        quarantined from then on, so none falls between the two.
+        """
+        for device_id in self.quarantine.held():
+            collector.decline(device_id)
 
     def announce(
         self,

@@ -128,7 +128,8 @@ def test_quickstart_fleet_runs_as_written(tmp_path) -> None:
         for index, words in enumerate(agents):
             start(words, f"agent-{index}.log")
         shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, timeout=60)
-        assert shown.returncode == 0, shown.stderr.decode()
+        serving = f"serve (exit {coordinator.poll()}):\n{log('serve.log')}"
+        assert shown.returncode == 0, f"{shown.stderr.decode()}\n{serving}"
         assert coordinator.wait(timeout=150) == 0, log("serve.log")
         for child in children[1:]:
             child.send_signal(signal.SIGINT)  # Ctrl-C

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from coordinator.aggregate_guard import GuardSettings
@@ -10,8 +12,8 @@ from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.strategies import build_strategy
 from coordinator.strategies.fedavg import FedAvgConfig
 from protocols import topics
-from protocols.codec import decode_frame
-from protocols.messages import FleetStatus
+from protocols.codec import decode_frame, encode_frame
+from protocols.messages import EvaluationReport, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
 from tests.coordinator.test_robust_aggregate import RUN, ScriptedFleet, update_frame
 
@@ -80,3 +82,66 @@ def test_a_device_over_its_limit_is_ignored_for_the_round_and_shown_in_the_statu
     assert {d.device_id for d in during[-1].devices if d.quarantined} == {"noisy"}
     assert second.participants == 3
     assert coordinator.quarantine.held() == frozenset()
+
+
+def test_the_evaluation_after_a_quarantine_does_not_wait_for_the_quarantined_device() -> None:
+    # Prepare: round 1 quarantines "noisy"; the honest pair answers every evaluation
+    broker = InProcessBroker()
+    transport = broker.connect("coordinator")
+    coordinator = Coordinator(
+        transport,
+        build_strategy(FedAvgConfig(), 1.0),
+        {"w": torch.zeros(3)},
+        EngineSettings(rounds=1, quorum=0.5, guard=GuardSettings(quarantine_after=5)),
+    )
+    coordinator.run_id = RUN
+
+    def noisy(round_id: int, device_id: str) -> bytes:
+        raw = broker.connect("noisy-raw")
+        for _ in range(10):
+            raw.publish(topics.device("default", device_id, "update"), b"garbage")
+        return update_frame(round_id, device_id, [30.0, 30.0, 30.0])
+
+    honest = {d: lambda r, d: update_frame(r, d, [1.0, 2.0, 3.0]) for d in ("dev-a", "dev-b")}
+    fleet = ScriptedFleet(broker, {**honest, "noisy": noisy})
+    evaluator = broker.connect("evaluator")
+
+    def evaluate(_topic: str, payload: bytes) -> None:
+        announcement, _ = decode_frame(payload)
+        assert isinstance(announcement, RoundAnnouncement)
+        if announcement.phase != "evaluate":
+            return
+        for device_id in [*honest, "noisy"]:
+            report = EvaluationReport(
+                run_id=RUN,
+                round_id=announcement.round_id,
+                device_id=device_id,
+                metric_name="accuracy",
+                personalized=0.5,
+                num_test_samples=10,
+                num_train_samples=10,
+            )
+            topic = topics.device("default", device_id, "evaluation")
+            evaluator.publish(topic, encode_frame(report))
+
+    evaluator.subscribe(topics.round_announcement("default"), evaluate)
+    settled: list[bool] = []
+    wait_until = transport.wait_until
+
+    def recording_wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+        settled.append(wait_until(predicate, timeout_s))
+        return settled[-1]
+
+    transport.wait_until = recording_wait  # type: ignore[method-assign]
+    coordinator.start()
+    fleet.hello()
+    assert coordinator.wait_for_devices(3, 1.0)
+    # Execute: a round that quarantines "noisy", then the evaluation within the same round
+    record = coordinator.run_round()
+    reports, _ = coordinator.evaluate()
+    # Assert: the evaluation settled on the honest pair's reports, the held device's dropped;
+    # over a real broker an unsettled wait would have lasted the whole round deadline
+    assert record.participants == 2
+    assert coordinator.quarantine.held() == {"noisy"}
+    assert [r.device_id for r in reports] == ["dev-a", "dev-b"]
+    assert settled[-1] is True
