@@ -115,11 +115,14 @@ def steps_per_window(cpu: int, seconds: float) -> list[int]:
 
 
 def both_cores(seconds: float) -> tuple[list[int], list[int]]:
-    """Step counts of cores 0 and 1 over the same `seconds`, each in a pinned process."""
+    """Step counts of two of this process's cores over the same `seconds`, each pinned.
+
+    The first two cores of its affinity: a process confined to cores 2 and 3 may not pin to 0.
+    """
     command = [sys.executable, "-m", "benchmarks.core_balance", "--seconds", str(seconds)]
     runs = [
         subprocess.Popen([*command, "--cpu", str(cpu)], stdout=subprocess.PIPE, text=True)
-        for cpu in (0, 1)
+        for cpu in sorted(os.sched_getaffinity(0))[:2]
     ]
     first, second = (json.loads(run.communicate()[0]) for run in runs)
     length = min(len(first), len(second))

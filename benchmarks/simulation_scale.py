@@ -169,8 +169,8 @@ def main() -> None:
             "process (imports, worker start-up and the final evaluation of every device "
             f"included); medians of {repeats[100]} (100 devices) and {repeats[1000]} (1000) "
             "alternating repeats, with the range of speed-ups over runs made back to back. "
-            "While they ran, the "
-            f"hypervisor took {stolen} of this virtual machine's CPU time (steal, /proc/stat).",
+            f"While they ran, the hypervisor took {stolen} of this virtual machine's CPU time "
+            "(steal, /proc/stat).",
             "",
             "Speed-up: " + ", ".join(f"{k}={v}" for k, v in SPEEDUP.items()) + ".",
             "Results are bit-identical for every worker count (tests assert it). This model is "
