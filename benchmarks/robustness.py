@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.common import markdown_table, one_thread, write_section
+from benchmarks.common import choose, markdown_table, one_thread, write_section
 from coordinator.metrics import summarize_evaluations
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import device_name, run_simulation
@@ -160,17 +160,6 @@ def run_all(
     return results
 
 
-def _choose(text: str | None, valid: Sequence[str], what: str) -> list[str]:
-    if text is None:
-        return list(valid)
-    chosen = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [part for part in chosen if part not in valid]
-    if unknown or not chosen:
-        msg = f"unknown {what} {', '.join(unknown)}; choose from {', '.join(valid)}"
-        raise SystemExit(msg)
-    return chosen
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the table and write it into docs/results.md (or only print it)."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -180,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "results.md")
     parser.add_argument("--print-only", action="store_true", help="do not write the doc")
     args = parser.parse_args(argv)
-    attacks = _choose(args.attacks, ATTACKS, "attack")
-    modes = _choose(args.modes, tuple(MODES), "mode")
+    attacks = choose(args.attacks, ATTACKS, "attack")
+    modes = choose(args.modes, tuple(MODES), "mode")
     one_thread()
     logging.disable(logging.WARNING)
     results = run_all(attacks, modes, args.seed)
