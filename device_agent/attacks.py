@@ -108,7 +108,7 @@ def shifted_mean(deltas: list[Tensors], z: float) -> Tensors:
     return result
 
 
-def _scaled(delta: Tensors, factor: float) -> Tensors:
+def _scale(delta: Tensors, factor: float) -> Tensors:
     return {k: v * factor if v.is_floating_point() else v.clone() for k, v in delta.items()}
 
 
@@ -121,7 +121,7 @@ def flip_labels(split: Split, classes: int) -> Split:
 class DeviceAttack:
     """One malicious device's attack (see the module docstring)."""
 
-    name: str
+    name: AttackName
     device_id: str
     strength: float
     coalition: Coalition
@@ -142,17 +142,17 @@ class DeviceAttack:
         """The update this attack sends in place of `result`."""
         delta = result.shared_delta
         if self.name == "sign-flip":
-            delta = _scaled(delta, -1.0)
+            delta = _scale(delta, -1.0)
         elif self.name == "scaling":
-            delta = _scaled(delta, self.strength)
+            delta = _scale(delta, self.strength)
         elif self.name == "free-rider":
-            delta = _scaled(delta, 0.0)
+            delta = _scale(delta, 0.0)
         elif self.name in ("alie", "ipm"):
             group = self.coalition.share(self.device_id, delta)
             if self.name == "alie":
                 delta = shifted_mean(group, self.strength)
             else:
-                delta = _scaled(shifted_mean(group, 0.0), -self.strength)
+                delta = _scale(shifted_mean(group, 0.0), -self.strength)
         return replace(
             result,
             shared_delta=delta,

@@ -15,6 +15,7 @@ from device_agent.attacks import (
     ATTACKS,
     FREE_RIDER_SAMPLES,
     HONEST,
+    AttackName,
     AttackPlan,
     Coalition,
     DeviceAttack,
@@ -28,7 +29,9 @@ def _result(values: list[float], samples: int = 30) -> LocalResult:
     return LocalResult(delta, samples, 0.5, {"head": torch.ones(2)})
 
 
-def _attack(name: str, strength: float = 1.0, coalition: Coalition | None = None) -> DeviceAttack:
+def _attack(
+    name: AttackName, strength: float = 1.0, coalition: Coalition | None = None
+) -> DeviceAttack:
     return DeviceAttack(name, "dev-0001", strength, coalition or Coalition(), classes=10)
 
 
@@ -49,7 +52,7 @@ def test_the_honest_null_object_changes_nothing() -> None:
     ],
 )
 def test_per_device_attacks_forge_the_delta_and_keep_counters_and_personal_state(
-    name: str, strength: float, expected: list[float]
+    name: AttackName, strength: float, expected: list[float]
 ) -> None:
     forged = _attack(name, strength).forge(_result([1.0, -2.0]))
     torch.testing.assert_close(forged.shared_delta["w"], torch.tensor(expected))
