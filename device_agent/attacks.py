@@ -5,16 +5,17 @@ declares, and the update it sends after honest local training. Every agent holds
 devices hold `HONEST`, which changes nothing. Simulation picks the malicious devices from the
 seed (`AttackPlan`) and gives each a `DeviceAttack`; the coordinator runs unchanged.
 
-The attacks (n the round's reporters, m the attackers, x_i an honest update):
+The attacks (n the fleet's devices, m the attackers, x the device's honest update, mu and sigma
+the coordinate-wise mean and standard deviation of the attackers' honest updates):
   sign-flip   sends -x (its own honest update, sign flipped).
   scaling     sends `strength` x (default 100).
-  alie        "A little is enough" (Baruch et al. 2019): mu - z sigma, coordinate-wise, from the
-              mean and standard deviation of the attackers' own honest updates; z defaults to
-              the paper's z_max for the fleet, Phi^-1((n - s) / n) with s = floor(n/2 + 1) - m.
+  alie        "A little is enough" (Baruch et al. 2019): mu - z sigma; z defaults to the
+              paper's z_max, Phi^-1((n - s) / n) with s = floor(n/2 + 1) - m.
   ipm         inner-product manipulation (Xie et al. 2020): -epsilon mu (epsilon = `strength`,
               default 0.1: small enough to pass for an honest update).
   label-flip  trains honestly on labels flipped y -> C - 1 - y.
-  free-rider  sends a zero delta and declares `FREE_RIDER_SAMPLES` training samples.
+  free-rider  sends a zero delta and declares `FREE_RIDER_SAMPLES` training samples (in its
+              hello, updates and evaluation reports).
 The coordinated attacks (alie, ipm) share their honest updates within a `Coalition`: the
 attackers built in one process; each uses the latest honest update of every member (those
 that trained earlier this round, the others' from their previous round).
