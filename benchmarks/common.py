@@ -67,3 +67,19 @@ def write_section(path: Path, section: str, marker: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     write_atomically(path, text.encode("utf-8"))
+
+
+def choose(text: str | None, valid: Sequence[str], what: str) -> list[str]:
+    """The comma-separated names of `text` (all of `valid` when None), each checked.
+
+    Raises:
+        ValueError: a name not in `valid`, or none at all.
+    """
+    if text is None:
+        return list(valid)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in valid]
+    if unknown or not names:
+        msg = f"unknown {what} {', '.join(unknown) or '(none)'}; choose from: {', '.join(valid)}"
+        raise ValueError(msg)
+    return names

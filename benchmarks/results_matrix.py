@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.common import write_section
+from benchmarks.common import choose, write_section
 from coordinator.compare import (
     COLUMNS,
     RunOutcome,
@@ -433,17 +433,6 @@ def run_matrix(
     return progress
 
 
-def _choose(text: str | None, valid: Sequence[str], what: str) -> list[str]:
-    if text is None:
-        return list(valid)
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in valid]
-    if unknown or not names:
-        msg = f"unknown {what} {', '.join(unknown) or '(none)'}; choose from: {', '.join(valid)}"
-        raise ValueError(msg)
-    return names
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Compute the missing cells of the selected part, then rewrite the whole section."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -460,12 +449,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("coordinator", "device_agent", "protocols"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     algorithms = matrix_algorithms()
-    tasks = _choose(args.tasks, sorted({w.task for w in WORKLOADS}), "task")
-    settings = _choose(args.settings, SETTINGS, "setting")
+    tasks = choose(args.tasks, sorted({w.task for w in WORKLOADS}), "task")
+    settings = choose(args.settings, SETTINGS, "setting")
     selected = [w for w in WORKLOADS if w.task in tasks and w.setting in settings]
     run_matrix(
         selected,
-        _choose(args.algorithms, algorithms, "algorithm"),
+        choose(args.algorithms, algorithms, "algorithm"),
         parse_seeds(args.seeds),
         args.cache_dir,
         Output(args.doc, args.img_dir, WORKLOADS, algorithms),

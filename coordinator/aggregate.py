@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from protocols.codec import Tensors
-from protocols.privacy import clip_to_norm
+from protocols.privacy import clip_to_norm, update_norm
 
 
 def weighted_mean(
@@ -93,6 +93,61 @@ def trimmed_mean(deltas: Sequence[Mapping[str, torch.Tensor]], trim_fraction: fl
     return result
 
 
+def centered_clipping(
+    deltas: Sequence[Mapping[str, torch.Tensor]],
+    center: Mapping[str, torch.Tensor] | None = None,
+    *,
+    tau: float | None = None,
+    iterations: int = 1,
+) -> Tensors:
+    """Centered clipping (Karimireddy et al. 2021, "Learning from History"), unweighted.
+
+    From v = `center` (the previous round's aggregate: the history; zeros when None) repeat
+    `iterations` times v <- v + (1/n) sum_i clip(x_i - v, tau), where clip scales a difference
+    to L2 norm at most tau over all floating tensors together. A device's pull on the result is
+    at most tau / n per iteration, whatever it sends or declares. `tau` None takes, at each
+    iteration, the lower median of the distances ||x_i - v||: no fixed scale to tune, and with
+    fewer than half the devices lying at least one honest distance bounds every clip. Integer
+    tensors are averaged and rounded.
+
+    Raises:
+        ValueError: no deltas, `iterations` below 1, or a `tau` that is not positive.
+    """
+    if not deltas:
+        msg = "need at least one delta"
+        raise ValueError(msg)
+    if iterations < 1:
+        msg = f"iterations must be at least 1, got {iterations}"
+        raise ValueError(msg)
+    if tau is not None and not tau > 0:
+        msg = f"tau must be positive, got {tau}"
+        raise ValueError(msg)
+    count = len(deltas)
+    names = [name for name, first in deltas[0].items() if first.is_floating_point()]
+    points = [{name: delta[name].to(torch.float64) for name in names} for delta in deltas]
+    value = {
+        name: torch.zeros(deltas[0][name].shape, dtype=torch.float64)
+        if center is None or name not in center
+        else center[name].to(torch.float64)
+        for name in names
+    }
+    for _ in range(iterations):
+        offsets = [{name: point[name] - value[name] for name in names} for point in points]
+        norms = [update_norm(offset) for offset in offsets]
+        bound = tau if tau is not None else sorted(norms)[(count - 1) // 2]
+        for offset, norm in zip(offsets, norms, strict=True):
+            scale = min(1.0, bound / norm) if norm > 0 else 1.0
+            for name in names:
+                value[name] = value[name] + offset[name] * (scale / count)
+    counters = weighted_mean(
+        [{n: t for n, t in delta.items() if n not in value} for delta in deltas], [1.0] * count
+    )
+    return {
+        name: value[name].to(first.dtype) if name in value else counters[name]
+        for name, first in deltas[0].items()
+    }
+
+
 def robust_combine(
     deltas: Sequence[Mapping[str, torch.Tensor]],
     weights: Sequence[float],
@@ -100,11 +155,15 @@ def robust_combine(
     method: str = "mean",
     trim_fraction: float = 0.1,
     clip_norm: float | None = None,
+    center: Mapping[str, torch.Tensor] | None = None,
+    tau: float | None = None,
+    iterations: int = 1,
 ) -> Tensors:
     """Clip each delta to `clip_norm` (if given), then combine by `method`.
 
-    "mean" is `weighted_mean` with `weights`; "median" and "trimmed-mean" are coordinate-wise
-    and ignore the weights, so one device cannot buy influence with a large sample count.
+    "mean" is `weighted_mean` with `weights`; "median", "trimmed-mean" and
+    "centered-clipping" (from `center`, with `tau` and `iterations`) ignore the weights, so one
+    device cannot buy influence with a large sample count.
 
     Raises:
         ValueError: an unknown method, or as the combining function.
@@ -117,5 +176,9 @@ def robust_combine(
         return coordinate_median(deltas)
     if method == "trimmed-mean":
         return trimmed_mean(deltas, trim_fraction)
-    msg = f"unknown aggregation {method!r}; expected mean, median or trimmed-mean"
+    if method == "centered-clipping":
+        return centered_clipping(deltas, center, tau=tau, iterations=iterations)
+    msg = (
+        f"unknown aggregation {method!r}; expected mean, median, trimmed-mean or centered-clipping"
+    )
     raise ValueError(msg)

@@ -209,6 +209,21 @@ def simulate(
         float | None,
         typer.Option(help="sync: a round's deadline in simulated seconds, 0 = none (default: 0)"),
     ] = None,
+    attack: Annotated[
+        str | None,
+        typer.Option(
+            help="malicious devices' attack: sign-flip, scaling, alie, ipm, label-flip, "
+            "free-rider (default: none)"
+        ),
+    ] = None,
+    malicious_fraction: Annotated[
+        float | None,
+        typer.Option(help="with --attack: share of the virtual devices that lie (default: 0)"),
+    ] = None,
+    attack_strength: Annotated[
+        float | None,
+        typer.Option(help="scaling factor (100), ALIE z (the paper's z_max) or IPM epsilon (0.1)"),
+    ] = None,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
 ) -> None:

@@ -24,6 +24,9 @@ from protocols.privacy import Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
 from protocols.secure_aggregation import SecureAggregationSettings
 
+SimulatedAttack = Literal["none", "sign-flip", "scaling", "alie", "ipm", "label-flip", "free-rider"]
+"""`device_agent.attacks.ATTACKS`, or none (the layers keep the agent out of the settings)."""
+
 
 class RunSettings(TomlSettings):
     """What a federated run trains: task, algorithm, data split and local-training settings."""
@@ -223,6 +226,15 @@ class SimulationSettings(RunSettings, PartitionSettings):
     sim_latency: float = Field(1.0, ge=0, description="simulated seconds per job beyond training")
     sim_deadline: float = Field(
         0.0, ge=0, description="sync: a round's deadline in simulated seconds (0: none)"
+    )
+    attack: SimulatedAttack = Field(
+        "none", description="malicious virtual devices' attack (device_agent/attacks.py)"
+    )
+    malicious_fraction: float = Field(
+        0.0, ge=0, lt=1, description="with attack: share of the virtual devices that lie"
+    )
+    attack_strength: float | None = Field(
+        None, gt=0, description="scaling factor, ALIE z or IPM epsilon (default per attack)"
     )
 
     @field_validator("sim_speeds")

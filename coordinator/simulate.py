@@ -34,6 +34,7 @@ from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordin
 from coordinator.settings import SimulationSettings
 from coordinator.simulation_workers import WorkerDevices, threads_per_worker, worker_count
 from device_agent.agent import DeviceAgent
+from device_agent.attacks import AttackPlan
 from device_agent.compute_threads import torch_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
@@ -214,6 +215,37 @@ def buffered_rounds(
     return BufferedRounds(coordinator, settings.async_settings(), clock, settings.participation)
 
 
+def attack_plan(settings: SimulationSettings) -> AttackPlan | None:
+    """The malicious virtual devices `--attack` and `--malicious-fraction` ask for (or None).
+
+    Raises:
+        ValueError: an attack without a fraction, or a fraction without an attack.
+    """
+    if settings.attack == "none":
+        if settings.malicious_fraction > 0:
+            msg = "--malicious-fraction needs an --attack"
+            raise ValueError(msg)
+        return None
+    if settings.malicious_fraction == 0:
+        msg = f"--attack {settings.attack} needs a --malicious-fraction above 0"
+        raise ValueError(msg)
+    plan = AttackPlan.draw(
+        settings.attack,
+        settings.malicious_fraction,
+        settings.devices,
+        settings.seed,
+        settings.attack_strength,
+    )
+    logger.warning(
+        "simulating %d malicious devices (%s, strength %.3g): %s",
+        len(plan.malicious),
+        plan.name,
+        plan.strength,
+        ", ".join(device_name(i) for i in sorted(plan.malicious)),
+    )
+    return plan
+
+
 def _run(
     settings: SimulationSettings, wiring: _Wiring, on_round: RoundCallback | None
 ) -> SimulationResult:
@@ -252,6 +284,7 @@ def _run(
         partition=settings.partition_spec(),
         seed=settings.seed,
         stateful=not settings.stateless,
+        attack=attack_plan(settings),
     )
     devices = wiring.host(fleet, fleet.step_macs(stages.final.config.batch_size))
     clock = settings.simulated_clock([device_name(i) for i in range(settings.devices)])

@@ -15,6 +15,7 @@ from torch import nn
 
 from device_agent.agent_exports import AgentExports
 from device_agent.algorithms.base import LocalResult
+from device_agent.attacks import HONEST, Attack
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
 from device_agent.context import RoundContexts
@@ -64,6 +65,7 @@ class DeviceAgent(AgentExports):
         limits: this device's ceilings on one round's work (None: none, as for virtual devices).
         threads: torch threads for each round's batch size (None: the process's setting, as
             for simulation workers, which choose for all their devices).
+        attack: how a malicious virtual device lies (simulation only; `HONEST` changes nothing).
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class DeviceAgent(AgentExports):
         eligibility: EligibilityPolicy | None = None,
         limits: WorkLimits | None = None,
         threads: StepThreads | None = None,
+        attack: Attack = HONEST,
     ) -> None:
         self.device_id = device_id
+        self.attack = attack
         self.fleet = fleet
         self.transport = transport
         self.task = task
@@ -171,7 +175,7 @@ class DeviceAgent(AgentExports):
         hello = DeviceHello(
             device_id=self.device_id,
             task=self.task.name,
-            num_train_samples=len(self.data.train),
+            num_train_samples=self.attack.declared_samples(len(self.data.train)),
             capabilities=self.capabilities or probe_capabilities(),
             memory_plan=self.memory_plan,
             stateful=self.stateful,
@@ -404,6 +408,7 @@ class DeviceAgent(AgentExports):
         update, ctx = self.contexts.build(announcement, model, peer_models)
         trained = update.run(ctx)
         result, within_clip = self.contexts.privatize(announcement, trained)
+        result = self.attack.forge(result)
         if announcement.secure is not None:
             self.contexts.keep(announcement, result, None)
             frame = self.secure.answer(announcement, result, within_clip)
@@ -458,7 +463,7 @@ class DeviceAgent(AgentExports):
             personalized=personalized,
             global_model=global_metric,
             num_test_samples=len(self.data.test),
-            num_train_samples=len(self.data.train),
+            num_train_samples=self.attack.declared_samples(len(self.data.train)),
         )
         self._reply_with(announcement, "evaluation", encode_frame(report))
 

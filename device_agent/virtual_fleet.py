@@ -14,7 +14,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from device_agent.agent import DeviceAgent, device_will
+from device_agent.attacks import HONEST, AttackPlan, Coalition
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, largest_step_macs
 from device_agent.received import DecodedModelCache
@@ -56,6 +59,8 @@ class VirtualFleet:
     seed: int
     stateful: bool
     initial_state: Tensors
+    attack: AttackPlan | None = None
+    """Simulation only: which devices lie, and how (None: all honest)."""
 
     @classmethod
     def create(
@@ -67,6 +72,7 @@ class VirtualFleet:
         partition: PartitionSpec,
         seed: int,
         stateful: bool,
+        attack: AttackPlan | None = None,
     ) -> VirtualFleet:
         """The fleet of `devices` that `task`'s data split by `partition` and `seed` gives."""
         model = task.build_model(seed)
@@ -77,7 +83,16 @@ class VirtualFleet:
             seed=seed,
             stateful=stateful,
             initial_state={k: v.detach().clone() for k, v in model.state_dict().items()},
+            attack=attack,
         )
+
+    def class_count(self) -> int:
+        """The classes the task's model predicts (its output width; 0 unless accuracy)."""
+        if self.task.metric_name != "accuracy":
+            return 0
+        with torch.no_grad():
+            outputs = self.task.build_model(self.seed)(self.data[0].train.inputs[:1])
+        return int(outputs.shape[-1])
 
     def step_macs(self, batch_size: int) -> int:
         """Multiply-adds of the largest training step at `batch_size` (0: no data)."""
@@ -107,9 +122,15 @@ class VirtualFleet:
         cache = DecodedModelCache()
         capabilities = probe_capabilities()
         one_at_a_time = threading.Lock() if threaded else None
+        coalition, classes = Coalition(), self._attack_classes()
         agents = []
         for index in indices:
             device_id = device_name(index)
+            attack = (
+                HONEST
+                if self.attack is None
+                else self.attack.attack(index, device_id, coalition, classes)
+            )
             connected = transport = connect(device_id, device_will(self.fleet, device_id))
             if one_at_a_time is not None:
                 transport = SerializedTransport(transport, one_at_a_time)
@@ -118,7 +139,7 @@ class VirtualFleet:
                 fleet=self.fleet,
                 transport=transport,
                 task=self.task,
-                data=self.data[index],
+                data=attack.train_data(self.data[index]),
                 seed=self.seed,
                 store=MemoryStateStore(),
                 workspace=workspace,
@@ -127,12 +148,27 @@ class VirtualFleet:
                 capabilities=capabilities,
                 model_cache=cache,
                 threads=threads,
+                attack=attack,
             )
             agent.contexts.reproducible_noise = True  # the same for any number of workers
             _rejoin_after_reconnects(connected, agent, one_at_a_time)
             agent.start()
             agents.append(agent)
         return agents
+
+    def _attack_classes(self) -> int:
+        """label-flip's class count (0 for other attacks).
+
+        Raises:
+            ValueError: label-flip on a task without classes.
+        """
+        if self.attack is None or self.attack.name != "label-flip":
+            return 0
+        classes = self.class_count()
+        if classes < 2:
+            msg = f"label-flip needs a classification task; {self.task.name} has no classes"
+            raise ValueError(msg)
+        return classes
 
 
 def _rejoin_after_reconnects(

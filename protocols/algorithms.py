@@ -17,7 +17,7 @@ PersonalDefault = Literal["none", "all", "task"]
 PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters"]
 ServerOptimizerName = Literal["fedavg", "fedadam"]
 AggregationWeights = Literal["samples", "uniform"]
-RobustAggregation = Literal["mean", "median", "trimmed-mean"]
+RobustAggregation = Literal["mean", "median", "trimmed-mean", "centered-clipping"]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -80,7 +80,9 @@ class FedAvgConfig(AlgorithmConfig):
     by the devices' sample counts or uniformly (spec §7.2), renormalized over the reporters.
     Against poisoned updates, `clip_update_norm` scales each delta to at most that L2 norm and
     `robust_aggregation` "median" or "trimmed-mean" (dropping `trim_fraction` of the values at
-    each end, per coordinate) replaces the weighted mean (coordinator/aggregate.py).
+    each end, per coordinate) or "centered-clipping" (Karimireddy et al. 2021: `cc_iterations`
+    steps of clipped differences to radius `cc_tau` around the previous round's aggregate; None:
+    the lower median distance) replaces the weighted mean (coordinator/aggregate.py).
     """
 
     name: ClassVar[str] = "fedavg"
@@ -93,6 +95,8 @@ class FedAvgConfig(AlgorithmConfig):
     robust_aggregation: RobustAggregation = "mean"
     trim_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.1
     clip_update_norm: PositiveFloat | None = None
+    cc_tau: PositiveFloat | None = None
+    cc_iterations: Annotated[int, Field(ge=1, le=100)] = 1
 
 
 class FedAvgFtConfig(FedAvgConfig):

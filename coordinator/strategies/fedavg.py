@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
+
+import torch
 
 from coordinator.aggregate import robust_combine
 from coordinator.server_optimizer import ServerOptimizer, build_server_optimizer
@@ -11,6 +13,9 @@ from coordinator.strategies.base import Aggregate, ReceivedUpdate
 from coordinator.strategies.sampled import SampledStrategy
 from protocols.algorithms import AlgorithmConfig, FedAvgConfig
 from protocols.codec import Tensors
+
+CENTER: Final = "robust_center"
+"""The state_dict key of centered clipping's history."""
 
 
 class FedAvgStrategy(SampledStrategy):
@@ -31,6 +36,8 @@ class FedAvgStrategy(SampledStrategy):
             raise TypeError(msg)
         self.config: FedAvgConfig = config
         self.server_optimizer: ServerOptimizer = build_server_optimizer(config)
+        self.center: Tensors = {}
+        """Centered clipping's history: the previous round's combined delta."""
 
     def aggregate(
         self, round_id: int, shared: Tensors, updates: Sequence[ReceivedUpdate]
@@ -48,13 +55,30 @@ class FedAvgStrategy(SampledStrategy):
             method=config.robust_aggregation,
             trim_fraction=config.trim_fraction,
             clip_norm=config.clip_update_norm,
+            center=self.center or None,
+            tau=config.cc_tau,
+            iterations=config.cc_iterations,
         )
+        if config.robust_aggregation == "centered-clipping":
+            self.center = {k: v.clone() for k, v in mean.items() if v.is_floating_point()}
         return Aggregate(self.server_optimizer.step(shared, mean))
 
     def state_dict(self) -> dict[str, object]:
-        """The server optimizer's state (empty for server SGD)."""
-        return self.server_optimizer.state_dict()
+        """The server optimizer's state (empty for server SGD), and centered clipping's center."""
+        state = self.server_optimizer.state_dict()
+        if self.center:
+            state[CENTER] = {k: v.tolist() for k, v in self.center.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restore the server optimizer."""
-        self.server_optimizer.load_state_dict(state)
+        """Restore the server optimizer and the center.
+
+        Raises:
+            ValueError: a center that is not a mapping of names to nested lists of floats.
+        """
+        center = state.get(CENTER, {})
+        if not isinstance(center, dict):
+            msg = f"{CENTER} must map tensor names to nested lists of floats"
+            raise ValueError(msg)
+        self.center = {k: torch.tensor(v, dtype=torch.float32) for k, v in center.items()}
+        self.server_optimizer.load_state_dict({k: v for k, v in state.items() if k != CENTER})

@@ -224,6 +224,7 @@ def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
         ("federico", {}, "relays"),
         ("local", {}, "nothing to protect"),
         ("fedavg", {"robust_aggregation": "median"}, "not a sum"),
+        ("fedprox", {"robust_aggregation": "centered-clipping"}, "not a sum"),
         ("fedavg", {"clip_update_norm": 1.0}, "replaces clip_update_norm"),
         ("pfedbred", {"train_all_clients": True}, "outside the sampled cohort"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import struct
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from coordinator.aggregate import (
+    centered_clipping,
     coordinate_median,
     robust_combine,
     trimmed_mean,
@@ -209,3 +211,69 @@ def test_a_nan_update_is_rejected_counted_and_the_round_still_closes(
     assert "'w' contains NaN or Inf" in caplog.text
     assert record.participants == 2
     torch.testing.assert_close(coordinator.model["w"], torch.tensor([2.0, 2.0, 2.0]))
+
+
+# -- centered clipping (Karimireddy et al. 2021) against hand computations --
+
+
+def test_centered_clipping_one_step_from_zero_is_the_mean_of_clipped_points() -> None:
+    deltas = _deltas([1.0], [2.0], [100.0])
+    # tau 3: clip(1) = 1, clip(2) = 2, clip(100) = 3 -> v = 6 / 3
+    fixed = centered_clipping(deltas, tau=3.0)
+    torch.testing.assert_close(fixed["w"], torch.tensor([2.0]))
+    # tau None: the lower median distance from 0, 2 -> (1 + 2 + 2) / 3
+    adaptive = centered_clipping(deltas)
+    torch.testing.assert_close(adaptive["w"], torch.tensor([5.0 / 3.0]))
+
+
+def test_centered_clipping_clips_whole_differences_around_the_center_and_iterates() -> None:
+    center = {"w": torch.tensor([1.0, 1.0])}
+    deltas = _deltas([1.0, 1.0], [4.0, 5.0], [1.0, 1.0])
+    # differences (0, 0), (3, 4) with norm 5, (0, 0); tau 1 scales (3, 4) to (0.6, 0.8)
+    once = centered_clipping(deltas, center, tau=1.0)
+    torch.testing.assert_close(once["w"], torch.tensor([1.2, 1.0 + 0.8 / 3]))
+    # a second step from v1: differences -(0.2, 0.8/3) twice (norm 1/3), and (2.8, 4 - 0.8/3)
+    v1 = torch.tensor([1.2, 1.0 + 0.8 / 3], dtype=torch.float64)
+    far = torch.tensor([4.0, 5.0], dtype=torch.float64) - v1
+    expected = (
+        v1 + (2 * (torch.tensor([1.0, 1.0], dtype=torch.float64) - v1) + far / far.norm()) / 3
+    )
+    twice = centered_clipping(deltas, center, tau=1.0, iterations=2)
+    torch.testing.assert_close(twice["w"], expected.float())
+    with pytest.raises(ValueError, match="iterations"):
+        centered_clipping(deltas, iterations=0)
+    with pytest.raises(ValueError, match="tau"):
+        centered_clipping(deltas, tau=0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        centered_clipping([])
+
+
+def test_centered_clipping_bounds_any_liar_by_tau_over_n_and_averages_counters() -> None:
+    honest = [{"w": torch.zeros(4), "n": torch.tensor(2)} for _ in range(3)]
+    liar = {"w": torch.full((4,), 1e9), "n": torch.tensor(5)}
+    result = centered_clipping([*honest, liar], tau=0.5)
+    assert float(torch.linalg.vector_norm(result["w"])) == pytest.approx(0.5 / 4)
+    assert int(result["n"]) == round(11 / 4)
+    assert result["n"].dtype == torch.int64
+
+
+def test_fedavg_centered_clipping_keeps_its_history_in_the_state() -> None:
+    config = FedAvgConfig(robust_aggregation="centered-clipping", cc_tau=1.0)
+    strategy = build_strategy(config, 1.0)
+    shared = {"w": torch.zeros(1)}
+    first = [
+        ReceivedUpdate(f"d{i}", 10, 0.0, {"w": torch.tensor([v])}) for i, v in enumerate([2.0, 2.0])
+    ]
+    moved = strategy.aggregate(1, shared, first).shared["w"]
+    torch.testing.assert_close(moved, torch.tensor([1.0]))  # clip(2, 1) from 0
+    state = strategy.state_dict()
+    resumed = build_strategy(config, 1.0)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    second = [ReceivedUpdate(f"d{i}", 10, 0.0, {"w": torch.tensor([3.0])}) for i in range(2)]
+    # from the center 1: 1 + clip(3 - 1, 1) = 2, in the original and the resumed strategy
+    for each in (strategy, resumed):
+        torch.testing.assert_close(
+            each.aggregate(2, shared, second).shared["w"], torch.tensor([2.0])
+        )
+    with pytest.raises(ValueError, match="robust_center"):
+        resumed.load_state_dict({"robust_center": [1.0]})
