@@ -61,7 +61,7 @@ def status(
     except (PflError, ValueError) as error:
         exit_with_error(console, error)
     if as_json:
-        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
+        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True, allow_nan=False))
         return
     coordinator = view.coordinator
     title = (
@@ -92,6 +92,13 @@ def status(
             row["detail"],
         )
     Console().print(table)
+    if view.rows_left_out():
+        Console().print(f"{view.rows_left_out()} more device(s) not shown")
+    if view.refused:
+        Console().print(
+            f"[red]ignored {view.refused} message(s) their topic may not carry[/red] "
+            "(another device's status, a coordinator message on a device topic, a time ahead)"
+        )
     if view.fleet is not None and view.fleet.scalars:
         scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
         Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")

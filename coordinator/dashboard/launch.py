@@ -1,4 +1,4 @@
-"""Starting a dashboard on a fleet's broker or on a run directory, and stopping it cleanly."""
+"""Starting a dashboard (inside `serve`, on a broker, on a run directory) and stopping it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def broker_dashboard(
         ValueError: bad dashboard settings, or the address cannot be bound.
         BrokerConnectionError: the broker cannot be reached.
     """
-    board = Board(f"{broker.url} · fleet {fleet}")
+    board = Board(f"{broker.url} · fleet {fleet}", fleet)
     with _started(_server(settings, board)) as server:
         transport = watch_broker(board, broker, fleet)
         try:
@@ -34,6 +34,21 @@ def broker_dashboard(
             yield server
         finally:
             transport.close()
+
+
+@contextmanager
+def engine_dashboard(
+    settings: DashboardSettings, source: str, fleet: str, say: Callable[[str], None]
+) -> Iterator[Board]:
+    """A dashboard inside `serve`, fed by its engine through `feeds.ViewTap` (no MQTT session).
+
+    Raises:
+        ValueError: bad dashboard settings, or the address cannot be bound.
+    """
+    board = Board(f"{source} · fleet {fleet}", fleet)
+    with _started(_server(settings, board)) as server:
+        say(f"dashboard on {server.url}")
+        yield board
 
 
 @contextmanager
