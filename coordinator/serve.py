@@ -123,7 +123,8 @@ def run_serve(
                     board = dashboard.enter_context(
                         engine_dashboard(board_settings, url, settings.fleet, say)
                     )
-                    engine_transport = ViewTap(transport, board.offer)
+                    tap = ViewTap(transport, settings.fleet, board.offer)
+                    engine_transport = dashboard.enter_context(tap)
                 coordinator = build_coordinator(
                     lambda: engine_transport, stages, workspace, engine, task, privacy
                 )

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import flatten_settings, round_summary
 from coordinator.status import watch_fleet
-from coordinator.view_intake import check_view_message
+from coordinator.view_intake import check_view_message, view_topic
 from protocols.errors import PflError
 from protocols.messages import (
     RUN_HISTORY_ROUNDS,
@@ -48,17 +48,37 @@ def watch_broker(board: Board, broker: BrokerSettings, fleet: str) -> MqttTransp
 
 
 class ViewTap(TransportWrapper):
-    """`serve`'s own transport, also offering a board what passes on the fleet's view topics.
+    """`serve`'s own transport, also handing a board what passes on the fleet's view topics.
 
     The dashboard inside `serve` is fed this way, with no MQTT session of its own: the
     coordinator's status, fleet status and history as it publishes them, and the device statuses
-    (last-wills included) as it receives them. The board's rule (`FleetView.offer`) decides what
-    each topic may carry; nothing the board does reaches the engine.
+    (last-wills included) as it receives them. The engine only files each payload under its
+    topic (the latest wins, as with a retained message); a thread of the tap's own decodes them
+    and offers them to the board, whose rule (`FleetView.offer`) decides what each topic may
+    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it stops
+    that thread (the inner transport stays open).
     """
 
-    def __init__(self, inner: Transport, offer: Callable[[str, bytes], None]) -> None:
+    def __init__(
+        self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]
+    ) -> None:
         super().__init__(inner)
+        self._fleet = fleet
         self._offer = offer
+        self._pending: dict[str, bytes] = {}
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._feed, name="dashboard-feed", daemon=True)
+
+    def __enter__(self) -> ViewTap:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(10.0)
 
     @property
     def on_reconnect(self) -> Callable[[], None] | None:
@@ -71,24 +91,39 @@ class ViewTap(TransportWrapper):
             self.inner.on_reconnect = hook
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        """Publish, then show the board."""
+        """Publish, then file it for the board."""
         self.inner.publish(topic, payload, retain=retain)
-        self._show(topic, payload)
+        self._file(topic, payload)
 
     def subscribe(self, pattern: str, handler: MessageHandler) -> None:
-        """Subscribe: the engine's handler runs first, then the board sees the message."""
+        """Subscribe: the engine's handler runs first, then the message is filed for the board."""
 
         def both(topic: str, payload: bytes) -> None:
             handler(topic, payload)
-            self._show(topic, payload)
+            self._file(topic, payload)
 
         self.inner.subscribe(pattern, both)
 
-    def _show(self, topic: str, payload: bytes) -> None:
-        try:
-            self._offer(topic, payload)
-        except Exception:  # the dashboard never takes the run down
-            logger.exception("the dashboard could not take a message on %s", topic)
+    def _file(self, topic: str, payload: bytes) -> None:
+        if view_topic(self._fleet, topic) is None:
+            return
+        with self._wake:
+            self._pending[topic] = payload
+            self._wake.notify()
+
+    def _feed(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                batch, self._pending = self._pending, {}
+            for topic, payload in batch.items():
+                try:
+                    self._offer(topic, payload)
+                except Exception:  # the dashboard never takes the run down
+                    logger.exception("the dashboard could not take a message on %s", topic)
 
 
 class RunDirectoryFeed:

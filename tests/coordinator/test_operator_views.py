@@ -8,6 +8,7 @@ another device, nor blank the page or crash the command with a time of Infinity.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from coordinator.cli import app
 from coordinator.dashboard.board import Board
+from coordinator.dashboard.feeds import ViewTap
 from coordinator.status import MAX_SHOWN_DEVICES, FleetView
 from coordinator.view_intake import MAX_CLOCK_SKEW_S
 from protocols import topics
@@ -30,6 +32,7 @@ from protocols.messages import (
     RoundSummary,
     RunHistory,
 )
+from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
@@ -240,3 +243,47 @@ def test_pfl_coord_status_shows_the_honest_fleet_despite_forged_retained_message
         "dev-0002",
     ]
     assert view["refused"] == 2
+
+
+def test_the_engine_feeds_the_board_through_its_own_transport_and_never_fails_for_it() -> None:
+    # Prepare: an engine-side transport tapped for a board, and a device on the same broker
+    broker = InProcessBroker()
+    board = Board("serve", FLEET)
+    taken: list[str] = []
+    four = threading.Event()
+
+    def offer(topic: str, payload: bytes) -> None:
+        taken.append(topic)
+        if len(taken) == 4:
+            four.set()
+        if topic == topics.run_history(FLEET):
+            msg = "a board that fails"
+            raise RuntimeError(msg)
+        board.offer(topic, payload)
+
+    device = broker.connect(EVIL)
+    with ViewTap(broker.connect("pfl-coord-default"), FLEET, offer) as engine:
+        received: list[str] = []
+        engine.subscribe(
+            topics.device_subscription(FLEET, "status"), lambda t, _: received.append(t)
+        )
+        # Execute: what the engine publishes, and a device's status it receives
+        for topic, payload in _honest()[:2]:
+            engine.publish(topic, payload, retain=True)
+        engine.publish(topics.run_history(FLEET), b"the board's failure is not the engine's")
+        engine.publish(topics.round_announcement(FLEET), b"not a view topic")
+        device.publish(*_honest()[2])
+        engine.wait_until(lambda: bool(received), 5.0)
+        delivered = four.wait(10.0)  # the board's own thread decodes
+    # Assert: the engine's handler ran, the board took what the topics may carry
+    assert delivered
+    assert received == [topics.device(FLEET, EVIL, "status")]
+    assert topics.round_announcement(FLEET) not in taken
+    snapshot = board.snapshot()
+    assert snapshot["coordinator"]["rounds"] == 5
+    assert {row["device"] for row in snapshot["fleet"]} == {
+        "dev-0000",
+        "dev-0001",
+        "dev-0002",
+        EVIL,
+    }
