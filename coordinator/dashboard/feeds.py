@@ -59,9 +59,7 @@ class ViewTap(TransportWrapper):
     that thread (the inner transport stays open).
     """
 
-    def __init__(
-        self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]
-    ) -> None:
+    def __init__(self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]) -> None:
         super().__init__(inner)
         self._fleet = fleet
         self._offer = offer
