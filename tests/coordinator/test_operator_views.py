@@ -7,10 +7,8 @@ another device, nor blank the page or crash the command with a time of Infinity.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -19,79 +17,29 @@ from coordinator.cli import app
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.feeds import ViewTap
 from coordinator.status import MAX_SHOWN_DEVICES, FleetView
-from coordinator.view_intake import MAX_CLOCK_SKEW_S
 from protocols import topics
-from protocols.codec import MAGIC, encode_frame
+from protocols.codec import encode_frame
 from protocols.messages import (
     CoordinatorStatus,
     DeviceResult,
     DeviceStatus,
     FleetDevice,
     FleetStatus,
-    Message,
-    RoundSummary,
     RunHistory,
 )
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
+from tests.forged_views import forged_views, strict_json
 
 FLEET = "default"
 EVIL = "dev-evil"
 RUN_ID = "cd" * 16
 
 
-def _raw_frame(header: dict[str, Any]) -> bytes:
-    """A frame whose header JSON is written by hand, e.g. with `Infinity` in it."""
-    text = json.dumps(header).encode()  # json writes inf as Infinity, which parsers may take
-    return MAGIC + len(text).to_bytes(4, "big") + text
-
-
-def _strict_json(text: str) -> Any:
-    def refuse(constant: str) -> None:
-        msg = f"not JSON: {constant}"
-        raise ValueError(msg)
-
-    return json.loads(text, parse_constant=refuse)
-
-
 def _forged_on_own_topic() -> list[tuple[str, bytes]]:
-    """What one device can publish on its own status topic, other than its own status."""
-    own = topics.device(FLEET, EVIL, "status")
-    victims = tuple(
-        FleetDevice(device_id=f"dev-{i:04d}", online=False, last_seen=1.0, quarantined=True)
-        for i in range(3)
-    )
-    forged: list[Message] = [
-        CoordinatorStatus(state="finished", fleet=FLEET, round_id=20, rounds=999),
-        FleetStatus(
-            fleet=FLEET,
-            round_id=20,
-            devices=(*victims, FleetDevice(device_id="ghost-1", online=True, last_seen=1.0)),
-        ),
-        RunHistory(
-            fleet=FLEET,
-            run_id=RUN_ID,
-            rounds=(RoundSummary(round_id=20, selected=1, participants=1),),
-            devices=(
-                DeviceResult(
-                    device_id="dev-0000",
-                    round_id=20,
-                    metric_name="accuracy",
-                    personalized=0.999,
-                    num_train_samples=1,
-                ),
-            ),
-        ),
-        DeviceStatus(device_id="dev-0001", state="offline"),  # another device's status
-        DeviceStatus(device_id="ghost-2", state="online"),
-    ]
-    frames = [(own, encode_frame(message)) for message in forged]
-    for sent_at in (float("inf"), float("nan"), time.time() + 10 * MAX_CLOCK_SKEW_S):
-        status = DeviceStatus(device_id=EVIL, state="online").model_dump(mode="json")
-        frames.append((own, _raw_frame({**status, "sent_at": sent_at})))
-    return frames
+    return forged_views(FLEET, EVIL, [f"dev-{i:04d}" for i in range(3)], RUN_ID)
 
 
 def _honest() -> list[tuple[str, bytes]]:
@@ -159,7 +107,7 @@ def test_the_board_snapshot_is_strict_json_whatever_a_device_sends() -> None:
     board = Board("test", FLEET)
     for topic, payload in [*_honest(), *_forged_on_own_topic()]:
         board.offer(topic, payload)
-    snapshot = _strict_json(board.snapshot_json())
+    snapshot = strict_json(board.snapshot_json())
     assert snapshot["coordinator"]["rounds"] == 5
     assert snapshot["refused"] == len(_forged_on_own_topic())
     assert snapshot["devices"] == []  # no forged evaluation results
@@ -193,7 +141,7 @@ def test_a_huge_fleet_status_is_shown_bounded_and_says_how_many_are_left_out() -
     )
     # Execute
     text = board.snapshot_json()
-    snapshot = _strict_json(text)
+    snapshot = strict_json(text)
     # Assert
     assert len(snapshot["fleet"]) == MAX_SHOWN_DEVICES
     assert snapshot["fleet_left_out"] == count - MAX_SHOWN_DEVICES
@@ -235,7 +183,7 @@ def test_pfl_coord_status_shows_the_honest_fleet_despite_forged_retained_message
     assert "ghost" not in table.output
     assert "ignored 2 message(s)" in table.output  # the Infinity status and the ghost topic's
     assert as_json.exit_code == 0, as_json.output
-    view = _strict_json(as_json.output)
+    view = strict_json(as_json.output)
     assert view["coordinator"]["rounds"] == 5
     assert sorted(row["device"] for row in view["devices"]) == [
         "dev-0000",

@@ -37,16 +37,10 @@ from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import (
     Command,
-    CoordinatorStatus,
     DeviceHello,
-    DeviceResult,
     DeviceStatus,
     DeviceUpdate,
-    FleetDevice,
-    FleetStatus,
-    Message,
     RoundAnnouncement,
-    RunHistory,
     SharedModel,
 )
 from protocols.transport import chunking
@@ -54,6 +48,7 @@ from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port
 from tests.e2e.conftest import Processes
+from tests.forged_views import forged_views, strict_json
 from tests.provisioned import ProvisionedBroker, start_provisioned
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
@@ -480,41 +475,11 @@ def test_answers_replayed_from_an_earlier_run_are_refused(
 # -- forged operator views -------------------------------------------------------------------
 
 
-def forged_views(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+def forge_views(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     """Everything but its own status, retained on its own status topic, for operators to see."""
-    own = topics.device(FLEET, EVIL, "status")
     honest = [device_name(index) for index in range(HONEST)]
-    victims = tuple(
-        FleetDevice(device_id=d, online=False, last_seen=1.0, quarantined=True) for d in honest
-    )
-    result = DeviceResult(
-        device_id=honest[0],
-        round_id=20,
-        metric_name="accuracy",
-        personalized=0.999,
-        num_train_samples=1,
-    )
-    forged: list[Message] = [
-        CoordinatorStatus(state="running", fleet=FLEET, round_id=20, rounds=999),
-        FleetStatus(
-            fleet=FLEET,
-            round_id=20,
-            devices=(*victims, FleetDevice(device_id="ghost", online=True, last_seen=1.0)),
-        ),
-        RunHistory(fleet=FLEET, run_id=announcement.run_id, devices=(result,)),
-        DeviceStatus(device_id=honest[1], state="offline"),
-    ]
-    for message in forged:
-        attacker.publish(own, encode_frame(message), retain=True)
-    status = DeviceStatus(device_id=EVIL, state="online").model_dump(mode="json")
-    attacker.publish(own, raw_update({**status, "sent_at": float("inf")}, b""), retain=True)
-
-
-def _strict_json(text: str) -> Any:
-    def refuse(constant: str) -> None:
-        raise ValueError(constant)
-
-    return json.loads(text, parse_constant=refuse)
+    for topic, frame in forged_views(FLEET, EVIL, honest, announcement.run_id)[:-2]:
+        attacker.publish(topic, frame, retain=True)  # the last one kept: sent_at Infinity
 
 
 def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None:
@@ -531,7 +496,7 @@ def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None
                     headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
                 )
                 with urllib.request.urlopen(request, timeout=10) as response:
-                    snapshots.append(_strict_json(response.read().decode()))
+                    snapshots.append(strict_json(response.read().decode()))
             except OSError:
                 pass  # not listening yet, or already closed
             time.sleep(0.2)
@@ -541,7 +506,7 @@ def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None
     poller.start()
     # Execute: the attacker forges on its own status topic every round
     try:
-        with Attacker(fleet, forged_views):
+        with Attacker(fleet, forge_views):
             _, lines = fleet.serve(
                 ROUNDS, dashboard=f"127.0.0.1:{port}", dashboard_token_file=token_file
             )
