@@ -28,6 +28,7 @@ from coordinator.dashboard.settings import DashboardSettings
 from coordinator.settings import ServeSettings
 
 LOOPBACK = Listen("127.0.0.1", 0)
+REPO = Path(__file__).resolve().parents[2]
 FILE_LIMIT = 160
 """RLIMIT_NOFILE of the flooded dashboard's process: far fewer than the idle sockets."""
 IDLE_SOCKETS = 400
@@ -102,7 +103,7 @@ def test_idle_connections_cannot_use_up_the_processs_files(tmp_path: Path) -> No
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert process.stdin is not None
     assert process.stdout is not None
