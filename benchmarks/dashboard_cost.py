@@ -2,10 +2,11 @@
 
 For 100, 1,000 and 10,000 devices with a full history (1,000 rounds, every device evaluated):
 the retained run history's size on the wire and the time to encode it (the coordinator pays it
-after every round), the board taking in the fleet status and history, and one pushed snapshot
-(made and JSON-encoded once per change, what every open page receives at most twice a second),
-and what each further page costs (the text is cached per change). Median of
-`--repeats` runs. Writes docs/benchmarks.md.
+after every round), the board taking in the fleet status and history as frames on their topics
+(decoded and checked by the views' rule, as `serve` hands them over), and one pushed snapshot
+(made and JSON-encoded once per change, what every open page receives at most twice a second;
+at most 1,000 devices shown), and what each further page costs (the text is cached per
+change). Median of `--repeats` runs. Writes docs/benchmarks.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost [--devices 100,1000,10000]
 """
@@ -24,7 +25,8 @@ from benchmarks.common import markdown_table, write_section
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import RunHistoryLog
 from coordinator.round_types import RoundRecord
-from protocols.codec import decode_frame, encode_frame
+from protocols import topics
+from protocols.codec import encode_frame
 from protocols.messages import (
     RUN_HISTORY_ROUNDS,
     DeviceStatus,
@@ -76,14 +78,14 @@ def median_seconds(action: Callable[[], object], repeats: int) -> float:
 def measure(devices: int, repeats: int) -> dict[str, float]:
     """Bytes and seconds of the history, the board's intake and one pushed snapshot."""
     history, fleet, statuses = fleet_of(devices)
-    frame = encode_frame(history.message(RUN_ID))
+    frame, fleet_frame = encode_frame(history.message(RUN_ID)), encode_frame(fleet)
     board = Board("benchmark")
     for status in statuses:
-        board.apply(status)
+        board.offer(topics.device("default", status.device_id, "status"), encode_frame(status))
 
     def take_in() -> None:
-        board.apply(decode_frame(frame)[0])
-        board.apply(fleet)
+        board.offer(topics.run_history("default"), frame)
+        board.offer(topics.fleet_status("default"), fleet_frame)
 
     take_in()
     snapshot = json.dumps(board.snapshot())
@@ -122,7 +124,7 @@ def main() -> None:
         "devices",
         "run history on the wire",
         "encode it (per round)",
-        "board takes history + fleet in",
+        "board decodes, checks, takes history + fleet in",
         "one pushed snapshot",
         "make and encode it (once per change)",
         "each further open page",
@@ -133,7 +135,8 @@ def main() -> None:
         "",
         f"With a full history ({RUN_HISTORY_ROUNDS:,} rounds) and every device evaluated; the "
         "coordinator encodes the retained history after every round, each open page receives at",
-        "most two snapshots a second. Median of "
+        "most two snapshots a second (at most 1,000 devices shown); the board decodes and checks "
+        "what `serve` hands it on a thread of its own. Median of "
         f"{args.repeats} runs, one process "
         "(`OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost`).",
         "",

@@ -27,6 +27,7 @@ from coordinator.cli_options import (
     DashboardCertOption,
     DashboardKeyOption,
     DashboardOption,
+    DashboardTokenFileOption,
     DashboardTokenOption,
     DevicesOption,
     DpAdaptiveClipOption,
@@ -378,6 +379,14 @@ def serve(
     tls_insecure: InsecureOption = None,
     dashboard: DashboardOption = None,
     dashboard_token: DashboardTokenOption = None,
+    dashboard_token_file: DashboardTokenFileOption = None,
+    dashboard_open_to_local_users: Annotated[
+        bool | None,
+        typer.Option(
+            "--dashboard-open-to-local-users",
+            help="no dashboard token (loopback only): every user of this machine reads the fleet",
+        ),
+    ] = None,
     dashboard_cert: DashboardCertOption = None,
     dashboard_key: DashboardKeyOption = None,
     config: ConfigOption = None,

@@ -17,6 +17,7 @@ from coordinator.cli_options import (
     CertOption,
     DashboardCertOption,
     DashboardKeyOption,
+    DashboardTokenFileOption,
     DashboardTokenOption,
     InsecureOption,
     KeyOption,
@@ -61,7 +62,7 @@ def status(
     except (PflError, ValueError) as error:
         exit_with_error(console, error)
     if as_json:
-        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True))
+        typer.echo(json.dumps(view.as_json(), indent=2, sort_keys=True, allow_nan=False))
         return
     coordinator = view.coordinator
     title = (
@@ -92,6 +93,13 @@ def status(
             row["detail"],
         )
     Console().print(table)
+    if view.rows_left_out():
+        Console().print(f"{view.rows_left_out()} more device(s) not shown")
+    if view.refused:
+        Console().print(
+            f"[red]ignored {view.refused} message(s) their topic may not carry[/red] "
+            "(another device's status, a coordinator message on a device topic, a time ahead)"
+        )
     if view.fleet is not None and view.fleet.scalars:
         scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
         Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
@@ -131,7 +139,7 @@ def export(
     except (PflError, ValueError) as error:
         exit_with_error(console, error)
     if as_json:
-        typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True))
+        typer.echo(json.dumps(result.as_json(), indent=2, sort_keys=True, allow_nan=False))
     else:
         _print_exports(fleet, result)
     if not result.ok:
@@ -237,6 +245,14 @@ def dashboard(
         str, typer.Option(help="HOST:PORT to listen on (loopback unless told otherwise)")
     ] = "127.0.0.1:8080",
     token: DashboardTokenOption = None,
+    token_file: DashboardTokenFileOption = None,
+    open_to_local_users: Annotated[
+        bool,
+        typer.Option(
+            "--open-to-local-users",
+            help="no token (loopback only): every user of this machine reads the fleet",
+        ),
+    ] = False,
     dashboard_cert: DashboardCertOption = None,
     dashboard_key: DashboardKeyOption = None,
     username: UserOption = None,
@@ -255,7 +271,12 @@ def dashboard(
     if (broker is None) == (run is None):
         exit_with_error(console, ValueError("give either --broker URL or --run DIRECTORY"))
     settings = DashboardSettings(
-        listen=listen, token=token, cert_file=dashboard_cert, key_file=dashboard_key
+        listen=listen,
+        token=token,
+        token_file=token_file,
+        open_to_local_users=open_to_local_users,
+        cert_file=dashboard_cert,
+        key_file=dashboard_key,
     )
     from coordinator.dashboard.launch import broker_dashboard, run_directory_dashboard
 

@@ -203,9 +203,12 @@ DashboardOption = Annotated[
 DashboardTokenOption = Annotated[
     str | None,
     typer.Option(
-        help="token browsers must present (default: none on loopback, made up elsewhere)",
+        help="token browsers must present (default: made up for this run and printed)",
         envvar="PFL_DASHBOARD_TOKEN",
     ),
+]
+DashboardTokenFileOption = Annotated[
+    Path | None, typer.Option(help="also write the dashboard's token to this file (mode 0600)")
 ]
 DashboardCertOption = Annotated[
     Path | None, typer.Option(help="TLS certificate (PEM) for the dashboard, e.g. provisioned")

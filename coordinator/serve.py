@@ -17,6 +17,7 @@ from coordinator.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
@@ -35,6 +36,7 @@ from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
+from protocols.transport.base import Transport
 from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
 
@@ -111,19 +113,22 @@ def run_serve(
             downlink=settings.compress_down,
         )
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
-        coordinator = build_coordinator(lambda: transport, stages, workspace, engine, task, privacy)
-        coordinator.offences = offences
         try:
             with ExitStack() as dashboard:
+                engine_transport: Transport = transport
                 board_settings = settings.dashboard_settings()
-                if board_settings is not None:  # after the broker, before devices are awaited
-                    from coordinator.dashboard.launch import broker_dashboard  # the web stack
+                if board_settings is not None:  # fed by the engine: no second MQTT session
+                    from coordinator.dashboard.launch import engine_dashboard  # the web stack
 
-                    dashboard.enter_context(
-                        broker_dashboard(
-                            board_settings, settings.broker_settings(url), settings.fleet, say
-                        )
+                    board = dashboard.enter_context(
+                        engine_dashboard(board_settings, url, settings.fleet, say)
                     )
+                    tap = ViewTap(transport, settings.fleet, board.offer)
+                    engine_transport = dashboard.enter_context(tap)
+                coordinator = build_coordinator(
+                    lambda: engine_transport, stages, workspace, engine, task, privacy
+                )
+                coordinator.offences = offences
                 return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
         finally:
             transport.close()

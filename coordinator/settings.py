@@ -289,7 +289,13 @@ class ServeSettings(RunSettings, BrokerAccess):
         None, description="HOST:PORT to serve the live web dashboard on (e.g. 127.0.0.1:8080)"
     )
     dashboard_token: str | None = Field(
-        None, description="token the dashboard asks of browsers (made up when off loopback)"
+        None, description="token the dashboard asks of browsers (made up per run when not given)"
+    )
+    dashboard_token_file: Path | None = Field(
+        None, description="file the dashboard's token is written to (mode 0600)"
+    )
+    dashboard_open_to_local_users: bool = Field(
+        False, description="no dashboard token on loopback: every local user reads the fleet"
     )
     dashboard_cert: Path | None = Field(None, description="TLS certificate for the dashboard")
     dashboard_key: Path | None = Field(None, description="the dashboard certificate's key")
@@ -301,6 +307,8 @@ class ServeSettings(RunSettings, BrokerAccess):
         return DashboardSettings(
             listen=self.dashboard,
             token=self.dashboard_token,
+            token_file=self.dashboard_token_file,
+            open_to_local_users=self.dashboard_open_to_local_users,
             cert_file=self.dashboard_cert,
             key_file=self.dashboard_key,
         )

@@ -1,4 +1,4 @@
-"""A snapshot of a fleet from its retained messages, for `pfl-coord status`."""
+"""A snapshot of a fleet from its retained messages, for `pfl-coord status` and the dashboard."""
 
 from __future__ import annotations
 
@@ -8,31 +8,83 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from coordinator.view_intake import view_message, view_topic
 from protocols import topics
-from protocols.codec import decode_frame
 from protocols.errors import PflError
-from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message
+from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
 
+MAX_SHOWN_DEVICES: Final = 1000
+"""Rows a view shows (by device id); it says how many more there are."""
+MAX_TRACKED_STATUSES: Final = 10_000
+"""Device statuses a view keeps; statuses of further ids are refused."""
+_LOGGED_TOPICS: Final = 1000
+"""Topics whose first refused message is logged as a warning (later ones at debug)."""
+
 
 @dataclass
 class FleetView:
-    """What the broker retained: the coordinator's status, its fleet summary, device statuses."""
+    """What the broker retained: the coordinator's status, its fleet summary, device statuses.
 
+    `offer` is the door for what arrives on a topic: only what that topic may carry gets in
+    (`coordinator.view_intake`); `refused` counts the rest.
+    """
+
+    name: str = "default"
+    """The fleet's name: topics of other fleets are refused."""
     coordinator: CoordinatorStatus | None = None
     fleet: FleetStatus | None = None
     devices: dict[str, DeviceStatus] = field(default_factory=dict)
+    history: RunHistory | None = None
+    refused: int = 0
+    _logged: set[str] = field(default_factory=set, repr=False)
+
+    def offer(self, topic: str, payload: bytes, now: float | None = None) -> bool:
+        """Take in what arrived on `topic` if that topic may carry it; whether it was taken.
+
+        Other topics are passed over without a count (nothing decoded).
+        """
+        if view_topic(self.name, topic) is None:
+            return False
+        try:
+            message = view_message(self.name, topic, payload, time.time() if now is None else now)
+        except PflError as error:
+            self._refuse(topic, str(error))
+            return False
+        if not self.apply(message):
+            self._refuse(topic, "more device statuses than a view keeps")
+            return False
+        return True
+
+    def _refuse(self, topic: str, reason: str) -> None:
+        self.refused += 1
+        first = topic not in self._logged and len(self._logged) < _LOGGED_TOPICS
+        if first:
+            self._logged.add(topic)
+        logger.log(logging.WARNING if first else logging.DEBUG, "ignored %s: %s", topic, reason)
+
+    def device_ids(self) -> list[str]:
+        """Every device either source names, sorted."""
+        summary = {d.device_id for d in self.fleet.devices} if self.fleet else set()
+        return sorted(summary | set(self.devices))
+
+    def rows_left_out(self) -> int:
+        """Devices beyond the MAX_SHOWN_DEVICES that `rows` shows."""
+        return max(0, len(self.device_ids()) - MAX_SHOWN_DEVICES)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per device: the coordinator's view, completed by the device's own status."""
+        """A row per device (the first MAX_SHOWN_DEVICES by id).
+
+        The coordinator's view, completed by the device's own status.
+        """
         summary = {d.device_id: d for d in self.fleet.devices} if self.fleet else {}
         rows = []
-        for device_id in sorted(set(summary) | set(self.devices)):
+        for device_id in self.device_ids()[:MAX_SHOWN_DEVICES]:
             known, status = summary.get(device_id), self.devices.get(device_id)
             online = (
                 status.state != "offline" if status is not None else bool(known and known.online)
@@ -68,12 +120,20 @@ class FleetView:
         return rows
 
     def apply(self, message: Message) -> bool:
-        """Take in a retained status message; whether it was one (other kinds are left)."""
+        """Take in a status message already checked; whether it was kept.
+
+        Other kinds are left, and so is the status of a new device once MAX_TRACKED_STATUSES
+        are kept.
+        """
         if isinstance(message, CoordinatorStatus):
             self.coordinator = message
         elif isinstance(message, FleetStatus):
             self.fleet = message
-        elif isinstance(message, DeviceStatus):
+        elif isinstance(message, RunHistory):
+            self.history = message
+        elif isinstance(message, DeviceStatus) and (
+            message.device_id in self.devices or len(self.devices) < MAX_TRACKED_STATUSES
+        ):
             self.devices[message.device_id] = message
         else:
             return False
@@ -86,34 +146,27 @@ class FleetView:
             "round_id": self.fleet.round_id if self.fleet else None,
             "scalars": dict(self.fleet.scalars) if self.fleet else {},
             "devices": self.rows(),
+            "devices_left_out": self.rows_left_out(),
+            "refused": self.refused,
         }
 
 
 def watch_fleet(
     broker: BrokerSettings,
     fleet: str,
-    on_message: Callable[[Message], None],
+    offer: Callable[[str, bytes], None],
     purpose: str,
     *,
     history: bool = False,
 ) -> MqttTransport:
-    """An operator client handing `on_message` every retained status of `fleet` (decoded).
+    """An operator client handing `offer` every retained status of `fleet` with its topic.
 
-    With `history`, the run's history too. The caller closes the transport. Malformed messages
-    are logged and skipped.
+    With `history`, the run's history too. The caller closes the transport. `offer` decides what
+    the topic may carry (`FleetView.offer`).
 
     Raises:
         BrokerConnectionError: the broker cannot be reached.
     """
-
-    def decode(topic: str, payload: bytes) -> None:
-        try:
-            message, _ = decode_frame(payload)
-        except PflError as error:
-            logger.warning("ignored a malformed message on %s: %s", topic, error)
-            return
-        on_message(message)
-
     client_id = f"{topics.RESERVED_PREFIX}{purpose}-{uuid.uuid4().hex[:12]}"
     transport = MqttTransport(broker, client_id, clean_start=True)
     patterns = [
@@ -124,7 +177,7 @@ def watch_fleet(
     if history:
         patterns.append(topics.run_history(fleet))
     for pattern in patterns:
-        transport.subscribe(pattern, decode)
+        transport.subscribe(pattern, offer)
     return transport
 
 
@@ -134,12 +187,12 @@ def collect_fleet_view(broker: BrokerSettings, fleet: str, listen_s: float = 1.5
     Raises:
         BrokerConnectionError: the broker cannot be reached.
     """
-    view = FleetView()
+    view = FleetView(fleet)
     lock = threading.Lock()
 
-    def take(message: Message) -> None:
+    def take(topic: str, payload: bytes) -> None:
         with lock:
-            view.apply(message)
+            view.offer(topic, payload)
 
     with watch_fleet(broker, fleet, take, "status"):
         time.sleep(listen_s)

@@ -1,7 +1,8 @@
 """What the dashboard shows, kept current by a feed and read by the web server.
 
-A board is fed messages (from the broker) or files (from a run directory) and hands out one
-JSON-ready snapshot; every change bumps a version, which is how the server knows to push.
+A board is fed what arrives on the fleet's topics (from the broker, or from `serve` itself) or
+files (from a run directory) and hands out one JSON-ready snapshot; every change bumps a version,
+which is how the server knows to push. What a topic may carry is `FleetView.offer`'s rule.
 """
 
 from __future__ import annotations
@@ -11,19 +12,18 @@ import threading
 import time
 from typing import Any
 
-from coordinator.status import FleetView
+from coordinator.status import MAX_SHOWN_DEVICES, FleetView
 from protocols.messages import CoordinatorStatus, FleetStatus, Message, RunHistory
 
 
 class Board:
     """Thread-safe: a feed thread writes, server requests read."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, fleet: str = "default") -> None:
         self.source = source
         """Where the data comes from, as the page header says (a broker URL or a directory)."""
         self._lock = threading.Lock()
-        self._view = FleetView()
-        self._history: RunHistory | None = None
+        self._view = FleetView(fleet)
         self._finished = False
         self._version = 0
         self._updated = 0.0
@@ -35,14 +35,20 @@ class Board:
         """Bumped by every change: a reader holding an older one has something new to show."""
         return self._version
 
-    def apply(self, message: Message) -> None:
-        """Take in a message from the fleet's topics (other kinds are ignored)."""
+    def offer(self, topic: str, payload: bytes) -> None:
+        """Take in what arrived on one of the fleet's topics, if that topic may carry it.
+
+        A refusal is counted (the next snapshot shows it) without pushing one of its own.
+        """
         with self._lock:
-            if isinstance(message, RunHistory):
-                self._history = message
-            elif not self._view.apply(message):
-                return
-            self._changed()
+            if self._view.offer(topic, payload):
+                self._changed()
+
+    def apply(self, message: Message) -> None:
+        """Take in a message already checked (other kinds are ignored)."""
+        with self._lock:
+            if self._view.apply(message):
+                self._changed()
 
     def replace_run(
         self,
@@ -54,7 +60,7 @@ class Board:
     ) -> None:
         """Take in what a run directory holds now (the feed compares before calling)."""
         with self._lock:
-            self._history = history
+            self._view.history = history
             self._view.fleet = fleet
             self._view.coordinator = coordinator
             self._finished = finished
@@ -69,16 +75,18 @@ class Board:
             version = self._version
             cached = self._cached if self._cached_version == version else None
         if cached is None:
-            cached = json.dumps({k: v for k, v in self.snapshot().items() if k != "now"})
+            snapshot = {k: v for k, v in self.snapshot().items() if k != "now"}
+            cached = json.dumps(snapshot, allow_nan=False)
             with self._lock:
                 self._cached, self._cached_version = cached, version
         return f'{{"now": {time.time()}, {cached[1:]}'
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything the page draws, JSON-ready."""
+        """Everything the page draws, JSON-ready; at most MAX_SHOWN_DEVICES devices per table."""
         with self._lock:
-            history = self._history
+            history = self._view.history
             coordinator = self._view.coordinator
+            results = history.devices if history else ()
             return {
                 "version": self._version,
                 "source": self.source,
@@ -89,8 +97,11 @@ class Board:
                 "settings": dict(history.settings) if history else {},
                 "scalars": dict(self._view.fleet.scalars) if self._view.fleet else {},
                 "fleet": self._view.rows(),
+                "fleet_left_out": self._view.rows_left_out(),
+                "refused": self._view.refused,
                 "rounds": [r.model_dump(mode="json") for r in history.rounds] if history else [],
-                "devices": [d.model_dump(mode="json") for d in history.devices] if history else [],
+                "devices": [d.model_dump(mode="json") for d in results[:MAX_SHOWN_DEVICES]],
+                "devices_left_out": max(0, len(results) - MAX_SHOWN_DEVICES),
             }
 
     def _changed(self) -> None:

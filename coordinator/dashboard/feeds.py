@@ -1,12 +1,13 @@
-"""Feeding a board: from a fleet's retained topics on its broker, or from a run directory."""
+"""Feeding a board: from `serve`'s own transport, a fleet's broker, or a run directory."""
 
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from pydantic import ValidationError
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import flatten_settings, round_summary
 from coordinator.status import watch_fleet
+from coordinator.view_intake import check_view_message, view_topic
+from protocols.errors import PflError
 from protocols.messages import (
     RUN_HISTORY_ROUNDS,
     CoordinatorStatus,
@@ -22,6 +25,7 @@ from protocols.messages import (
     FleetStatus,
     RunHistory,
 )
+from protocols.transport.base import MessageHandler, Transport, TransportWrapper
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
@@ -40,7 +44,84 @@ def watch_broker(board: Board, broker: BrokerSettings, fleet: str) -> MqttTransp
     Raises:
         BrokerConnectionError: the broker cannot be reached.
     """
-    return watch_fleet(broker, fleet, board.apply, "dashboard", history=True)
+    return watch_fleet(broker, fleet, board.offer, "dashboard", history=True)
+
+
+class ViewTap(TransportWrapper):
+    """`serve`'s own transport, also handing a board what passes on the fleet's view topics.
+
+    The dashboard inside `serve` is fed this way, with no MQTT session of its own: the
+    coordinator's status, fleet status and history as it publishes them, and the device statuses
+    (last-wills included) as it receives them. The engine only files each payload under its
+    topic (the latest wins, as with a retained message); a thread of the tap's own decodes them
+    and offers them to the board, whose rule (`FleetView.offer`) decides what each topic may
+    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it stops
+    that thread (the inner transport stays open).
+    """
+
+    def __init__(self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]) -> None:
+        super().__init__(inner)
+        self._fleet = fleet
+        self._offer = offer
+        self._pending: dict[str, bytes] = {}
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._feed, name="dashboard-feed", daemon=True)
+
+    def __enter__(self) -> ViewTap:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(10.0)
+
+    @property
+    def on_reconnect(self) -> Callable[[], None] | None:
+        """The inner transport's reconnect hook (the coordinator republishes through it)."""
+        return getattr(self.inner, "on_reconnect", None)
+
+    @on_reconnect.setter
+    def on_reconnect(self, hook: Callable[[], None] | None) -> None:
+        if hasattr(self.inner, "on_reconnect"):
+            self.inner.on_reconnect = hook
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish, then file it for the board."""
+        self.inner.publish(topic, payload, retain=retain)
+        self._file(topic, payload)
+
+    def subscribe(self, pattern: str, handler: MessageHandler) -> None:
+        """Subscribe: the engine's handler runs first, then the message is filed for the board."""
+
+        def both(topic: str, payload: bytes) -> None:
+            handler(topic, payload)
+            self._file(topic, payload)
+
+        self.inner.subscribe(pattern, both)
+
+    def _file(self, topic: str, payload: bytes) -> None:
+        if view_topic(self._fleet, topic) is None:
+            return
+        with self._wake:
+            self._pending[topic] = payload
+            self._wake.notify()
+
+    def _feed(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                batch, self._pending = self._pending, {}
+            for topic, payload in batch.items():
+                try:
+                    self._offer(topic, payload)
+                except Exception:  # the dashboard never takes the run down
+                    logger.exception("the dashboard could not take a message on %s", topic)
 
 
 class RunDirectoryFeed:
@@ -105,7 +186,9 @@ def read_run_directory(directory: Path) -> dict[str, Any]:
     if fleet_text:
         try:
             fleet = FleetStatus.model_validate_json(fleet_text)
-        except ValidationError as error:
+            check_view_message(fleet, time.time())
+        except (ValidationError, PflError) as error:
+            fleet = None
             logger.warning("ignored %s: %s", directory / "fleet.json", error)
     total = raw_settings.get("rounds")
     coordinator = CoordinatorStatus(

@@ -1,4 +1,4 @@
-"""Starting a dashboard on a fleet's broker or on a run directory, and stopping it cleanly."""
+"""Starting a dashboard (inside `serve`, on a broker, on a run directory) and stopping it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from coordinator.dashboard.board import Board
 from coordinator.dashboard.feeds import RunDirectoryFeed, watch_broker
 from coordinator.dashboard.server import DashboardServer, Listen
 from coordinator.dashboard.settings import DashboardSettings
+from protocols.atomic import write_atomically
+from protocols.errors import StateError
 from protocols.transport.settings import BrokerSettings
 
 
@@ -26,14 +28,29 @@ def broker_dashboard(
         ValueError: bad dashboard settings, or the address cannot be bound.
         BrokerConnectionError: the broker cannot be reached.
     """
-    board = Board(f"{broker.url} · fleet {fleet}")
-    with _started(_server(settings, board)) as server:
+    board = Board(f"{broker.url} · fleet {fleet}", fleet)
+    with _started(_server(settings, board), settings.token_file) as server:
         transport = watch_broker(board, broker, fleet)
         try:
             say(f"dashboard on {server.url}")
             yield server
         finally:
             transport.close()
+
+
+@contextmanager
+def engine_dashboard(
+    settings: DashboardSettings, source: str, fleet: str, say: Callable[[str], None]
+) -> Iterator[Board]:
+    """A dashboard inside `serve`, fed by its engine through `feeds.ViewTap` (no MQTT session).
+
+    Raises:
+        ValueError: bad dashboard settings, or the address cannot be bound.
+    """
+    board = Board(f"{source} · fleet {fleet}", fleet)
+    with _started(_server(settings, board), settings.token_file) as server:
+        say(f"dashboard on {server.url}")
+        yield board
 
 
 @contextmanager
@@ -52,7 +69,7 @@ def run_directory_dashboard(
     board = Board(str(directory))
     feed = RunDirectoryFeed(board, directory).start()
     try:
-        with _started(_server(settings, board)) as server:
+        with _started(_server(settings, board), settings.token_file) as server:
             say(f"dashboard on {server.url}")
             yield server
     finally:
@@ -64,19 +81,30 @@ def _server(settings: DashboardSettings, board: Board) -> DashboardServer:
         board,
         Listen.parse(settings.listen),
         token=settings.token,
+        open_to_local_users=settings.open_to_local_users,
         cert_file=settings.cert_file,
         key_file=settings.key_file,
     )
 
 
 @contextmanager
-def _started(server: DashboardServer) -> Iterator[DashboardServer]:
+def _started(server: DashboardServer, token_file: Path | None) -> Iterator[DashboardServer]:
+    """The server listening, its token in `token_file` (mode 0600) when asked.
+
+    Raises:
+        ValueError: the address cannot be bound, or the token file cannot be written.
+    """
     try:
         server.start()
     except OSError as error:
         msg = f"{error} (is another program using that port?)"
         raise ValueError(msg) from error
     try:
+        if token_file is not None and server.token is not None:
+            try:  # a fresh temporary file is 0600 from the start, then renamed into place
+                write_atomically(token_file, f"{server.token}\n".encode())
+            except StateError as error:
+                raise ValueError(str(error)) from error
         yield server
     finally:
         server.stop()

@@ -2,42 +2,37 @@
 
 Starlette on uvicorn (pure Python, no build step): the page and its charting library ship with
 the package, so a coordinator with no internet shows it. Read-only: nothing here changes a run.
-Bound to loopback by default; anywhere else it asks for a token (and serves TLS when given a
-certificate), since the fleet table names every device.
+Bound to loopback by default. It asks for a token (made up per run unless given), on loopback
+too unless the operator opts out, and serves TLS when given a certificate: the fleet table names
+every device. Requests must name its own host (`gate`); connections are limited (`connections`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import (
-    FileResponse,
-    PlainTextResponse,
-    RedirectResponse,
-    Response,
-    StreamingResponse,
-)
+from starlette.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from coordinator.dashboard.board import Board
+from coordinator.dashboard.connections import ConnectionLimits, limited_protocol
+from coordinator.dashboard.gate import DashboardGate, HostCheck
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).with_name("static")
-COOKIE = "pfl_dashboard_token"
 PUSH_INTERVAL_S = 0.5
 """At most two snapshots a second per viewer, however fast the fleet changes."""
 KEEPALIVE_S = 15.0
@@ -75,8 +70,13 @@ class Listen:
             return False  # a host name: assume the network
 
 
-def dashboard_app(board: Board, token: str | None, stopping: threading.Event) -> Starlette:
-    """The ASGI app: `/` the page, `/api/snapshot` the data, `/api/events` its changes."""
+def dashboard_app(
+    board: Board, token: str | None, hosts: HostCheck, stopping: threading.Event
+) -> Starlette:
+    """The ASGI app: `/` the page, `/api/snapshot` the data, `/api/events` its changes.
+
+    Every request passes the gate: its own host names only, and the token when there is one.
+    """
 
     async def page(_: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
@@ -111,8 +111,7 @@ def dashboard_app(board: Board, token: str | None, stopping: threading.Event) ->
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
-    if token is not None:
-        app.add_middleware(_TokenGate, token=token)
+    app.add_middleware(DashboardGate, token=token, hosts=hosts)
     return app
 
 
@@ -132,49 +131,6 @@ async def _event_stream(
         await asyncio.sleep(PUSH_INTERVAL_S)
 
 
-class _TokenGate:
-    """Lets a request through with the token as a bearer header, a cookie, or `?token=` once.
-
-    A link with `?token=` sets the cookie and redirects to the same page without it, so the
-    token does not stay in the address bar or the browser history.
-    """
-
-    def __init__(self, app: Callable[..., Awaitable[None]], token: str) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:  # type: ignore[type-arg]
-        if scope["type"] != "http" or scope["path"].startswith(("/static/", "/favicon.ico")):
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        offered = request.query_params.get("token")
-        if offered is not None and self._matches(offered):
-            response: Response = RedirectResponse(request.url.remove_query_params("token"), 303)
-            response.set_cookie(
-                COOKIE,
-                self.token,
-                httponly=True,
-                samesite="strict",
-                secure=scope["scheme"] == "https",
-            )
-        elif self._matches(request.cookies.get(COOKIE, "")) or self._matches(
-            request.headers.get("authorization", "").removeprefix("Bearer ")
-        ):
-            await self.app(scope, receive, send)
-            return
-        else:
-            response = PlainTextResponse(
-                "this dashboard needs its token: open the link pfl-coord printed "
-                "(…/?token=…) or send 'Authorization: Bearer <token>'",
-                status_code=401,
-            )
-        await response(scope, receive, send)
-
-    def _matches(self, offered: str) -> bool:
-        return bool(offered) and hmac.compare_digest(offered.encode(), self.token.encode())
-
-
 class DashboardServer:
     """The dashboard on a thread of its own, for `serve --dashboard` and `pfl-coord dashboard`."""
 
@@ -184,25 +140,33 @@ class DashboardServer:
         listen: Listen,
         *,
         token: str | None = None,
+        open_to_local_users: bool = False,
         cert_file: Path | None = None,
         key_file: Path | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        """Off loopback a token is required: one is made up when none is given.
+        """A token is required, made up when none is given; on loopback the operator may opt out.
 
         Raises:
-            ValueError: a certificate without its key, or the other way round.
+            ValueError: a certificate without its key, or the other way round; no token asked
+                for off loopback, or together with a token.
         """
         if (cert_file is None) != (key_file is None):
             msg = "the dashboard's TLS needs both --dashboard-cert and --dashboard-key"
             raise ValueError(msg)
-        if token is None and not listen.loopback:
-            token = secrets.token_urlsafe(18)
-        self.token = token
+        if open_to_local_users and (token is not None or not listen.loopback):
+            msg = (
+                "a dashboard open to local users listens on loopback and has no token: "
+                "drop the token or the address beyond loopback"
+            )
+            raise ValueError(msg)
+        self.token = None if open_to_local_users else token or secrets.token_urlsafe(18)
         self.listen = listen
         self.tls = cert_file is not None
         self._stopping = threading.Event()
+        limits = limits or ConnectionLimits()
         config = uvicorn.Config(
-            dashboard_app(board, token, self._stopping),
+            dashboard_app(board, self.token, HostCheck(listen.host), self._stopping),
             host=listen.host,
             port=listen.port,
             log_level="warning",
@@ -210,6 +174,11 @@ class DashboardServer:
             ssl_keyfile=key_file,
             timeout_graceful_shutdown=2,
             lifespan="off",
+            http=limited_protocol(limits),
+            limit_concurrency=2 * limits.max_connections,
+            backlog=limits.backlog,
+            timeout_keep_alive=limits.keep_alive_s,
+            h11_max_incomplete_event_size=limits.max_header_bytes,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
@@ -236,6 +205,12 @@ class DashboardServer:
         if not self._server.started:
             msg = f"the dashboard did not start listening within {timeout_s:.0f} s"
             raise OSError(msg)
+        if self.token is None:
+            logger.warning(
+                "the dashboard has no token: every user of this machine can read every "
+                "device's results on %s",
+                self.url,
+            )
         if not self.listen.loopback and not self.tls:
             logger.warning(
                 "the dashboard listens on %s without TLS: its token crosses the network in "

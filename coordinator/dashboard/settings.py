@@ -12,7 +12,13 @@ class DashboardSettings(BaseModel):
 
     listen: str = Field("127.0.0.1:8080", description="HOST:PORT the dashboard listens on")
     token: str | None = Field(
-        None, description="token a browser must present; made up when off loopback"
+        None, description="token a browser must present; made up per run when not given"
+    )
+    token_file: Path | None = Field(
+        None, description="file the token is written to (mode 0600), e.g. for scripts"
+    )
+    open_to_local_users: bool = Field(
+        False, description="no token on loopback: every user of this machine reads the fleet"
     )
     cert_file: Path | None = Field(None, description="TLS certificate for the dashboard (PEM)")
     key_file: Path | None = Field(None, description="its private key (PEM)")

@@ -37,9 +37,17 @@ def _get(
     return opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10)
 
 
-def _read_events(url: str, found: list[dict[str, Any]], count: int) -> None:
+def _base(server: DashboardServer) -> str:
+    return server.url.split("?")[0]
+
+
+def _bearer(server: DashboardServer) -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.token}"}
+
+
+def _read_events(url: str, found: list[dict[str, Any]], count: int, token: str) -> None:
     """Append the snapshots the event stream pushes as they come, until `count` arrived."""
-    with _get(url) as stream:
+    with _get(url, headers={"Authorization": f"Bearer {token}"}) as stream:
         for raw in stream:
             line = raw.decode().rstrip("\n")
             if line.startswith("data: "):
@@ -78,7 +86,8 @@ def served_run(finished_run: Path) -> Iterator[DashboardServer]:
 def test_a_finished_runs_snapshot_has_its_rounds_devices_and_settings(
     served_run: DashboardServer,
 ) -> None:
-    with _get(f"{served_run.url}api/snapshot") as response:
+    base, auth = _base(served_run), _bearer(served_run)
+    with _get(f"{base}api/snapshot", headers=auth) as response:
         snapshot = json.load(response)
     assert snapshot["finished"]
     assert snapshot["coordinator"]["state"] == "finished"
@@ -89,11 +98,11 @@ def test_a_finished_runs_snapshot_has_its_rounds_devices_and_settings(
     assert [row["rounds_taken"] for row in snapshot["fleet"]] == [2, 2, 2, 2]
     assert snapshot["settings"]["algorithm"] == "fedalt"
     # the page and its charting library come from the package, never a CDN
-    with _get(served_run.url) as page:
+    with _get(base, headers=auth) as page:
         html = page.read().decode()
     assert 'src="static/uPlot.iife.min.js"' in html
     assert "http" not in html.split("<body>")[1]
-    with _get(f"{served_run.url}static/uPlot.iife.min.js") as library:
+    with _get(f"{base}static/uPlot.iife.min.js") as library:
         assert len(library.read()) > 10_000
 
 
@@ -102,7 +111,9 @@ def test_the_event_stream_pushes_a_snapshot_when_the_board_changes() -> None:
     with DashboardServer(board, LOOPBACK) as server:
         pushed: list[dict[str, Any]] = []
         reader = threading.Thread(
-            target=_read_events, args=(f"{server.url}api/events", pushed, 2), daemon=True
+            target=_read_events,
+            args=(f"{_base(server)}api/events", pushed, 2, server.token),
+            daemon=True,
         )
         reader.start()
         assert _until(lambda: len(pushed) == 1)  # the current snapshot comes at once
@@ -113,9 +124,10 @@ def test_the_event_stream_pushes_a_snapshot_when_the_board_changes() -> None:
 
 
 def test_off_loopback_a_token_is_made_up_and_every_data_path_asks_for_it() -> None:
-    # An address other than loopback makes up a token (bound here on loopback with one given,
-    # since tests never listen beyond 127.0.0.1)
+    # A token is made up when none is given, off loopback and on it (bound here on loopback
+    # with one given, since tests never listen beyond 127.0.0.1)
     assert DashboardServer(Board("x"), Listen("0.0.0.0", 0)).token
+    assert DashboardServer(Board("x"), LOOPBACK).token
     board = Board("test")
     board.apply(DeviceStatus(device_id="dev-0000", state="online"))
     with DashboardServer(board, LOOPBACK, token="s3cret-token") as server:
@@ -153,10 +165,11 @@ def test_the_dashboard_serves_tls_with_the_provisioned_certificate(tmp_path: Pat
     ) as server:
         assert server.url.startswith("https://127.0.0.1:")
         context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-        with _get(f"{server.url}api/snapshot", context=context) as response:
+        snapshot = f"{_base(server)}api/snapshot"
+        with _get(snapshot, headers=_bearer(server), context=context) as response:
             assert json.load(response)["source"] == "tls"
         with pytest.raises(urllib.error.URLError):  # a client that does not trust the CA
-            _get(f"{server.url}api/snapshot", context=ssl.create_default_context())
+            _get(snapshot, headers=_bearer(server), context=ssl.create_default_context())
 
 
 def test_bad_dashboard_settings_are_refused_clearly(tmp_path: Path) -> None:

@@ -14,6 +14,9 @@ import hashlib
 import json
 import math
 import os
+import threading
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +46,9 @@ from protocols.messages import (
 from protocols.transport import chunking
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
+from tests.conftest import free_port
 from tests.e2e.conftest import Processes
+from tests.forged_views import forged_views, strict_json
 from tests.provisioned import ProvisionedBroker, start_provisioned
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
@@ -69,9 +74,9 @@ class Fleet:
         return f"mqtts://127.0.0.1:{self.broker.tls_port}"
 
     def serve(
-        self, rounds: int, min_devices: int = HONEST
+        self, rounds: int, min_devices: int = HONEST, **options: Any
     ) -> tuple[RunResult, list[dict[str, Any]]]:
-        """One fresh run of `pfl-coord serve`; its result and metrics.jsonl lines."""
+        """One fresh run of `pfl-coord serve` (more `options` of it); result, metrics lines."""
         self.runs += 1
         out = self.directory / f"run-{self.runs}"
         coordinator = self.broker.account("coordinator")
@@ -89,6 +94,7 @@ class Fleet:
             join_timeout=90.0,
             out=out / "run",
             checkpoint_dir=out / "checkpoint",
+            **options,
         )
         result = run_serve(settings)
         lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
@@ -464,3 +470,70 @@ def test_answers_replayed_from_an_earlier_run_are_refused(
     assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
     _assert_equal(result, clean[ROUNDS])
     assert fleet.dropped()[EVIL][0] >= ROUNDS
+
+
+# -- forged operator views -------------------------------------------------------------------
+
+
+def forge_views(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Everything but its own status, retained on its own status topic, for operators to see."""
+    honest = [device_name(index) for index in range(HONEST)]
+    for topic, frame in forged_views(FLEET, EVIL, honest, announcement.run_id)[:-2]:
+        attacker.publish(topic, frame, retain=True)  # the last one kept: sent_at Infinity
+
+
+def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None:
+    # Prepare: serve with its dashboard, polled all through the run
+    port, token_file = free_port(), tmp_path / "dashboard-token"
+    snapshots: list[dict[str, Any]] = []
+    running = threading.Event()
+
+    def poll() -> None:
+        while running.is_set():
+            try:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/api/snapshot",
+                    headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+                )
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    snapshots.append(strict_json(response.read().decode()))
+            except OSError:
+                pass  # not listening yet, or already closed
+            time.sleep(0.2)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    running.set()
+    poller.start()
+    # Execute: the attacker forges on its own status topic every round
+    try:
+        with Attacker(fleet, forge_views):
+            _, lines = fleet.serve(
+                ROUNDS, dashboard=f"127.0.0.1:{port}", dashboard_token_file=token_file
+            )
+    finally:
+        running.clear()
+        poller.join(30.0)
+    operator = fleet.broker.account("operator")
+    view = collect_fleet_view(
+        fleet.broker.settings(operator.username, operator.password), FLEET, listen_s=1.0
+    )
+    # Assert: the run went on; neither view shows anything forged, and both say they ignored
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    honest = {device_name(index) for index in range(HONEST)}
+    assert snapshots
+    for snapshot in snapshots:
+        coordinator = snapshot["coordinator"]
+        assert coordinator is None or coordinator["rounds"] == ROUNDS
+        rows = {row["device"]: row for row in snapshot["fleet"]}
+        assert "ghost" not in rows
+        assert all(rows[d]["online"] and not rows[d]["quarantined"] for d in honest & set(rows))
+        assert all(d["personalized"] != 0.999 for d in snapshot["devices"])
+    assert snapshots[-1]["refused"] > 0
+    assert view.coordinator is not None
+    assert (view.coordinator.state, view.coordinator.rounds) == ("finished", ROUNDS)
+    assert EVIL not in view.devices  # its retained status says sent_at = Infinity
+    assert view.refused == 1
+    rows = {row["device"]: row for row in view.rows()}
+    assert set(rows) <= {*honest, EVIL}
+    assert all(rows[d]["online"] and not rows[d]["quarantined"] for d in honest)
+    json.dumps(view.as_json(), allow_nan=False)

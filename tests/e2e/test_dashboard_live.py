@@ -113,7 +113,12 @@ def live_run(
 
 
 def _snapshot(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}api/snapshot", timeout=10) as response:
+    """The snapshot of the dashboard serve printed as `url` (…/?token=…)."""
+    base, _, token = url.partition("?token=")
+    request = urllib.request.Request(
+        f"{base}api/snapshot", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)  # type: ignore[no-any-return]
 
 

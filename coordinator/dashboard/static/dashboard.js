@@ -107,7 +107,9 @@ function renderFleet(s) {
     rows.appendChild(tr);
   }
   body.replaceChildren(rows);
-  $("fleet-count").textContent = `(${s.fleet.length} devices)`;
+  const more = s.fleet_left_out ? `, ${s.fleet_left_out} more not shown` : "";
+  const refused = s.refused ? `; ${s.refused} messages ignored: their topic may not carry them` : "";
+  $("fleet-count").textContent = `(${s.fleet.length} devices${more}${refused})`;
 }
 
 function renderRounds(s) {
