@@ -156,6 +156,9 @@ def build_coordinator(
         build_model=None if task is None else model_builder(task),
     )
     coordinator.privacy = privacy
+    # under DP or secure aggregation no device's loss is shown (a hostile or older device may
+    # still send one): the fleet status every device reads must not republish it
+    coordinator.registry.keeps_losses = privacy is None and stages.secure is None
     if hasattr(coordinator.transport, "on_reconnect"):  # MQTT: a restarted broker forgot us
         coordinator.transport.on_reconnect = coordinator.republish
     if stages.secure is not None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
@@ -26,7 +27,10 @@ def hub_coordinator(
     run: dict[str, Any] | None = None,
     **options: Any,
 ) -> Coordinator:
-    """A coordinator of `algorithm` on digits; `run` overrides settings, `options` the config."""
+    """A coordinator of `algorithm` on digits; `run` overrides settings, `options` the config.
+
+    DP and secure aggregation in `run` take effect as in `simulate`.
+    """
     settings = SimulationSettings.load(
         None,
         task=TASK,
@@ -49,6 +53,7 @@ def hub_coordinator(
             uplink=settings.uplink(),
             downlink=settings.compress_down,
         ),
+        privacy=privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )
 
 
