@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from device_agent.agent import DeviceAgent
+from device_agent.agent import DeviceAgent, device_will
 from device_agent.eligibility import EligibilityPolicy
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
-from protocols.messages import Command, ExportArguments
+from protocols.messages import Command, DeviceHello, DeviceStatus, ExportArguments
 from protocols.transport.base import Transport, TransportWrapper
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents, hub_coordinator
@@ -166,3 +166,47 @@ def test_everything_an_agent_publishes_passes_its_egress_gate(tmp_path: Path) ->
     }  # fmt: skip
     bypassed = [(topic, decode_frame(p)[0].kind) for topic, p in sent if p not in vetted]
     assert bypassed == []
+
+
+def test_strict_devices_declare_one_sample_train_under_dp_and_decline_the_rest() -> None:
+    # Prepare: two strict devices and two lenient ones, a spy on their hellos
+    broker = InProcessBroker()
+    hellos: dict[str, int] = {}
+
+    def spy(topic: str, payload: bytes) -> None:
+        hello, _ = decode_frame(payload)
+        assert isinstance(hello, DeviceHello)
+        hellos[hello.device_id] = hello.num_train_samples
+
+    broker.connect("spy").subscribe(topics.device_subscription("default", "hello"), spy)
+    private = hub_coordinator(broker, "fedavg", len(DEVICES), 1, run={"dp_noise": 1.0})
+    agents = hub_agents(broker, DEVICES, lambda i: {"strict_egress": i < 2})
+    private.start()
+    private.wait_for_devices(len(DEVICES), 1.0)
+
+    # Execute: a DP round and an evaluation, then a round of a run without DP
+    trained = private.run_round()
+    reports, _ = private.evaluate(final=True)
+    private.transport.close()
+    plain = hub_coordinator(broker, "fedavg", len(DEVICES), 1)
+    plain.start()
+    plain.wait_for_devices(len(DEVICES), 1.0)
+    untrusted = plain.run_round()
+
+    # Assert: strict devices said 1 sample, trained under DP only, evaluated never
+    assert hellos["dev-a"] == hellos["dev-b"] == 1
+    assert hellos["dev-c"] == len(agents[2].data.train) > 1
+    assert trained.participants == len(DEVICES)
+    assert sorted(r.device_id for r in reports) == ["dev-c", "dev-d"]
+    assert untrusted.participants == 2
+    assert untrusted.skipped == 2
+
+
+def test_a_strict_devices_will_carries_no_reason() -> None:
+    will = device_will("default", "dev-a", strict_egress=True)
+    status, _ = decode_frame(will.payload)
+    assert isinstance(status, DeviceStatus)
+    assert (status.state, status.detail) == ("offline", "")
+    lenient, _ = decode_frame(device_will("default", "dev-a").payload)
+    assert isinstance(lenient, DeviceStatus)
+    assert lenient.detail == "connection lost"
