@@ -18,6 +18,7 @@ from torch import nn
 
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
+from device_agent.egress import without_counters
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
 from device_agent.privacy import privatize
 from device_agent.received import DecodedModelCache, ReceivedModel
@@ -207,7 +208,10 @@ class RoundContexts:
     def privatize(
         self, announcement: RoundAnnouncement, result: LocalResult
     ) -> tuple[LocalResult, float | None]:
-        """The round's result as differential privacy lets it leave (unchanged without DP)."""
+        """The round's result as differential privacy lets it leave (unchanged without DP).
+
+        Integer tensors (counters) leave with a zero delta: no clip or noise covers them.
+        """
         if announcement.privacy is None:
             return result, None
         seed = (
@@ -215,7 +219,8 @@ class RoundContexts:
             if self.reproducible_noise
             else None
         )
-        return privatize(result, announcement.privacy, noise_generator(seed))
+        private, within = privatize(result, announcement.privacy, noise_generator(seed))
+        return replace(private, shared_delta=without_counters(private.shared_delta)), within
 
     def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
         """(what the update carries, the residual to keep) under the round's uplink codec.

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+import torch
+
 from protocols import topics
-from protocols.codec import encode_frame
+from protocols.codec import Tensors, encode_frame
 from protocols.errors import PflError
 from protocols.messages import (
     Capabilities,
@@ -288,6 +290,20 @@ def vet(message: Message, regime: Regime) -> Message | None:
                 return None
             changes[name] = neutral
     return message.model_copy(update=changes) if changes else message
+
+
+def without_counters(delta: Tensors) -> Tensors:
+    """The delta with every integer tensor's entry zero: under DP counters stay on the device.
+
+    Clipping and noise act on floating tensors only, so an integer tensor (BatchNorm's
+    `num_batches_tracked`) would travel exact and tell the local step count, hence the sample
+    count. Its delta is sent as zero (the layout stays the run's): the shared value is the
+    coordinator's own.
+    """
+    return {
+        name: value if value.is_floating_point() else torch.zeros_like(value)
+        for name, value in delta.items()
+    }
 
 
 def will_frame(status: DeviceStatus, *, strict: bool = False) -> bytes:
