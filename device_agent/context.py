@@ -29,7 +29,7 @@ from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import Tensors, describe_tensors
-from protocols.compression import with_error_feedback
+from protocols.compression import clip_encoded, with_error_feedback
 from protocols.errors import MemoryBudgetError, ProtocolError, StateError
 from protocols.messages import MemoryPlan, RoundAnnouncement
 from protocols.privacy import noise_generator
@@ -226,7 +226,9 @@ class RoundContexts:
         """(what the update carries, the residual to keep) under the round's uplink codec.
 
         Error feedback: the residual of earlier rounds (kept on stateful devices, none on
-        stateless ones) is added before compressing, and what did not make it is kept.
+        stateless ones) is added before compressing, and what did not make it is kept. Under
+        DP what is sent is clipped again, decoded, to the clip norm (what the re-clip takes off
+        is dropped, as clipping drops it; the residual stays what the codec left out).
         """
         if not announcement.uplink.lossy:
             return dict(delta), {}
@@ -243,6 +245,10 @@ class RoundContexts:
             derive_seed(self.seed, self.device_id, announcement.round_id, "uplink")
         )
         encoded, residual = with_error_feedback(delta, residual, announcement.uplink, generator)
+        if announcement.privacy is not None:  # DP bounds what is sent, residual included
+            layout = describe_tensors(delta)
+            clip = announcement.privacy.clip_norm
+            encoded = clip_encoded(encoded, layout, announcement.uplink, clip)
         return encoded, residual if self.stateful else {}
 
     def keep(
