@@ -11,7 +11,7 @@ from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
-from pfl_tasks.base import PartitionSpec
+from pfl_tasks.base import PartitionSpec, Task
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
 
@@ -61,9 +61,13 @@ def hub_agents(
     broker: InProcessBroker,
     device_ids: Sequence[str],
     extra: Callable[[int], dict[str, Any]] = lambda index: {},
+    task: Task | None = None,
 ) -> list[DeviceAgent]:
-    """Started agents on the shards of a digits fleet of len(device_ids); `extra(i)` overrides."""
-    task = load_task(TASK)
+    """Started agents on the shards of a fleet of len(device_ids); `extra(i)` overrides.
+
+    The task is digits unless given.
+    """
+    task = task or load_task(TASK)
     shards = task.make_fleet(len(device_ids), PartitionSpec(), 0)
     agents = []
     for index, device_id in enumerate(device_ids):

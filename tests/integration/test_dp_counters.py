@@ -17,14 +17,12 @@ from coordinator.pipeline import build_coordinator, plan_stages
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import EngineSettings
 from coordinator.settings import SimulationSettings
-from device_agent.agent import DeviceAgent
-from device_agent.state_store import MemoryStateStore
-from pfl_tasks.base import PartitionSpec
 from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask, build_seeded
 from protocols import topics
 from protocols.codec import decode_frame, unpack_tensors
 from protocols.messages import DeviceUpdate
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agents
 
 COUNTER = "norm.num_batches_tracked"
 DEVICES = ("dev-a", "dev-b", "dev-c")
@@ -79,20 +77,7 @@ def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], torch.Tens
         updates.append(unpack_tensors(header.manifest, blob))
 
     broker.connect("spy").subscribe(topics.device_subscription("default", "update"), spy)
-    shards = task.make_fleet(len(DEVICES), PartitionSpec(), 0)
-    for index, device_id in enumerate(DEVICES):
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id),
-            task=task,
-            data=shards[index],
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state={k: v.clone() for k, v in workspace.state_dict().items()},
-        ).start()
+    hub_agents(broker, DEVICES, task=task)
     coordinator.start()
     coordinator.wait_for_devices(len(DEVICES), 1.0)
     coordinator.run_round()
