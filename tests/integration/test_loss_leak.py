@@ -15,11 +15,18 @@ from typing import Any
 
 import pytest
 
+from coordinator.registry import FleetRegistry
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.eligibility import EligibilityPolicy
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
-from protocols.messages import Command, DeviceHello, DeviceStatus, ExportArguments
+from protocols.messages import (
+    Capabilities,
+    Command,
+    DeviceHello,
+    DeviceStatus,
+    ExportArguments,
+)
 from protocols.transport.base import Transport, TransportWrapper
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents, hub_coordinator
@@ -210,3 +217,24 @@ def test_a_strict_devices_will_carries_no_reason() -> None:
     lenient, _ = decode_frame(device_will("default", "dev-a").payload)
     assert isinstance(lenient, DeviceStatus)
     assert lenient.detail == "connection lost"
+
+
+def test_a_private_registry_keeps_no_loss_a_device_sends_anyway() -> None:
+    # Prepare: a device that still reports losses (an older agent, or a hostile one)
+    hello = DeviceHello(
+        device_id="dev-a",
+        task="digits",
+        num_train_samples=10,
+        capabilities=Capabilities(
+            cores=1, memory_bytes=1, arch="x", torch_version="2", python_version="3"
+        ),
+    )
+    private, plain = FleetRegistry(keeps_losses=False), FleetRegistry()
+    for registry in (private, plain):
+        registry.on_hello(hello)
+        registry.on_status(DeviceStatus(device_id="dev-a", state="skipped", last_loss=1.9113))
+    # Execute / Assert: recorded only where losses may be shown
+    assert [r.last_loss for r in private.records()] == [None]
+    assert [r.last_loss for r in plain.records()] == [1.9113]
+    private.on_update("dev-a", 1, 1.75)
+    assert [r.last_loss for r in private.records()] == [None]
