@@ -151,16 +151,21 @@ def test_withheld_fields_get_their_stand_ins_under_dp_or_secure_aggregation() ->
     assert vet(request, Regime(private=True)) is None  # which peers reveals the losses
 
 
-def test_strict_mode_releases_nothing_outside_the_guarantee() -> None:
-    strict = Regime(private=True, strict=True)
-    hello = DeviceHello(
-        device_id="dev-a",
+def device_hello(device_id: str, samples: int) -> DeviceHello:
+    """A hello declaring `samples` training samples, on a made-up machine."""
+    return DeviceHello(
+        device_id=device_id,
         task="digits",
-        num_train_samples=315,
+        num_train_samples=samples,
         capabilities=Capabilities(
             cores=2, memory_bytes=1, arch="x", torch_version="2", python_version="3"
         ),
     )
+
+
+def test_strict_mode_releases_nothing_outside_the_guarantee() -> None:
+    strict = Regime(private=True, strict=True)
+    hello = device_hello("dev-a", 315)
     assert vet(hello, Regime(private=True)) == hello  # disclosed by default (documented)
     vetted = vet(hello, strict)
     assert isinstance(vetted, DeviceHello)

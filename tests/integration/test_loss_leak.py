@@ -21,7 +21,6 @@ from device_agent.eligibility import EligibilityPolicy
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
 from protocols.messages import (
-    Capabilities,
     Command,
     DeviceHello,
     DeviceStatus,
@@ -29,6 +28,7 @@ from protocols.messages import (
 )
 from protocols.transport.base import Transport, TransportWrapper
 from protocols.transport.inprocess import InProcessBroker
+from tests.device_agent.test_egress import device_hello
 from tests.hub_fleet import hub_agents, hub_coordinator
 
 DEVICES = ("dev-a", "dev-b", "dev-c", "dev-d")
@@ -221,14 +221,7 @@ def test_a_strict_devices_will_carries_no_reason() -> None:
 
 def test_a_private_registry_keeps_no_loss_a_device_sends_anyway() -> None:
     # Prepare: a device that still reports losses (an older agent, or a hostile one)
-    hello = DeviceHello(
-        device_id="dev-a",
-        task="digits",
-        num_train_samples=10,
-        capabilities=Capabilities(
-            cores=1, memory_bytes=1, arch="x", torch_version="2", python_version="3"
-        ),
-    )
+    hello = device_hello("dev-a", 10)
     private, plain = FleetRegistry(keeps_losses=False), FleetRegistry()
     for registry in (private, plain):
         registry.on_hello(hello)
