@@ -36,7 +36,6 @@ from protocols.messages import (
     Eligibility,
     EvaluationReport,
     ExportReport,
-    MemoryPlan,
     Message,
     PeerRequest,
     RevealedShare,
@@ -94,12 +93,12 @@ EXITS: Final[dict[type[Message], Exit]] = {
             "task": N,
             "num_train_samples": D,
             "capabilities": N,
-            "memory_plan": N,
+            "memory_plan": D,  # its planned peak counts the process's memory, the data included
             "stateful": N,
             "instance": N,
             "eligibility": N,
         },
-        {"num_train_samples": 1},  # the weight every update carries under DP
+        {"num_train_samples": 1, "memory_plan": None},  # 1: the weight of every DP update
     ),
     DeviceStatus: Exit(
         "status",
@@ -225,16 +224,6 @@ COORDINATOR_KINDS: Final = frozenset(
 PARTS: Final[dict[type[WireModel], dict[str, Release]]] = {
     Capabilities: dict.fromkeys(
         ("cores", "memory_bytes", "arch", "torch_version", "python_version"), N
-    ),
-    MemoryPlan: dict.fromkeys(
-        (
-            "budget_bytes",
-            "estimated_peak_bytes",
-            "micro_batch_size",
-            "accumulation_steps",
-            "method",
-        ),
-        N,
     ),
     Eligibility: dict.fromkeys(
         ("min_free_memory_bytes", "max_load_per_core", "require_mains_power"), N

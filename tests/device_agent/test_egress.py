@@ -30,6 +30,7 @@ from protocols.messages import (
     DeviceUpdate,
     EvaluationReport,
     ExportReport,
+    MemoryPlan,
     Message,
     PeerRequest,
     TensorManifest,
@@ -165,11 +166,14 @@ def device_hello(device_id: str, samples: int) -> DeviceHello:
 
 def test_strict_mode_releases_nothing_outside_the_guarantee() -> None:
     strict = Regime(private=True, strict=True)
-    hello = device_hello("dev-a", 315)
+    plan = MemoryPlan(
+        budget_bytes=2**28, estimated_peak_bytes=2**27, micro_batch_size=8, accumulation_steps=4
+    )
+    hello = device_hello("dev-a", 315).model_copy(update={"memory_plan": plan})
     assert vet(hello, Regime(private=True)) == hello  # disclosed by default (documented)
     vetted = vet(hello, strict)
     assert isinstance(vetted, DeviceHello)
-    assert vetted.num_train_samples == 1
+    assert (vetted.num_train_samples, vetted.memory_plan) == (1, None)
     report = EvaluationReport(
         run_id=RUN,
         round_id=2,
