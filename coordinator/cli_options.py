@@ -91,7 +91,10 @@ DpClipOption = Annotated[
 ]
 DpPlacementOption = Annotated[
     str | None,
-    typer.Option(help="DP: who adds the noise, coordinator or device (default: coordinator)"),
+    typer.Option(
+        help="DP: who adds the noise, coordinator or device (device needs --secagg; default: "
+        "coordinator)"
+    ),
 ]
 DpSamplingOption = Annotated[
     str | None,

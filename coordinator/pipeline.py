@@ -18,7 +18,7 @@ from torch import nn
 
 from coordinator.async_settings import check_async
 from coordinator.metrics import personalization_effect
-from coordinator.privacy import PrivacyEngine, check_privacy
+from coordinator.privacy import PrivacyEngine, check_placement, check_privacy
 from coordinator.rounds import Coordinator, RoundRecord
 from coordinator.secure_aggregation import SecureAggregator, check_secure
 from coordinator.settings import RunSettings
@@ -113,6 +113,7 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
             raise ValueError(problem)
     privacy = settings.privacy()
     if privacy is not None:
+        check_placement(privacy, secure=settings.secagg)
         for stage in stages:
             check_privacy(build_strategy(stage.config, settings.participation))
     secure = settings.secure_aggregation()
@@ -156,6 +157,9 @@ def build_coordinator(
         build_model=None if task is None else model_builder(task),
     )
     coordinator.privacy = privacy
+    # under DP or secure aggregation no device's loss is shown (a hostile or older device may
+    # still send one): the fleet status every device reads must not republish it
+    coordinator.registry.keeps_losses = privacy is None and stages.secure is None
     if hasattr(coordinator.transport, "on_reconnect"):  # MQTT: a restarted broker forgot us
         coordinator.transport.on_reconnect = coordinator.republish
     if stages.secure is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 import numpy as np
 import torch
@@ -66,6 +67,28 @@ def privacy_problem(strategy: Strategy) -> str:
             "under DP only the cohort takes part: set it to false"
         )
     return ""
+
+
+DEVICE_NOISE_ALONE: Final = (
+    "--dp-placement device needs --secagg: each device adds only its 1/sqrt(m) share of the "
+    "noise, so without secure aggregation the coordinator sees every update with that share "
+    "alone, and nothing clips an update after its device"
+)
+
+
+def placement_problem(settings: PrivacySettings, *, secure: bool) -> str:
+    """Why the run's noise placement cannot give the guarantee ("" when it can)."""
+    if settings.placement == "device" and not secure:
+        return DEVICE_NOISE_ALONE
+    return ""
+
+
+def check_placement(settings: PrivacySettings, *, secure: bool) -> None:
+    """Raises ValueError naming why the run's noise placement cannot give the guarantee."""
+    problem = placement_problem(settings, secure=secure)
+    if problem:
+        msg = f"differential privacy: {problem}"
+        raise ValueError(msg)
 
 
 def check_privacy(strategy: Strategy) -> None:

@@ -29,9 +29,15 @@ class DeviceRecord:
 
 
 class FleetRegistry:
-    """Thread-safe: transport handlers write, the round engine reads."""
+    """Thread-safe: transport handlers write, the round engine reads.
 
-    def __init__(self) -> None:
+    Args:
+        keeps_losses: record each device's last loss (the fleet status republishes it to every
+            device); False under DP or secure aggregation, where no exact loss may be shown.
+    """
+
+    def __init__(self, *, keeps_losses: bool = True) -> None:
+        self.keeps_losses = keeps_losses
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceRecord] = {}
         self._online: frozenset[str] = frozenset()  # kept as records change: read per message
@@ -75,7 +81,7 @@ class FleetRegistry:
                     online=status.state != "offline" and base.hello is not None,
                     last_seen=time.time(),
                     round_id=status.round_id if status.round_id is not None else base.round_id,
-                    last_loss=status.last_loss if status.last_loss is not None else base.last_loss,
+                    last_loss=self._loss(status.last_loss, base.last_loss),
                     detail=status.detail,
                     declines=base.declines + declined,
                     last_decline=status.detail if declined else base.last_decline,
@@ -96,11 +102,17 @@ class FleetRegistry:
                         previous,
                         last_seen=time.time(),
                         round_id=round_id,
-                        last_loss=train_loss,
+                        last_loss=self._loss(train_loss, None),
                         rounds_taken=taken,
                         taken_round=round_id,
                     )
                 )
+
+    def _loss(self, reported: float | None, previous: float | None) -> float | None:
+        """The loss to record: the one reported, else the one before (None: not kept)."""
+        if not self.keeps_losses:
+            return None
+        return reported if reported is not None else previous
 
     def knows(self, device_id: str) -> bool:
         """Whether the device ever said hello."""

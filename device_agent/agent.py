@@ -20,18 +20,19 @@ from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
 from device_agent.context import RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
+from device_agent.egress import Egress, will_frame
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import answer_export_command
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
 from device_agent.relay import RelayClient, deployable, has_global_model
-from device_agent.replies import sighting, update_frame, work_key
+from device_agent.replies import sighting, update_message, work_key
 from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from protocols import topics
-from protocols.codec import Tensors, decode_frame, encode_frame
+from protocols.codec import Tensors, decode_frame
 from protocols.errors import PflError, ProtocolError, TrainingError
 from protocols.messages import (
     Capabilities,
@@ -40,6 +41,7 @@ from protocols.messages import (
     DeviceStatus,
     EvaluationReport,
     MemoryPlan,
+    Message,
     ModelDelta,
     PeerModels,
     RoundAnnouncement,
@@ -50,10 +52,11 @@ from protocols.transport.base import Transport, Will
 logger = logging.getLogger(__name__)
 
 
-def device_will(fleet: str, device_id: str) -> Will:
+def device_will(fleet: str, device_id: str, *, strict_egress: bool = False) -> Will:
     """The retained "offline" status the broker publishes if the device vanishes."""
     status = DeviceStatus(device_id=device_id, state="offline", detail="connection lost")
-    return Will(topics.device(fleet, device_id, "status"), encode_frame(status))
+    frame = will_frame(status, strict=strict_egress)
+    return Will(topics.device(fleet, device_id, "status"), frame)
 
 
 class DeviceAgent(AgentExports):
@@ -66,6 +69,7 @@ class DeviceAgent(AgentExports):
         threads: torch threads for each round's batch size (None: the process's setting, as
             for simulation workers, which choose for all their devices).
         attack: how a malicious virtual device lies (simulation only; `HONEST` changes nothing).
+        strict_egress: release nothing outside DP's guarantee (see `device_agent.egress`).
     """
 
     def __init__(
@@ -90,11 +94,14 @@ class DeviceAgent(AgentExports):
         limits: WorkLimits | None = None,
         threads: StepThreads | None = None,
         attack: Attack = HONEST,
+        strict_egress: bool = False,
     ) -> None:
         self.device_id = device_id
         self.attack = attack
         self.fleet = fleet
         self.transport = transport
+        self.egress = Egress(transport, fleet, device_id, strict=strict_egress)
+        """Every message this device sends goes out through it."""
         self.task = task
         self.data = data
         self.seed = seed
@@ -132,11 +139,11 @@ class DeviceAgent(AgentExports):
         self._export_command: Command | None = None  # waiting for the model it exports
         self.downloads = ModelDownloads(transport, fleet, self._on_model, self._on_model_delta)
         self._answered: set[tuple[str, int, str, float]] = set()
-        self._reply: tuple[tuple[str, int, str, str], topics.DeviceTopicKind, bytes] | None = None
+        self._reply: tuple[tuple[str, int, str, str], Message, bytes] | None = None
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
         self.instance = secrets.token_hex(8)  # tells two processes with one id apart
-        self.secure = SecureClient(device_id, lambda m: self._publish("secagg", encode_frame(m)))
+        self.secure = SecureClient(device_id, self._send)
         self._secure_result: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = (
             None
         )
@@ -182,7 +189,7 @@ class DeviceAgent(AgentExports):
             instance=self.instance,
             eligibility=self.eligibility.as_wire(),
         )
-        self._publish("hello", encode_frame(hello))
+        self.egress.send(hello)
 
     def publish_status(
         self,
@@ -201,9 +208,7 @@ class DeviceAgent(AgentExports):
             last_loss=self.last_loss,
             detail=detail[:1024],
         )
-        self.transport.publish(
-            topics.device(self.fleet, self.device_id, "status"), encode_frame(status), retain=True
-        )
+        self.egress.send(status)
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -252,7 +257,7 @@ class DeviceAgent(AgentExports):
         self._last_frame = payload
         if message.addresses(self.device_id) and sighting(message) not in self._answered:
             if message.secure is not None and message.phase == "train":
-                reason = self.eligibility.reason_to_skip()
+                reason = self._reason_to_skip(message)
                 if reason is not None:  # say so before dealing any shares
                     self._answered.add(sighting(message))
                     self._decline(message, reason)
@@ -305,7 +310,7 @@ class DeviceAgent(AgentExports):
         report = answer_export_command(
             self.export_source(), command, self.store, self.publish_status
         )
-        self._publish("export-report", encode_frame(report))
+        self.egress.send(report)
 
     def _holds(self, sha: str) -> bool:
         return self._model is not None and self._model.header.manifest.sha256 == sha
@@ -343,22 +348,32 @@ class DeviceAgent(AgentExports):
         self._answered.add(sighting(announcement))
         again = self.secure.answer_again(announcement)
         if again is not None:  # a secure round announced again: the result, masked anew
-            self._publish("update", again)
+            self.egress.send(*again, answering=announcement)
             return
         if self._reply is not None and self._reply[0] == work_key(announcement):
             # The same work announced again (a retried round or a restarted coordinator):
             # re-send the answer instead of training twice on the same personal state.
-            self._publish(self._reply[1], self._reply[2])
+            self.egress.send(self._reply[1], self._reply[2], answering=announcement)
             return
-        if announcement.phase == "train":
-            reason = self.eligibility.reason_to_skip()
-            if reason is not None:
-                logger.info(
-                    "device %s skips round %d: %s", self.device_id, announcement.round_id, reason
-                )
-                self._decline(announcement, reason)
-                return
+        reason = self._reason_to_skip(announcement)
+        if reason is not None:
+            logger.info(
+                "device %s skips the %s of round %d: %s",
+                self.device_id,
+                announcement.phase,
+                announcement.round_id,
+                reason,
+            )
+            self._decline(announcement, reason)
+            return
         self._work(announcement, model)
+
+    def _reason_to_skip(self, announcement: RoundAnnouncement) -> str | None:
+        """Why this device declines `announcement`'s work now (None: it answers)."""
+        refusal = self.egress.refusal(announcement)
+        if refusal is None and announcement.phase == "train":
+            return self.eligibility.reason_to_skip()
+        return refusal
 
     def _work(
         self,
@@ -375,7 +390,7 @@ class DeviceAgent(AgentExports):
                 if peer_models is None and self.relay.wants_models(plan.update):
                     update, ctx = self.contexts.build(announcement, model)
                     request = self.relay.request(announcement, model, update, ctx)
-                    self._publish("request", encode_frame(request))
+                    self.egress.send(request, answering=announcement)
                 elif announcement.phase == "train":
                     self._train(announcement, model, peer_models)
                 else:
@@ -411,8 +426,7 @@ class DeviceAgent(AgentExports):
         result = self.attack.forge(result)
         if announcement.secure is not None:
             self.contexts.keep(announcement, result, None)
-            frame = self.secure.answer(announcement, result, within_clip)
-            self._reply_with(announcement, "update", frame)
+            self._reply_with(announcement, *self.secure.answer(announcement, result, within_clip))
         else:
             encoded, residual = self.contexts.compress(announcement, result.shared_delta)
             self.contexts.keep(announcement, result, residual)
@@ -426,8 +440,8 @@ class DeviceAgent(AgentExports):
         encoded: Tensors,
         within_clip: float | None,
     ) -> None:
-        frame = update_frame(announcement, self.device_id, result, encoded, within_clip)
-        self._reply_with(announcement, "update", frame)
+        message, blob = update_message(announcement, self.device_id, result, encoded, within_clip)
+        self._reply_with(announcement, message, blob)
 
     def _evaluate(
         self,
@@ -465,13 +479,15 @@ class DeviceAgent(AgentExports):
             num_test_samples=len(self.data.test),
             num_train_samples=self.attack.declared_samples(len(self.data.train)),
         )
-        self._reply_with(announcement, "evaluation", encode_frame(report))
+        self._reply_with(announcement, report)
 
     def _reply_with(
-        self, announcement: RoundAnnouncement, kind: topics.DeviceTopicKind, payload: bytes
+        self, announcement: RoundAnnouncement, message: Message, blob: bytes = b""
     ) -> None:
-        self._reply = (work_key(announcement), kind, payload)
-        self._publish(kind, payload)
+        """Answer `announcement` (kept, to be sent again if the same work is announced again)."""
+        self._reply = (work_key(announcement), message, blob)
+        self.egress.send(message, blob, answering=announcement)
 
-    def _publish(self, kind: topics.DeviceTopicKind, payload: bytes) -> None:
-        self.transport.publish(topics.device(self.fleet, self.device_id, kind), payload)
+    def _send(self, message: Message) -> None:
+        """Secure aggregation's messages, through the gate like every other."""
+        self.egress.send(message)

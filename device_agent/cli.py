@@ -118,6 +118,14 @@ def start(
             "device id, 0 = never (default: 3)"
         ),
     ] = None,
+    dp_strict_egress: Annotated[
+        bool | None,
+        typer.Option(
+            "--dp-strict-egress",
+            help="release nothing outside DP's guarantee: declare 1 sample, train only in DP "
+            "rounds, decline evaluations, no metrics or reasons in reports",
+        ),
+    ] = None,
     threads: ThreadsOption = None,
     username: UsernameOption = None,
     password: PasswordOption = None,

@@ -18,6 +18,7 @@ from torch import nn
 
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
+from device_agent.egress import without_counters
 from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_training
 from device_agent.privacy import privatize
 from device_agent.received import DecodedModelCache, ReceivedModel
@@ -28,7 +29,7 @@ from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import Tensors, describe_tensors
-from protocols.compression import with_error_feedback
+from protocols.compression import clip_encoded, with_error_feedback
 from protocols.errors import MemoryBudgetError, ProtocolError, StateError
 from protocols.messages import MemoryPlan, RoundAnnouncement
 from protocols.privacy import noise_generator
@@ -207,7 +208,10 @@ class RoundContexts:
     def privatize(
         self, announcement: RoundAnnouncement, result: LocalResult
     ) -> tuple[LocalResult, float | None]:
-        """The round's result as differential privacy lets it leave (unchanged without DP)."""
+        """The round's result as differential privacy lets it leave (unchanged without DP).
+
+        Integer tensors (counters) leave with a zero delta: no clip or noise covers them.
+        """
         if announcement.privacy is None:
             return result, None
         seed = (
@@ -215,13 +219,16 @@ class RoundContexts:
             if self.reproducible_noise
             else None
         )
-        return privatize(result, announcement.privacy, noise_generator(seed))
+        private, within = privatize(result, announcement.privacy, noise_generator(seed))
+        return replace(private, shared_delta=without_counters(private.shared_delta)), within
 
     def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
         """(what the update carries, the residual to keep) under the round's uplink codec.
 
         Error feedback: the residual of earlier rounds (kept on stateful devices, none on
-        stateless ones) is added before compressing, and what did not make it is kept.
+        stateless ones) is added before compressing, and what did not make it is kept. Under
+        DP what is sent is clipped again, decoded, to the clip norm (what the re-clip takes off
+        is dropped, as clipping drops it; the residual stays what the codec left out).
         """
         if not announcement.uplink.lossy:
             return dict(delta), {}
@@ -238,6 +245,10 @@ class RoundContexts:
             derive_seed(self.seed, self.device_id, announcement.round_id, "uplink")
         )
         encoded, residual = with_error_feedback(delta, residual, announcement.uplink, generator)
+        if announcement.privacy is not None:  # DP bounds what is sent, residual included
+            layout = describe_tensors(delta)
+            clip = announcement.privacy.clip_norm
+            encoded = clip_encoded(encoded, layout, announcement.uplink, clip)
         return encoded, residual if self.stateful else {}
 
     def keep(

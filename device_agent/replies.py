@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from device_agent.algorithms.base import LocalResult
-from protocols.codec import Tensors, encode_frame, pack_tensors
+from protocols.codec import Tensors, pack_tensors
 from protocols.messages import DeviceUpdate, RoundAnnouncement
 
 
-def update_frame(
+def update_message(
     announcement: RoundAnnouncement,
     device_id: str,
     result: LocalResult,
     encoded: Tensors,
     within_clip: float | None,
-) -> bytes:
-    """The DeviceUpdate frame of `result`, its delta already encoded for the uplink."""
+) -> tuple[DeviceUpdate, bytes]:
+    """The DeviceUpdate of `result` and its blob, the delta already encoded for the uplink."""
     manifest, blob = pack_tensors(encoded)
     message = DeviceUpdate(
         run_id=announcement.run_id,
@@ -28,7 +28,7 @@ def update_frame(
         within_clip=within_clip,
         manifest=manifest,
     )
-    return encode_frame(message, blob)
+    return message, blob
 
 
 def sighting(announcement: RoundAnnouncement) -> tuple[str, int, str, float]:

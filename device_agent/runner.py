@@ -54,7 +54,9 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
             update={"max_takeovers": settings.max_takeovers}
         ),
         settings.device_id,
-        will=device_will(settings.fleet, settings.device_id),
+        will=device_will(
+            settings.fleet, settings.device_id, strict_egress=settings.dp_strict_egress
+        ),
     )
     agent = DeviceAgent(
         device_id=settings.device_id,
@@ -81,6 +83,7 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         threads=StepThreads(
             task.build_model(settings.seed), [data.train.inputs], settings.thread_ceiling()
         ),
+        strict_egress=settings.dp_strict_egress,
     )
     transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent

@@ -20,11 +20,12 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from device_agent.algorithms.base import LocalResult
-from device_agent.replies import update_frame, work_key
+from device_agent.replies import update_message, work_key
 from protocols import secure_aggregation as sa
 from protocols.codec import Tensors
 from protocols.errors import ProtocolError
 from protocols.messages import (
+    DeviceUpdate,
     Message,
     RevealedShare,
     RosterEntry,
@@ -82,8 +83,8 @@ class SecureClient:
 
     def answer(
         self, announcement: RoundAnnouncement, result: LocalResult, within_clip: float | None
-    ) -> bytes:
-        """The update frame of a trained `result`: one masked vector, nothing in clear.
+    ) -> tuple[DeviceUpdate, bytes]:
+        """The update of a trained `result` and its blob: one masked vector, nothing in clear.
 
         The result is kept: if the round is announced again (a retried round, new keys), the
         same result is masked anew instead of training twice on the same personal state.
@@ -93,9 +94,9 @@ class SecureClient:
             announcement, result.shared_delta, result.num_samples, result.train_loss, within_clip
         )
         hidden = replace(result, num_samples=1, train_loss=0.0, scalars={})
-        return update_frame(announcement, self.device_id, hidden, masked, None)
+        return update_message(announcement, self.device_id, hidden, masked, None)
 
-    def answer_again(self, announcement: RoundAnnouncement) -> bytes | None:
+    def answer_again(self, announcement: RoundAnnouncement) -> tuple[DeviceUpdate, bytes] | None:
         """The kept result masked with this dealing's keys, if `announcement` asks for it."""
         kept = self._trained
         if announcement.secure is None or kept is None or kept[0] != work_key(announcement):

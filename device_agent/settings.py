@@ -71,6 +71,11 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
     max_takeovers: int = Field(
         3, ge=0, description="connections lost in a row to a client with this id before exiting"
     )
+    dp_strict_egress: bool = Field(
+        False,
+        description="release nothing outside DP's guarantee: declare 1 sample, train only in "
+        "DP rounds, decline evaluations, no metrics or reasons in reports",
+    )
 
     def work_limits(self) -> WorkLimits:
         """This device's ceilings on one round's work."""

@@ -213,6 +213,35 @@ def with_error_feedback(
     return encoded, new_residual
 
 
+CLIP_MARGIN: Final = 1e-6
+"""A re-clip aims this much below the norm: float32 rounding must not carry it over."""
+
+
+def clip_encoded(
+    encoded: Mapping[str, torch.Tensor],
+    dense: Sequence[TensorSpec],
+    compression: Compression,
+    max_norm: float,
+) -> Tensors:
+    """`encode`'s output scaled so that what it decodes to has an L2 norm of at most `max_norm`.
+
+    Under DP the bound must hold on what is sent: with error feedback a codec sends the clipped
+    delta plus earlier rounds' residual, which may be longer. `decode` is linear in the floating
+    tensors an encoding carries (int8 scales, top-k values, tensors sent as they are), so
+    scaling those scales the decoded delta; integer tensors (levels, indices) stay.
+    """
+    sent = decode(encoded, dense, compression)
+    squares = sum(float(t.double().square().sum()) for t in sent.values() if t.is_floating_point())
+    norm = math.sqrt(squares)
+    if norm <= max_norm:
+        return dict(encoded)
+    scale = max_norm / norm * (1 - CLIP_MARGIN)
+    return {
+        name: (t.double() * scale).to(t.dtype) if t.is_floating_point() else t
+        for name, t in encoded.items()
+    }
+
+
 # -- model deltas (compressed downlink) ------------------------------------------------------
 
 INT8: Final = Compression(codec="int8")

@@ -6,11 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
-from pfl_tasks.base import PartitionSpec
+from pfl_tasks.base import PartitionSpec, Task
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
 
@@ -26,7 +27,10 @@ def hub_coordinator(
     run: dict[str, Any] | None = None,
     **options: Any,
 ) -> Coordinator:
-    """A coordinator of `algorithm` on digits; `run` overrides settings, `options` the config."""
+    """A coordinator of `algorithm` on digits; `run` overrides settings, `options` the config.
+
+    DP and secure aggregation in `run` take effect as in `simulate`.
+    """
     settings = SimulationSettings.load(
         None,
         task=TASK,
@@ -49,6 +53,7 @@ def hub_coordinator(
             uplink=settings.uplink(),
             downlink=settings.compress_down,
         ),
+        privacy=privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )
 
 
@@ -56,9 +61,13 @@ def hub_agents(
     broker: InProcessBroker,
     device_ids: Sequence[str],
     extra: Callable[[int], dict[str, Any]] = lambda index: {},
+    task: Task | None = None,
 ) -> list[DeviceAgent]:
-    """Started agents on the shards of a digits fleet of len(device_ids); `extra(i)` overrides."""
-    task = load_task(TASK)
+    """Started agents on the shards of a fleet of len(device_ids); `extra(i)` overrides.
+
+    The task is digits unless given.
+    """
+    task = task or load_task(TASK)
     shards = task.make_fleet(len(device_ids), PartitionSpec(), 0)
     agents = []
     for index, device_id in enumerate(device_ids):

@@ -45,7 +45,12 @@ def test_the_run_stops_before_passing_its_epsilon_budget() -> None:
 
 
 def test_device_noise_and_adaptive_clipping_do_not_depend_on_the_worker_count() -> None:
-    options = {"algorithm": "fedalt", "dp_placement": "device", "dp_adaptive_clip": True}
+    options = {
+        "algorithm": "fedalt",
+        "dp_placement": "device",
+        "secagg": True,  # device-placed noise runs only under secure aggregation
+        "dp_adaptive_clip": True,
+    }
     (privacy_one, one), (privacy_two, two) = _run(**options), _run(**{**options, "workers": 2})
     clocked = ("wall_seconds", "bytes_up", "bytes_down")  # headers carry the time they were sent
     timeless = [{k: v for k, v in r.items() if k not in clocked} for r in one]
@@ -58,7 +63,7 @@ def test_cli_over_the_embedded_mqtt_broker_prints_epsilon(tmp_path: Path) -> Non
     command = [
         sys.executable, "-m", "coordinator.cli", "simulate", "--transport", "mqtt",
         "--devices", "6", "--rounds", "2", "--dp-noise", "1.5", "--dp-placement", "device",
-        "--out", str(tmp_path), "--workers", "1",
+        "--secagg", "--out", str(tmp_path), "--workers", "1",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr

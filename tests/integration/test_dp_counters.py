@@ -1,0 +1,107 @@
+"""Under DP a model's integer tensors (BatchNorm's step counter) do not leave the device.
+
+Clipping and noise apply to floating tensors only; `num_batches_tracked` would travel exact and
+give away how many local steps, hence how many samples, the device trained on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.privacy import privacy_engine
+from coordinator.rounds import EngineSettings
+from coordinator.settings import SimulationSettings
+from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask, build_seeded
+from protocols import topics
+from protocols.codec import decode_frame, unpack_tensors
+from protocols.messages import DeviceUpdate
+from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agents
+
+COUNTER = "norm.num_batches_tracked"
+DEVICES = ("dev-a", "dev-b", "dev-c")
+
+
+class NormedDigitsTask(DigitsTask):
+    """Digits with a BatchNorm layer after the hidden one."""
+
+    name: ClassVar[str] = "normed-digits"
+
+    def build_model(self, seed: int) -> nn.Module:
+        """An MLP whose hidden layer is batch-normalized."""
+        return build_seeded(
+            seed,
+            lambda: nn.Sequential(
+                OrderedDict(
+                    hidden=nn.Linear(NUM_PIXELS, 32),
+                    norm=nn.BatchNorm1d(32),
+                    act=nn.ReLU(),
+                    output=nn.Linear(32, NUM_CLASSES),
+                )
+            ),
+        )
+
+
+def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+    """Two rounds of FedAvg on three devices: each update's tensors, the final counter."""
+    broker = InProcessBroker()
+    task = NormedDigitsTask()
+    settings = SimulationSettings.load(
+        None,
+        task="digits",
+        algorithm="fedavg",
+        devices=len(DEVICES),
+        rounds=2,
+        batch_size=4096,  # one batch per epoch: BatchNorm needs more than one sample
+        **run,
+    )
+    model = task.build_model(0)
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task=task.name, rounds=2, quorum=1.0),
+        privacy=privacy_engine(settings.privacy(), settings.participation, 0),
+    )
+    updates: list[dict[str, torch.Tensor]] = []
+
+    def spy(topic: str, payload: bytes) -> None:
+        header, blob = decode_frame(payload)
+        assert isinstance(header, DeviceUpdate)
+        updates.append(unpack_tensors(header.manifest, blob))
+
+    broker.connect("spy").subscribe(topics.device_subscription("default", "update"), spy)
+    hub_agents(broker, DEVICES, task=task)
+    coordinator.start()
+    coordinator.wait_for_devices(len(DEVICES), 1.0)
+    coordinator.run_round()
+    coordinator.run_round()
+    return updates, coordinator.shared[COUNTER]
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"dp_noise": 1.0},
+        {"dp_noise": 1.0, "dp_placement": "device", "secagg": True},
+    ],
+    ids=["dp", "dp-on-device-under-secagg"],
+)
+def test_under_dp_the_step_counter_stays_on_the_device(run: dict[str, Any]) -> None:
+    updates, counter = _run(run)
+    assert len(updates) == 2 * len(DEVICES)
+    if COUNTER in updates[0]:  # plain updates carry each tensor: the counter's delta is zero
+        assert all(int(u[COUNTER]) == 0 for u in updates)
+    assert int(counter) == 0  # the coordinator keeps its own value
+
+
+def test_without_dp_the_counter_is_federated_as_before() -> None:
+    updates, counter = _run({})
+    assert all(int(u[COUNTER]) > 0 for u in updates)
+    assert int(counter) > 0
