@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from coordinator.accountant import DpRound, PrivacyAccountant
+from coordinator.accountant import DpRound, Epsilons, PrivacyAccountant
 from coordinator.strategies.base import (
     DeviceInfo,
     FleetSnapshot,
@@ -125,7 +125,7 @@ class PrivacyEngine:
         self.participation = participation
         self.clip_norm = settings.clip_norm
         self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
-        self.epsilon = 0.0
+        self.spent = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
         self._generator = noise_generator(reproducible_seed)
 
@@ -225,12 +225,15 @@ class PrivacyEngine:
         z = self.settings.noise_multiplier
         if self.settings.placement == "device":  # the shares of the devices that answered
             z *= math.sqrt(k / noise.cohort)
-        self.epsilon = self.accountant.record(DpRound(z, noise.population, noise.cohort))
+        spent = self.spent = self.accountant.record(DpRound(z, noise.population, noise.cohort))
         scalars = {
             "dp_epsilon": self.epsilon,
+            "dp_epsilon_rdp": spent.rdp,
             "dp_noise_multiplier": z,
             "dp_clip_norm": noise.device.clip_norm,
         }
+        if spent.pld is not None:
+            scalars["dp_epsilon_pld"] = spent.pld
         if self.settings.adaptive_clipping:
             bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
             central = self.settings.placement == "coordinator"
@@ -253,10 +256,17 @@ class PrivacyEngine:
             scalars["dp_within_clip"] = fraction
         return scalars
 
+    @property
+    def epsilon(self) -> float:
+        """The epsilon spent so far, by the tighter of the two accountants."""
+        return self.spent.tighter
+
     def report(self) -> dict[str, object]:
         """The guarantee for a run's summary: epsilon at delta over the rounds released."""
         return {
             "epsilon": self.epsilon,
+            "epsilon_rdp": self.spent.rdp,
+            "epsilon_pld": self.spent.pld,
             "delta": self.settings.delta,
             "rounds_released": len(self.accountant.rounds),
             "target_epsilon": self.settings.target_epsilon,

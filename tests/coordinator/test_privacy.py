@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.accountant import RDP_ORDERS, DpRound, epsilon_of
+from coordinator.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
 from coordinator.privacy import PrivacyEngine, poisson_cohort, privacy_problem
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
@@ -64,7 +64,7 @@ def test_full_participation_epsilon_is_the_closed_form_of_composed_gaussians() -
         rounds * a / (2 * z * z) + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
         for a in RDP_ORDERS
     )
-    got = epsilon_of([DpRound(z, 100, 100.0)] * rounds, "poisson", delta)
+    got = rdp_epsilon_of([DpRound(z, 100, 100.0)] * rounds, "poisson", delta)
     assert got == pytest.approx(closed, rel=1e-6)
 
 
