@@ -33,6 +33,7 @@ from protocols.privacy import (
     next_clip_norm,
     noise_generator,
     update_noise_multiplier,
+    within_fraction,
 )
 
 REFUSED = {
@@ -239,14 +240,12 @@ class PrivacyEngine:
             central = self.settings.placement == "coordinator"
             std = noise.indicator_std if central else 0.0
             # a device may lie: each bit counts at most as an honest bit plus 8 noise deviations
-            room = 8 * noise.device.indicator_std
-            if reporters is None:
-                count = sum(min(max(b, -room), 1 + room) for b in bits)
-            else:  # one secure sum of k bits
-                room *= math.sqrt(max(k, 1))
-                count = sum(min(max(b, -room), k + room) for b in bits)
+            honest, spread = 0.5, 8 * noise.device.indicator_std
+            if reporters is not None:  # one secure sum of k centred bits
+                honest, spread = 0.5 * k, spread * math.sqrt(max(k, 1))
+            count = sum(min(max(b, -honest - spread), honest + spread) for b in bits)
             count += std * float(torch.randn((), generator=self._generator, dtype=torch.float64))
-            fraction = count / noise.cohort
+            fraction = within_fraction(count, noise.cohort)
             self.clip_norm = next_clip_norm(
                 self.clip_norm,
                 fraction,

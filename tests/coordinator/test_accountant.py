@@ -21,7 +21,10 @@ from scipy import optimize, stats
 from coordinator.accountant import DpRound, epsilons_of, noise_for_epsilon
 from coordinator.privacy import PrivacyEngine
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
-from protocols.privacy import PrivacySettings, Sampling
+from device_agent.algorithms.base import LocalResult
+from device_agent.privacy import privatize
+from protocols.messages import DevicePrivacy
+from protocols.privacy import PrivacySettings, Sampling, within_fraction
 
 DELTA = 1e-5
 Relation = dp_accounting.NeighboringRelation
@@ -88,7 +91,8 @@ def run_engine(settings: PrivacySettings, population: int, cohort: int, rounds: 
         engine.plan(fleet, devices)
         updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(3)}) for d in devices]
         engine.privatize(updates)
-        scalars = engine.finish([0.5] * cohort if settings.adaptive_clipping else [None] * cohort)
+        bits = [0.5] * cohort if settings.adaptive_clipping else [None] * cohort
+        scalars = engine.finish(bits)
     return scalars
 
 
@@ -181,3 +185,57 @@ def test_noise_for_epsilon_agrees_with_the_reported_epsilon(sampling: Sampling) 
     assert spent.tighter <= target
     slightly_less = [DpRound(z * 0.99, population, rate * population)] * rounds
     assert epsilons_of(slightly_less, sampling, DELTA).tighter > target
+
+
+def _bit_sent(norm: float, clip: float) -> float:
+    """The within-clip value a device sends for an update of L2 norm `norm`, noise aside."""
+    result = LocalResult({"w": torch.tensor([norm])}, 10, 0.1, {}, {})
+    _, bit = privatize(
+        result, DevicePrivacy(clip_norm=clip, report_clipped=True), torch.Generator()
+    )
+    assert bit is not None
+    return bit
+
+
+def test_adaptive_clipping_costs_what_z_does() -> None:
+    """The audit's case, Poisson 20 of 100, z=1, 30 rounds: RDP 8.94 (14.9 with {0, 1} bits).
+
+    Independently: one round releases the update sum (sensitivity C, noise z_delta C) and the
+    bit sum (sensitivity: the largest |bit| a device sends, noise sigma_b) together, a Gaussian
+    mechanism whose multiplier is (sum of (sensitivity / noise)^2)^(-1/2); Andrew et al.'s
+    z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) holds when that is z.
+    """
+    # Prepare: the noise the engine plans, as the devices' shares (device placement)
+    z, population, cohort, rounds, clip = 1.0, 100, 20, 30, 1.0
+    settings = PrivacySettings(
+        noise_multiplier=z, adaptive_clipping=True, placement="device", clip_norm=clip
+    )
+    engine = PrivacyEngine(settings, cohort / population, reproducible_seed=1)
+    devices = [f"dev-{i:04d}" for i in range(cohort)]
+    planned = engine.plan(_fleet(population), devices)
+    update_std = planned.noise_std * math.sqrt(cohort)  # m shares sum to the round's noise
+    count_std = planned.indicator_std * math.sqrt(cohort)
+    bit_sensitivity = max(abs(_bit_sent(0.5, clip)), abs(_bit_sent(2.0, clip)))
+
+    # Execute: the engine's rounds, every device answering
+    engine.finish([0.0] * cohort)
+    for _ in range(rounds - 1):
+        engine.plan(_fleet(population), devices)
+        scalars = engine.finish([0.0] * cohort)
+
+    # Assert
+    combined = ((clip / update_std) ** 2 + (bit_sensitivity / count_std) ** 2) ** -0.5
+    assert combined == pytest.approx(z, rel=1e-9)
+    accountant = rdp.RdpAccountant()
+    gaussian = dp_accounting.GaussianDpEvent(combined)
+    event = dp_accounting.PoissonSampledDpEvent(cohort / population, gaussian)
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
+    assert scalars["dp_epsilon_rdp"] == pytest.approx(accountant.get_epsilon(DELTA), rel=0.01)
+    assert scalars["dp_epsilon_rdp"] == pytest.approx(8.94, abs=0.005)
+
+
+def test_the_clip_estimate_is_the_fraction_within_from_centred_bits() -> None:
+    """Noise aside, the coordinator's estimate from the bits devices send is the share within."""
+    norms = [0.5] * 15 + [3.0] * 5
+    bits = [_bit_sent(n, 1.0) for n in norms]
+    assert within_fraction(sum(bits), len(norms)) == pytest.approx(0.75)

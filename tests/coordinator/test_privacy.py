@@ -115,7 +115,7 @@ def test_a_device_clips_its_delta_and_reports_no_loss_count_or_scalars() -> None
         DevicePrivacy(clip_norm=1.0, report_clipped=True),
         torch.Generator().manual_seed(0),
     )
-    assert bit == 1.0
+    assert bit == 0.5  # centred: +1/2 within the clip
 
 
 def _engine(**options: object) -> PrivacyEngine:
@@ -195,7 +195,7 @@ def test_adaptive_clip_moves_towards_the_update_norms_median() -> None:
     for _ in range(60):
         engine.plan(fleet, devices)
         engine.privatize(_updates([{"w": torch.tensor([0.1])}] * 100))
-        engine.finish([1.0 if engine.clip_norm >= 0.1 else 0.0] * 100)
+        engine.finish([0.5 if engine.clip_norm >= 0.1 else -0.5] * 100)
     assert engine.clip_norm < 0.3  # every update norm 0.1: the median quantile is 0.1
 
 
@@ -205,9 +205,9 @@ def test_a_lying_within_clip_bit_counts_at_most_as_an_honest_one() -> None:
     fleet, devices = _fleet(1000), [f"dev-{i:04d}" for i in range(100)]
     device = honest.plan(fleet, devices)
     lying.plan(fleet, devices)
-    ceiling = 1 + 8 * device.indicator_std
-    fair = honest.finish([1.0] * 99 + [ceiling])["dp_within_clip"]
-    assert lying.finish([1.0] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
+    ceiling = 0.5 + 8 * device.indicator_std
+    fair = honest.finish([0.5] * 99 + [ceiling])["dp_within_clip"]
+    assert lying.finish([0.5] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
 
 
 def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
