@@ -90,7 +90,7 @@ def run_engine(settings: PrivacySettings, population: int, cohort: int, rounds: 
     for _ in range(rounds):
         engine.plan(fleet, devices)
         updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(3)}) for d in devices]
-        engine.privatize(updates)
+        engine.privatize(updates, {"w": torch.zeros(3)})
         bits = [0.5] * cohort if settings.adaptive_clipping else [None] * cohort
         scalars = engine.finish(bits)
     return scalars
