@@ -11,14 +11,15 @@ refused with the reason (`privacy_problem`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
 import torch
 
-from coordinator.accountant import DpRound, PrivacyAccountant
+from coordinator.accountant import DpRound, Epsilons, PrivacyAccountant
+from coordinator.selection import poisson_sample
 from coordinator.strategies.base import (
     DeviceInfo,
     FleetSnapshot,
@@ -34,7 +35,11 @@ from protocols.privacy import (
     next_clip_norm,
     noise_generator,
     update_noise_multiplier,
+    within_fraction,
 )
+
+NOBODY: Final = "nobody-sampled"
+"""The device id of the noise-only update of a round whose Poisson draw was empty."""
 
 REFUSED = {
     "selffl": "Self-FL weighs each update by the uncertainty its device reports and adapts its "
@@ -111,20 +116,15 @@ def privacy_engine(
 def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) -> FleetSnapshot:
     """The fleet with only a Poisson sample online: each online device kept with prob. `rate`.
 
-    An empty sample is drawn again (probability (1 - rate)^N): a round needs a device.
+    Nobody may be kept: that round releases the noise alone (`PrivacyEngine.privatize`).
     """
-    online = [d for d in fleet.devices if d.online]
-    while online:
-        draws = rng.random(len(online))
-        kept = {d.device_id for d, u in zip(online, draws, strict=True) if u < rate}
-        if kept:
-            return FleetSnapshot(
-                tuple(
-                    DeviceInfo(d.device_id, d.num_train_samples, d.device_id in kept)
-                    for d in fleet.devices
-                )
-            )
-    return fleet
+    online = [d.device_id for d in fleet.devices if d.online]
+    kept = set(poisson_sample(online, rate, rng))
+    return FleetSnapshot(
+        tuple(
+            DeviceInfo(d.device_id, d.num_train_samples, d.device_id in kept) for d in fleet.devices
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class PrivacyEngine:
         self.participation = participation
         self.clip_norm = settings.clip_norm
         self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
-        self.epsilon = 0.0
+        self.spent = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
         self._generator = noise_generator(reproducible_seed)
 
@@ -157,6 +157,14 @@ class PrivacyEngine:
         if self.settings.sampling == "poisson":
             return poisson_cohort(fleet, self.participation, rng)
         return fleet
+
+    def releases_empty(self, fleet: FleetSnapshot) -> bool:
+        """Whether a round that sampled nobody from `fleet` still runs (Poisson: it does).
+
+        A Poisson draw may be empty, and it is a round like any other: the accountant counts
+        it and `privatize` releases the noise alone, the noised sum of nobody's updates.
+        """
+        return self.settings.sampling == "poisson" and bool(fleet.online())
 
     def plan(self, fleet: FleetSnapshot, selected: Sequence[str]) -> DevicePrivacy:
         """This round's noise, for the `selected` devices drawn from `fleet`'s online ones.
@@ -202,24 +210,29 @@ class PrivacyEngine:
         )
 
     def privatize(
-        self, updates: Sequence[ReceivedUpdate], *, presummed: bool = False
+        self,
+        updates: Sequence[ReceivedUpdate],
+        shared: Mapping[str, torch.Tensor],
+        *,
+        presummed: bool = False,
     ) -> list[ReceivedUpdate]:
         """The round's updates as the strategy may see them (see the module's docstring).
 
         `presummed`: one update holding the sum of the devices' clipped deltas (secure
-        aggregation): it becomes (sum + xi) / m, and cannot be clipped again here.
+        aggregation): it becomes (sum + xi) / m, and cannot be clipped again here. No update
+        (nobody sampled): one update xi / m of `shared`'s shapes, the noise added here
+        whatever the placement, since no device added any.
         """
         noise = self._planned()
         k = len(updates)
-        if not k:
-            return []
-        central = self.settings.placement == "coordinator"
+        central = self.settings.placement == "coordinator" or not k
         std = noise.update_multiplier * noise.device.clip_norm if central else 0.0
         xi = add_gaussian_noise(
-            {n: torch.zeros_like(t) for n, t in updates[0].shared_delta.items()},
-            std,
-            self._generator,
+            {n: torch.zeros_like(t) for n, t in shared.items()}, std, self._generator
         )
+        if not k:
+            nothing = {n: (t.double() / noise.cohort).to(t.dtype) for n, t in xi.items()}
+            return [ReceivedUpdate(NOBODY, 1, 0.0, nothing)]
         scale = k / noise.cohort
         private = []
         for update in updates:
@@ -246,27 +259,28 @@ class PrivacyEngine:
         self._round = None
         k = len(within_clip) if reporters is None else reporters
         z = self.settings.noise_multiplier
-        if self.settings.placement == "device":  # the shares of the devices that answered
+        central = self.settings.placement == "coordinator" or not k  # nobody: noise added here
+        if not central:  # the shares of the devices that answered
             z *= math.sqrt(k / noise.cohort)
-        self.epsilon = self.accountant.record(DpRound(z, noise.population, noise.cohort))
+        spent = self.spent = self.accountant.record(DpRound(z, noise.population, noise.cohort))
         scalars = {
             "dp_epsilon": self.epsilon,
+            "dp_epsilon_rdp": spent.rdp,
             "dp_noise_multiplier": z,
             "dp_clip_norm": noise.device.clip_norm,
         }
+        if spent.pld is not None:
+            scalars["dp_epsilon_pld"] = spent.pld
         if self.settings.adaptive_clipping:
             bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
-            central = self.settings.placement == "coordinator"
             std = noise.indicator_std if central else 0.0
             # a device may lie: each bit counts at most as an honest bit plus 8 noise deviations
-            room = 8 * noise.device.indicator_std
-            if reporters is None:
-                count = sum(min(max(b, -room), 1 + room) for b in bits)
-            else:  # one secure sum of k bits
-                room *= math.sqrt(max(k, 1))
-                count = sum(min(max(b, -room), k + room) for b in bits)
+            honest, spread = 0.5, 8 * noise.device.indicator_std
+            if reporters is not None:  # one secure sum of k centred bits
+                honest, spread = 0.5 * k, spread * math.sqrt(max(k, 1))
+            count = sum(min(max(b, -honest - spread), honest + spread) for b in bits)
             count += std * float(torch.randn((), generator=self._generator, dtype=torch.float64))
-            fraction = count / noise.cohort
+            fraction = within_fraction(count, noise.cohort)
             self.clip_norm = next_clip_norm(
                 self.clip_norm,
                 fraction,
@@ -276,10 +290,17 @@ class PrivacyEngine:
             scalars["dp_within_clip"] = fraction
         return scalars
 
+    @property
+    def epsilon(self) -> float:
+        """The epsilon spent so far, by the tighter of the two accountants."""
+        return self.spent.tighter
+
     def report(self) -> dict[str, object]:
         """The guarantee for a run's summary: epsilon at delta over the rounds released."""
         return {
             "epsilon": self.epsilon,
+            "epsilon_rdp": self.spent.rdp,
+            "epsilon_pld": self.spent.pld,
             "delta": self.settings.delta,
             "rounds_released": len(self.accountant.rounds),
             "target_epsilon": self.settings.target_epsilon,

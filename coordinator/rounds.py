@@ -206,25 +206,30 @@ class Coordinator(DeviceMessages):
         fleet = self.registry.snapshot()
         cohort = fleet if self.privacy is None else self.privacy.cohort(fleet, self.rng)
         plan = self.strategy.plan_round(round_id, cohort, self.rng)
-        if not plan.devices:
+        nobody = not plan.devices
+        if nobody and (self.privacy is None or not self.privacy.releases_empty(fleet)):
             msg = "no device is online to train"
             raise RoundError(msg, round_id=round_id)
         self.relay.start_round(round_id)
         needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
         dp = None if self.privacy is None else self.privacy.plan(fleet, plan.devices)
-        if self.secure is None:
+        secure_sum: SecureSum | None = None
+        updates: list[ReceivedUpdate] = []
+        declined = 0
+        if nobody:  # nothing to collect
+            logger.info("round %d: the Poisson draw is empty: only noise is released", round_id)
+        elif self.secure is None:
             updates, declined = self._collect_updates(round_id, plan, needed, dp)
-            secure_sum = None
         else:
             secure_sum = self._collect_secure_sum(round_id, plan, needed, dp)
             updates, declined = [secure_sum.as_update(mean=self.privacy is None)], 0
         within_clip = (
             [u.within_clip for u in updates] if secure_sum is None else [secure_sum.within]
         )
-        if self.privacy is not None:
-            updates = self.privacy.privatize(updates, presummed=secure_sum is not None)
-        scalars, norm_median = self.apply_updates(round_id, updates)
         participants = len(updates) if secure_sum is None else len(secure_sum.survivors)
+        if self.privacy is not None:
+            updates = self.privacy.privatize(updates, self.shared, presummed=secure_sum is not None)
+        scalars, norm_median = self.apply_updates(round_id, updates)
         if secure_sum is not None:
             scalars.update(secure_sum.scalars())
         elif self.privacy is None:

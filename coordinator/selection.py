@@ -1,4 +1,4 @@
-"""Which devices take part in a round: uniform sampling without replacement."""
+"""Which devices take part in a round: uniform sampling without replacement, or Poisson."""
 
 from __future__ import annotations
 
@@ -25,3 +25,15 @@ def select_devices(
         return tuple(pool)
     chosen = rng.choice(len(pool), size=count, replace=False)
     return tuple(sorted(pool[index] for index in chosen))
+
+
+def poisson_sample(
+    candidates: Sequence[str], rate: float, rng: np.random.Generator
+) -> tuple[str, ...]:
+    """Each candidate kept independently with probability `rate` (in the order given).
+
+    The sample may be empty (probability (1 - rate)^n): drawing again would change the
+    sampling distribution the accountant assumes, so an empty sample is a round too.
+    """
+    draws = rng.random(len(candidates))
+    return tuple(c for c, u in zip(candidates, draws, strict=True) if u < rate)

@@ -311,7 +311,8 @@ class DevicePrivacy(WireModel):
 
     The device clips its shared delta to `clip_norm`, adds N(0, noise_std^2) per entry (0 when
     the coordinator adds the noise), reports no loss, sample count or algorithm scalars, and,
-    with `report_clipped`, whether its delta was within the clip (plus N(0, indicator_std^2)).
+    with `report_clipped`, +1/2 if its delta was within the clip and -1/2 if not, plus
+    N(0, indicator_std^2).
     """
 
     clip_norm: Annotated[float, Field(gt=0, le=1e6)]

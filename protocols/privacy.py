@@ -7,8 +7,9 @@ cohort. The noise is added by the coordinator (it sees clipped updates, and is t
 over the devices, each adding N(0, (z*C)^2 / m) so that the m shares sum to the target
 (distributed DP, meant to run under secure aggregation). Adaptive clipping follows Andrew et al.
 2021, "Differentially Private Learning with Adaptive Clipping": devices report whether their
-update was within C, the noised fraction moves C geometrically towards a target quantile, and
-the update noise is raised so that both releases together cost what z alone would.
+update was within C as a centred bit (+-1/2), the noised fraction moves C geometrically towards
+a target quantile, and the update noise is raised so that both releases together cost what z
+alone would.
 """
 
 from __future__ import annotations
@@ -128,11 +129,32 @@ def noise_generator(reproducible_seed: int | None) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def within_clip_bit(norm: float, clip_norm: float) -> float:
+    """+1/2 if an update of L2 norm `norm` is within the clip, else -1/2 (before its noise).
+
+    Centred, so that adding or removing one device moves the count by at most 1/2: Andrew et
+    al. 2021's (2 sigma_b) term in `update_noise_multiplier` rests on it (a {0, 1} bit moves it
+    by 1, and the pair would cost (z_delta^-2 + sigma_b^-2)^(-1/2), not z).
+    """
+    return 0.5 if norm <= clip_norm else -0.5
+
+
+def within_fraction(centred_count: float, cohort: float) -> float:
+    """The fraction of the cohort within the clip, from the sum of their centred bits.
+
+    sum(b_i - 1/2) / m + 1/2 (Andrew et al. 2021, Algorithm 1): unbiased when the expected
+    cohort m answered on average, as Poisson sampling's does.
+    """
+    return centred_count / cohort + 0.5
+
+
 def update_noise_multiplier(noise_multiplier: float, indicator_std: float) -> float:
     """z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), the update's share of the noise.
 
-    Adaptive clipping also releases the noised count of unclipped updates; together the two
-    cost what one Gaussian release with z does (Andrew et al. 2021, Theorem 1).
+    Adaptive clipping also releases the noised sum of the centred within-clip bits
+    (`within_clip_bit`, sensitivity 1/2 under add/remove); together the two cost what one
+    Gaussian release with z does (Andrew et al. 2021, Theorem 1). Under replace-one both
+    sensitivities double (2C and 1), and so the pair still costs what z does there.
 
     Raises:
         ValueError: sigma_b too small to leave the update any budget (2 sigma_b <= z).

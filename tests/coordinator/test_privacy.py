@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.accountant import RDP_ORDERS, DpRound, epsilon_of
+from coordinator.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
 from coordinator.privacy import PrivacyEngine, poisson_cohort, privacy_problem
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
@@ -64,7 +64,7 @@ def test_full_participation_epsilon_is_the_closed_form_of_composed_gaussians() -
         rounds * a / (2 * z * z) + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
         for a in RDP_ORDERS
     )
-    got = epsilon_of([DpRound(z, 100, 100.0)] * rounds, "poisson", delta)
+    got = rdp_epsilon_of([DpRound(z, 100, 100.0)] * rounds, "poisson", delta)
     assert got == pytest.approx(closed, rel=1e-6)
 
 
@@ -115,7 +115,7 @@ def test_a_device_clips_its_delta_and_reports_no_loss_count_or_scalars() -> None
         DevicePrivacy(clip_norm=1.0, report_clipped=True),
         torch.Generator().manual_seed(0),
     )
-    assert bit == 1.0
+    assert bit == 0.5  # centred: +1/2 within the clip
 
 
 def _engine(**options: object) -> PrivacyEngine:
@@ -141,7 +141,7 @@ def test_without_noise_the_fedavg_aggregate_is_the_clipped_sum_over_the_expected
     ]
     strategy = build_strategy(parse_algorithm_config("fedavg", {}), 1.0)
     shared = {"w": torch.zeros(2)}
-    aggregate = strategy.aggregate(1, shared, engine.privatize(_updates(deltas)))
+    aggregate = strategy.aggregate(1, shared, engine.privatize(_updates(deltas), shared))
     expected = sum(clip_to_norm(d, 1.0)["w"] for d in deltas) / 4
     torch.testing.assert_close(aggregate.shared["w"], expected)
 
@@ -150,7 +150,7 @@ def test_coordinator_noise_on_the_mean_has_variance_z_clip_over_cohort_squared()
     z, clip, n = 1.5, 2.0, 200_000
     engine = _engine(noise_multiplier=z, clip_norm=clip)
     engine.plan(_fleet(50), ["dev-0000", "dev-0001"])  # expected cohort 5
-    private = engine.privatize(_updates([{"w": torch.zeros(n)}] * 2))
+    private = engine.privatize(_updates([{"w": torch.zeros(n)}] * 2), {"w": torch.zeros(n)})
     mean = sum(u.shared_delta["w"].double() for u in private) / len(private)
     assert mean.var().item() == pytest.approx((z * clip / 5) ** 2, rel=0.02)
     assert abs(mean.mean().item()) < 5 * (z * clip / 5) / math.sqrt(n)
@@ -173,7 +173,7 @@ def test_device_noise_shares_sum_to_the_target_variance() -> None:
 def test_a_device_that_did_not_clip_is_clipped_by_the_coordinator() -> None:
     engine = _engine(noise_multiplier=0.0, clip_norm=1.0)
     engine.plan(_fleet(10), ["dev-0000"])  # expected cohort 1
-    private = engine.privatize(_updates([{"w": torch.full((4,), 100.0)}]))
+    private = engine.privatize(_updates([{"w": torch.full((4,), 100.0)}]), {"w": torch.zeros(4)})
     assert update_norm(private[0].shared_delta) == pytest.approx(1.0)
 
 
@@ -194,8 +194,8 @@ def test_adaptive_clip_moves_towards_the_update_norms_median() -> None:
     devices = [f"dev-{i:04d}" for i in range(100)]
     for _ in range(60):
         engine.plan(fleet, devices)
-        engine.privatize(_updates([{"w": torch.tensor([0.1])}] * 100))
-        engine.finish([1.0 if engine.clip_norm >= 0.1 else 0.0] * 100)
+        engine.privatize(_updates([{"w": torch.tensor([0.1])}] * 100), {"w": torch.zeros(1)})
+        engine.finish([0.5 if engine.clip_norm >= 0.1 else -0.5] * 100)
     assert engine.clip_norm < 0.3  # every update norm 0.1: the median quantile is 0.1
 
 
@@ -205,9 +205,9 @@ def test_a_lying_within_clip_bit_counts_at_most_as_an_honest_one() -> None:
     fleet, devices = _fleet(1000), [f"dev-{i:04d}" for i in range(100)]
     device = honest.plan(fleet, devices)
     lying.plan(fleet, devices)
-    ceiling = 1 + 8 * device.indicator_std
-    fair = honest.finish([1.0] * 99 + [ceiling])["dp_within_clip"]
-    assert lying.finish([1.0] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
+    ceiling = 0.5 + 8 * device.indicator_std
+    fair = honest.finish([0.5] * 99 + [ceiling])["dp_within_clip"]
+    assert lying.finish([0.5] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
 
 
 def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
@@ -215,6 +215,35 @@ def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
     sizes = [len(poisson_cohort(_fleet(1000), 0.1, rng).online()) for _ in range(50)]
     assert 90 < sum(sizes) / 50 < 110
     assert len(set(sizes)) > 5  # the cohort's size varies, as Poisson sampling's does
+
+
+def test_an_empty_poisson_draw_is_kept_not_drawn_again() -> None:
+    """3 devices at rate 1/2: nobody is drawn with probability 1/8 (about 125 of 1000)."""
+    rng = np.random.default_rng(0)
+    empty = sum(not poisson_cohort(_fleet(3), 0.5, rng).online() for _ in range(1000))
+    assert 90 < empty < 160
+
+
+@pytest.mark.parametrize("placement", ["coordinator", "device"])
+def test_a_round_that_sampled_nobody_releases_the_noise_alone_and_counts(placement: str) -> None:
+    """The noised sum of nobody's updates, accounted at z like any other round.
+
+    xi / m, with xi ~ N(0, (zC)^2) added here even when devices add the noise (none did).
+    """
+    z, clip, n = 1.5, 2.0, 200_000
+    engine = _engine(noise_multiplier=z, clip_norm=clip, placement=placement)
+    fleet = _fleet(50)  # participation 0.1: expected cohort 5
+    assert engine.releases_empty(fleet)
+    engine.plan(fleet, [])
+    (released,) = engine.privatize([], {"w": torch.zeros(n), "steps": torch.tensor([7])})
+    assert released.shared_delta["w"].double().std().item() == pytest.approx(z * clip / 5, rel=0.01)
+    assert released.shared_delta["steps"].item() == 0  # counters get no noise, and nobody counted
+    scalars = engine.finish([], reporters=0)
+    assert scalars["dp_noise_multiplier"] == z
+    assert scalars["dp_epsilon"] == pytest.approx(
+        epsilon_of([DpRound(z, 50, 5.0)], "poisson", 1e-5)
+    )
+    assert not _engine(sampling="fixed").releases_empty(fleet)  # a fixed size is never empty
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,23 @@ def test_epsilon_is_reported_every_round_and_grows() -> None:
     assert privacy["epsilon"] == epsilons[-1]
     assert privacy["rounds_released"] == 4
     assert all(r["train_loss"] is None for r in records)  # devices do not report it under DP
+    for record in records:  # both accountants each round, the tighter reported
+        scalars = record["scalars"]
+        assert scalars["dp_epsilon"] == min(scalars["dp_epsilon_rdp"], scalars["dp_epsilon_pld"])
     assert all("update_norm_median" not in r["scalars"] for r in records)
+
+
+def test_a_poisson_draw_of_nobody_is_a_round_that_releases_noise_and_counts() -> None:
+    """6 devices at rate 0.1: about half the draws are empty, and each is still a round.
+
+    The model moves by the noise alone and the accountant counts it, as the analysis assumes.
+    """
+    privacy, records = _run(devices=6, participation=0.1, rounds=4, seed=1)
+    assert [r["participants"] for r in records].count(0) >= 1
+    assert privacy["rounds_released"] == 4
+    assert [r["round_id"] for r in records] == [1, 2, 3, 4]
+    assert all(r["scalars"]["dp_noise_multiplier"] == 1.0 for r in records)
+    assert all("aggregate_rejected" not in r["scalars"] for r in records)
 
 
 def test_the_run_stops_before_passing_its_epsilon_budget() -> None:
