@@ -219,7 +219,8 @@ class Coordinator(DeviceMessages):
         else:
             outcome = self._collect_secure_sum(round_id, plan, needed, dp)
             if isinstance(outcome, SkippedRound):
-                return self._skip(round_id, plan, outcome, len(fleet.online()), started)
+                traffic = (up_before, down_before, started)
+                return self._skip(round_id, plan, outcome, len(fleet.online()), traffic)
             secure_sum = outcome
             updates, declined = [secure_sum.as_update(mean=self.privacy is None)], 0
         within_clip = (
@@ -253,9 +254,18 @@ class Coordinator(DeviceMessages):
         )
 
     def _skip(
-        self, round_id: int, plan: RoundPlan, skipped: SkippedRound, population: int, started: float
+        self,
+        round_id: int,
+        plan: RoundPlan,
+        skipped: SkippedRound,
+        population: int,
+        since: tuple[int, int, float],
     ) -> RoundRecord:
-        """A secure round that gave no sum: the model unchanged, any release accounted."""
+        """A secure round that gave no sum: the model unchanged, any release accounted.
+
+        `since`: bytes up, bytes down and the clock when the round started.
+        """
+        up_before, down_before, started = since
         scalars = skipped.scalars()
         if self.privacy is not None:
             scalars.update(account_skipped(self.privacy, skipped, population, len(plan.devices)))
@@ -265,8 +275,8 @@ class Coordinator(DeviceMessages):
             participants=0,
             selected=len(plan.devices),
             train_loss=math.nan,
-            bytes_up=0,
-            bytes_down=0,
+            bytes_up=self.bytes_up - up_before,
+            bytes_down=self.bytes_down - down_before,
             wall_seconds=time.perf_counter() - started,
             scalars=scalars,
         )

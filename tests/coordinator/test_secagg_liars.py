@@ -51,7 +51,8 @@ class Liar:
     delta: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda shared: {
         name: torch.zeros_like(value) for name, value in shared.items()
     }
-    masked: Callable[[np.ndarray], np.ndarray] = lambda vector: vector
+    masked: Callable[[np.ndarray], np.ndarray | None] = lambda vector: vector
+    """What it sends instead of its masked vector (None: nothing, it drops out after dealing)."""
     after_keys: Callable[[Liar], None] = lambda liar: None
     client: SecureClient | None = None
     shared: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -95,6 +96,8 @@ class Liar:
         announcement = self.announcement
         masked = self.client.mask(announcement, self.delta(self.shared), self.samples, 0.1, None)
         vector = self.masked(masked[MASKED_TENSOR].numpy().view(np.uint32).copy())
+        if vector is None:
+            return
         manifest, blob = pack_tensors({MASKED_TENSOR: torch.from_numpy(vector.view(np.int32))})
         update = DeviceUpdate(
             run_id=announcement.run_id,
@@ -194,6 +197,7 @@ def test_a_garbage_masked_vector_skips_the_round_after_one_unmasking_and_the_run
     assert all(r.scalars["secagg_survivors"] == 4 for r in records)  # the honest three answered
     assert run.unmaskings == [1, 2]  # one unmasking a round: the refused sum is not redone
     assert _distance(run.coordinator.shared, before) == 0
+    assert all(r.bytes_up > 0 and r.bytes_down > 0 for r in records)  # what it cost is counted
     assert run.coordinator.offences.count(run.honest[0]) == 0
 
 
@@ -312,3 +316,21 @@ def test_a_poisson_draw_of_too_few_devices_is_skipped_and_counted_not_drawn_agai
     assert all(r.selected < 3 and r.participants == 0 for r in skipped)
     assert len(privacy.accountant.rounds) == len(records)  # every round drawn is accounted
     assert [r.round_id for r in records] == list(range(1, 9))
+
+
+# -- a failure before any unmasking -----------------------------------------------------------
+
+
+def test_a_round_that_fails_before_unmasking_is_retried_then_skipped_releasing_nothing() -> None:
+    # two honest devices and one that deals but never sends its masked update: 2 survivors of
+    # the 3 a sum needs, every attempt
+    run = fleet(Liar(masked=lambda vector: None), honest=2, dp_noise=1.0, dp_sampling="fixed")
+    record = run.coordinator.run_round()
+    privacy = run.coordinator.privacy
+    assert privacy is not None
+    assert record.scalars["secagg_skipped"] == 1
+    assert record.scalars["secagg_attempts"] == 3  # the first and the 2 retries
+    assert record.scalars["secagg_survivors"] == 0
+    assert run.unmaskings == []  # no sum was ever unmasked
+    assert len(privacy.accountant.rounds) == 1  # the round drawn, counted once
+    assert run.coordinator.run_round().round_id == 2  # and the run goes on
