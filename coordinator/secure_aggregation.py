@@ -123,7 +123,6 @@ class SecureRoundError(RoundError):
         culprits: AbstractSet[str] = frozenset(),
         gone: AbstractSet[str] = frozenset(),
         unmasked: int = 0,
-        within: float | None = None,
     ) -> None:
         super().__init__(message)
         self.culprits = frozenset(culprits)
@@ -132,8 +131,6 @@ class SecureRoundError(RoundError):
         """Devices that declined, went offline or were quarantined during the round."""
         self.unmasked = unmasked
         """Devices in a sum that was unmasked and refused (0: the coordinator saw no sum)."""
-        self.within = within
-        """That refused sum's adaptive-clipping bits (DP), which it released too."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +188,6 @@ class _Round:
     """Devices that declined or were quarantined: no later phase of the round waits for them."""
     culprits: set[str] = field(default_factory=set)
     unmasked: int = 0
-    within: float | None = None
 
     @property
     def context(self) -> bytes:
@@ -298,7 +294,6 @@ class SecureAggregator:
                 culprits=state.culprits,
                 gone=gone,
                 unmasked=state.unmasked,
-                within=state.within,
             ) from error
         finally:
             self._round, self._phase, self._closed = None, None, (run_id, round_id)
@@ -669,7 +664,6 @@ def _decoded(state: _Round, total: np.ndarray, dropped: tuple[str, ...]) -> Secu
         )
     if problems:
         state.unmasked = count
-        state.within = float(groups["within"][0]) if "within" in groups else None
         msg = (
             f"secure aggregation: the unmasked sum holds {'; '.join(problems)}: no {count} honest "
             "devices send that, so one lied (masking hides which); the round is not applied"

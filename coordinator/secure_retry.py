@@ -17,6 +17,7 @@ cohort and gets back the survivors' sum or a `SkippedRound`; the policy in betwe
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -37,8 +38,6 @@ class SkippedRound:
     attempts: int
     unmasked: int
     """Devices in a sum the coordinator unmasked and refused (0: it saw no sum)."""
-    within: float | None
-    """That sum's adaptive-clipping bits (DP)."""
     excluded: tuple[str, ...]
     """Devices left out of a later attempt (named liars, declines, dropouts)."""
 
@@ -114,23 +113,26 @@ def _skipped(
     excluded: set[str],
 ) -> SkippedRound:
     logger.error("round %d skipped, the model is unchanged: %s", request.round_id, reason)
-    unmasked, within = (0, None) if refused is None else (refused.unmasked, refused.within)
-    return SkippedRound(reason, attempts, unmasked, within, tuple(sorted(excluded)))
+    unmasked = 0 if refused is None else refused.unmasked
+    return SkippedRound(reason, attempts, unmasked, tuple(sorted(excluded)))
 
 
 def account_skipped(
     privacy: PrivacyEngine, skipped: SkippedRound, population: int, selected: int
 ) -> dict[str, float]:
-    """What a skipped round costs under DP; its privacy scalars.
+    """What a skipped round costs under DP, told to the accountant; its privacy scalars.
 
-    A refused sum was seen: a release of its devices' noise, counted as any round's. A round
-    that never unmasked is counted as drawn, at its planned noise: the skip itself tells that
-    the draw (or what came of it) fell short, and a round that could have run is not drawn again.
+    Every round drawn is counted once, at its planned noise: the skip itself tells that the draw
+    (or what came of it) fell short, and a round that could have run is not drawn again. A sum
+    unmasked and refused under device-placed noise was seen with only the noise of the devices in
+    it, and is counted so (as `PrivacyEngine.finish` counts an applied one); under coordinator
+    placement the coordinator, trusted with sums there, published nothing of it.
     """
-    if skipped.unmasked:
-        return privacy.finish([skipped.within], reporters=skipped.unmasked)
     settings = privacy.settings
-    cohort = privacy.participation * population if settings.sampling == "poisson" else selected
-    drawn = DpRound(settings.noise_multiplier, population, max(float(cohort), 1.0))
-    privacy.epsilon = privacy.accountant.record(drawn)
-    return {"dp_epsilon": privacy.epsilon, "dp_noise_multiplier": settings.noise_multiplier}
+    poisson = settings.sampling == "poisson"
+    cohort = max(privacy.participation * population if poisson else float(selected), 1.0)
+    z = settings.noise_multiplier
+    if skipped.unmasked and settings.placement == "device":
+        z *= math.sqrt(skipped.unmasked / cohort)
+    privacy.epsilon = privacy.accountant.record(DpRound(z, population, cohort))
+    return {"dp_epsilon": privacy.epsilon, "dp_noise_multiplier": z}

@@ -202,13 +202,15 @@ def test_a_garbage_masked_vector_skips_the_round_after_one_unmasking_and_the_run
 
 
 def test_a_refused_sum_under_dp_is_accounted_once_and_never_unmasked_again() -> None:
-    run = fleet(Liar(masked=garbage), dp_noise=1.0, dp_sampling="fixed")
+    run = fleet(Liar(masked=garbage), dp_noise=1.0, dp_sampling="fixed", dp_placement="device")
     record = run.coordinator.run_round()
     privacy = run.coordinator.privacy
     assert privacy is not None
     assert record.scalars["secagg_skipped"] == 1
     assert run.unmaskings == [1]
-    assert len(privacy.accountant.rounds) == 1  # the sum the coordinator saw is counted
+    # the sum the coordinator saw is counted once, with the noise of the 4 devices in it
+    (counted,) = privacy.accountant.rounds
+    assert (counted.noise_multiplier, counted.population, counted.cohort) == (1.0, 4, 4.0)
     assert record.scalars["dp_epsilon"] == privacy.epsilon > 0
 
 
