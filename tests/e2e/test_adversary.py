@@ -536,7 +536,7 @@ def clean_secure() -> dict[int, RunResult]:
     """The secure runs of the honest devices alone (masks cancel: equal to plain, to 1e-5)."""
     return {
         rounds: run_simulation(
-            SimulationSettings.load(None, **RUN, secagg=True, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
+            SimulationSettings.load(None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
         )
         for rounds in (1, ROUNDS)
     }
