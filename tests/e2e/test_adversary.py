@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from coordinator.serve import run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import device_name, run_simulation
 from coordinator.status import collect_fleet_view
+from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient
 from pfl_tasks.registry import load_task
@@ -43,7 +45,7 @@ from protocols.messages import (
     RoundAnnouncement,
     SharedModel,
 )
-from protocols.secure_aggregation import MASKED_TENSOR
+from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
 from protocols.transport import chunking
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
@@ -600,3 +602,32 @@ def test_a_hello_of_10_to_the_8_samples_weighs_at_most_half_of_a_secure_round(
 
 def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b))
+
+
+class DroppingAttacker(Attacker):
+    """The attacker with a will on its connection, as an agent has: a crash marks it offline."""
+
+    def __enter__(self) -> Attacker:
+        will = device_will(FLEET, EVIL)
+        self.transport = MqttTransport(attacker_settings(self.fleet), EVIL, will=will)
+        self.transport.subscribe(topics.round_announcement(FLEET), self._on_announcement)
+        self.transport.subscribe(topics.command(FLEET), self._on_command)
+        return self
+
+
+def test_a_device_lost_after_its_keys_costs_no_phase_its_deadline(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(_client: SecureClient) -> None:
+        transport = attacker.transport
+        assert transport is not None
+        threading.Thread(target=transport.abort).start()  # not from its own network thread
+
+    with DroppingAttacker(fleet) as attacker:
+        SecureLiar(attacker, after_keys=crash)
+        _, lines = _secure_serve(fleet, monkeypatch, 1)
+    (line,) = lines
+    assert line["participants"] == HONEST
+    assert line["scalars"]["secagg_survivors"] == HONEST
+    # the broker's will said it was gone: no phase waited out its 60 s deadline for it
+    assert line["wall_seconds"] < SecureAggregationSettings().phase_timeout_s
