@@ -54,6 +54,11 @@ MIN_COHORT = 3
 """Fewer devices never aggregate securely: the sum of two tells each the other's update."""
 NOISE_ROOM = 8.0
 """Each entry's clamp leaves this many noise standard deviations above the clip norm."""
+SHORT_PHASES = frozenset({"keys", "shares", "reveal"})
+"""Phases of messages only (no training): an honest device answers them within moments."""
+GRACE_SHARE = 0.05
+"""Of a short phase's deadline: how long it still waits, once everyone else is in, for a device
+that let such a deadline pass while connected and has not completed a round since."""
 REFUSED = {
     "selffl": "Self-FL weighs each update by its device's own uncertainty and adapts local "
     "steps to the spread of the devices' estimates: both need each device's scalars in clear",
@@ -223,6 +228,9 @@ class SecureAggregator:
         self._phase: Collector[object] | None = None
         self._closed: tuple[str, int] | None = None
         """The round that finished last: its late answers are expected, not offences."""
+        self._silent: set[str] = set()
+        """Devices that stayed connected and silent through a short phase's deadline, and have
+        not been in a sum since: short phases wait for them only a grace once others are in."""
 
     def plan(
         self,
@@ -365,7 +373,9 @@ class SecureAggregator:
             )
             raise RoundError(msg, round_id=state.round_id)
         total = _unmask(state, masked_inputs, seeds, mask_keys)  # type: ignore[arg-type]
-        return _decoded(state, total, dropped)
+        secure_sum = _decoded(state, total, dropped)
+        self._silent -= set(state.survivors)  # they did their part of a whole round
+        return secure_sum
 
     def _collect(
         self,
@@ -376,7 +386,11 @@ class SecureAggregator:
         send: Callable[[], None],
         enough: Callable[[], bool] | None = None,
     ) -> dict[str, object]:
-        """Open `phase`, `send` what starts it, wait until it settles; its answers by device."""
+        """Open `phase`, `send` what starts it, wait until it settles; its answers by device.
+
+        A device that was silent through an earlier short phase's deadline is waited for only a
+        grace once everyone else is in; one silent through this one's deadline becomes such.
+        """
         state = self._round
         assert state is not None
         collector: Collector[object] = Collector(state.round_id, phase, expected)
@@ -385,10 +399,21 @@ class SecureAggregator:
         self._phase = collector
         send()
         needed = state.secure.min_survivors
-        self.transport.wait_until(
-            lambda: collector.settled(online(), needed) or (enough is not None and enough()),
-            timeout_s,
-        )
+        silent = expected & self._silent if phase in SHORT_PHASES else set()
+
+        def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
+            return collector.settled(waiting_for(), needed) or (enough is not None and enough())
+
+        ended = self.transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
+        if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline
+            self.transport.wait_until(lambda: settled(online), GRACE_SHARE * timeout_s)
+        if not ended and phase in SHORT_PHASES:
+            now = online()
+            self._silent |= {
+                d
+                for d in expected
+                if d in now and d not in collector.answers and d not in collector.declined
+            }
         self._phase = None
         return {d: collector.answers[d] for d in sorted(collector.answers)}
 

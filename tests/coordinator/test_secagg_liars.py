@@ -19,6 +19,7 @@ import torch
 from coordinator.pipeline import build_coordinator, plan_stages
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.secure_aggregation import GRACE_SHARE
 from coordinator.settings import SimulationSettings
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
@@ -34,7 +35,7 @@ from protocols.messages import (
     RoundAnnouncement,
     SecAggUnmask,
 )
-from protocols.secure_aggregation import MASKED_TENSOR
+from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
 from protocols.transport.inprocess import InProcessBroker, InProcessTransport
 from tests.hub_fleet import TASK, hub_agents
 
@@ -54,6 +55,8 @@ class Liar:
     masked: Callable[[np.ndarray], np.ndarray | None] = lambda vector: vector
     """What it sends instead of its masked vector (None: nothing, it drops out after dealing)."""
     after_keys: Callable[[Liar], None] = lambda liar: None
+    silent: bool = False
+    """Sends its keys each round, then nothing, while staying connected."""
     client: SecureClient | None = None
     shared: dict[str, torch.Tensor] = field(default_factory=dict)
     announcement: RoundAnnouncement | None = None
@@ -88,6 +91,8 @@ class Liar:
         self.client.join(announcement)
 
     def _on_secure(self, _topic: str, payload: bytes) -> None:
+        if self.silent:
+            return
         message, _ = decode_frame(payload)
         assert self.client is not None
         assert self.announcement is not None
@@ -121,6 +126,8 @@ class Fleet:
     unmaskings: list[int] = field(default_factory=list)
     settled: list[bool] = field(default_factory=list)
     """Each wait of the coordinator: True when it ended because the awaited thing happened."""
+    waits: list[tuple[float, bool]] = field(default_factory=list)
+    """Each wait's timeout and whether it ended before it."""
 
 
 def fleet(liar: Liar | None, honest: int = 3, **options: Any) -> Fleet:
@@ -145,6 +152,7 @@ def fleet(liar: Liar | None, honest: int = 3, **options: Any) -> Fleet:
     def recorded(predicate: Callable[[], bool], timeout_s: float) -> bool:
         done = waited(predicate, timeout_s)
         result.settled.append(done)
+        result.waits.append((timeout_s, done))
         return done
 
     transport.wait_until = recorded  # type: ignore[method-assign]
@@ -165,6 +173,7 @@ def fleet(liar: Liar | None, honest: int = 3, **options: Any) -> Fleet:
     )
     assert coordinator.wait_for_devices(members, 2.0)
     result.settled.clear()
+    result.waits.clear()
     return result
 
 
@@ -336,3 +345,15 @@ def test_a_round_that_fails_before_unmasking_is_retried_then_skipped_releasing_n
     assert run.unmaskings == []  # no sum was ever unmasked
     assert len(privacy.accountant.rounds) == 1  # the round drawn, counted once
     assert run.coordinator.run_round().round_id == 2  # and the run goes on
+
+
+def test_a_device_silent_after_its_keys_costs_one_deadline_then_only_a_grace() -> None:
+    run = fleet(Liar(silent=True))
+    deadline = SecureAggregationSettings().phase_timeout_s
+    first = run.coordinator.run_round()
+    assert (deadline, False) in run.waits  # its shares phase ran out once
+    run.waits.clear()
+    second = run.coordinator.run_round()
+    assert (first.participants, second.participants) == (3, 3)
+    assert (deadline, False) not in run.waits  # not again: no short phase waits its deadline
+    assert (deadline * GRACE_SHARE, False) in run.waits  # only the grace, once others were in
