@@ -121,7 +121,7 @@ class DeviceMessages:
         if status.state != "skipped":
             return
         if self.secure is not None and status.run_id == self.run_id:
-            self.secure.decline(status.device_id)
+            self.secure.decline(status.device_id, status.round_id)
         for collector in (self._train, self._evaluation):
             if (
                 collector is not None

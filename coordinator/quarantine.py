@@ -2,8 +2,9 @@
 
 A device whose messages keep being dropped (a flood over its rate, malformed frames, lies about
 its counts) costs the coordinator work for each one. Once its drops in the current round pass
-the limit, everything it sends is ignored until the next round starts, and the round stops
-waiting for it; `pfl-coord status` shows it as quarantined.
+the limit, or once a protocol proves it lied (secure aggregation's dealer of false shares),
+everything it sends is ignored until the next round starts, and the round stops waiting for it;
+`pfl-coord status` shows it as quarantined.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class Quarantine:
             self.limit,
         )
         return True, True
+
+    def hold(self, sender: str, reason: str) -> None:
+        """Quarantine `sender` for the rest of the round whatever its count: a proven lie."""
+        with self._lock:
+            newly = sender not in self._held
+            self._held.add(sender)
+            round_id = self._round_id
+        if newly:
+            logger.warning(
+                "device %s quarantined for the rest of round %d: %s", sender, round_id, reason
+            )
 
     def held(self) -> frozenset[str]:
         """The devices quarantined now."""

@@ -30,6 +30,7 @@ from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook, relay_for
 from coordinator.round_types import EngineSettings, RoundRecord, coordinator_will
 from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_bound
+from coordinator.secure_retry import SecureRequest, SkippedRound, account_skipped, secure_round
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
@@ -221,7 +222,11 @@ class Coordinator(DeviceMessages):
         elif self.secure is None:
             updates, declined = self._collect_updates(round_id, plan, needed, dp)
         else:
-            secure_sum = self._collect_secure_sum(round_id, plan, needed, dp)
+            outcome = self._collect_secure_sum(round_id, plan, needed, dp)
+            if isinstance(outcome, SkippedRound):
+                traffic = (up_before, down_before, started)
+                return self._skip(round_id, plan, outcome, len(fleet.online()), traffic)
+            secure_sum = outcome
             updates, declined = [secure_sum.as_update(mean=self.privacy is None)], 0
         within_clip = (
             [u.within_clip for u in updates] if secure_sum is None else [secure_sum.within]
@@ -251,6 +256,34 @@ class Coordinator(DeviceMessages):
             wall_seconds=time.perf_counter() - started,
             scalars=scalars,
             skipped=declined,
+        )
+
+    def _skip(
+        self,
+        round_id: int,
+        plan: RoundPlan,
+        skipped: SkippedRound,
+        population: int,
+        since: tuple[int, int, float],
+    ) -> RoundRecord:
+        """A secure round that gave no sum: the model unchanged, any release accounted.
+
+        `since`: bytes up, bytes down and the clock when the round started.
+        """
+        up_before, down_before, started = since
+        scalars = skipped.scalars()
+        if self.privacy is not None:
+            scalars.update(account_skipped(self.privacy, skipped, population, len(plan.devices)))
+        self.finish_round(round_id, scalars)
+        return RoundRecord(
+            round_id=round_id,
+            participants=0,
+            selected=len(plan.devices),
+            train_loss=math.nan,
+            bytes_up=self.bytes_up - up_before,
+            bytes_down=self.bytes_down - down_before,
+            wall_seconds=time.perf_counter() - started,
+            scalars=scalars,
         )
 
     def apply_updates(
@@ -323,26 +356,37 @@ class Coordinator(DeviceMessages):
 
     def _collect_secure_sum(
         self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
-    ) -> SecureSum:
-        """Announce a secure round and run its phases (coordinator.secure_aggregation)."""
-        assert self.secure is not None
+    ) -> SecureSum | SkippedRound:
+        """Announce a secure round and run its phases (coordinator.secure_aggregation).
+
+        A round that fails is retried or skipped there (coordinator.secure_retry).
+        """
+        secure = self.secure
+        assert secure is not None
         declared = [self.registry.declared_samples(d) for d in plan.devices]
-        weights = weight_bound(self.strategy, declared, self.privacy is not None)
-        secure = self.secure.plan(plan.devices, dp, weights, needed)
-        sent_before = self.secure.bytes_down
+        private = self.privacy is not None
+        weights = weight_bound(self.strategy, declared, private, secure.settings.max_weight_share)
+
+        def announce(cohort: tuple[str, ...], secure_round: SecureRound) -> None:
+            kept = RoundPlan(cohort, {d: plan.scalars[d] for d in cohort if d in plan.scalars})
+            self.announce(round_id, "train", kept, privacy=dp, secure=secure_round)
+
+        request = SecureRequest(
+            self.run_id,
+            round_id,
+            tuple(plan.devices),
+            self._specs,
+            self.settings.round_timeout_s,
+            self.registry.online_ids,
+            lambda cohort: secure.plan(cohort, dp, weights, min(needed, len(cohort))),
+            announce,
+            self.quarantine.hold,
+        )
+        sent_before = secure.bytes_down
         try:
-            return self.secure.run(
-                self.run_id,
-                round_id,
-                secure,
-                plan.devices,
-                self._specs,
-                self.registry.online_ids,
-                self.settings.round_timeout_s,
-                lambda: self.announce(round_id, "train", plan, privacy=dp, secure=secure),
-            )
+            return secure_round(secure, request)
         finally:
-            self.bytes_down += self.secure.bytes_down - sent_before
+            self.bytes_down += secure.bytes_down - sent_before
 
     def evaluate(
         self, *, final: bool = False

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from coordinator.aggregate_guard import cap_shares
 from coordinator.intake import Collector
 from coordinator.strategies.base import ReceivedUpdate, RelayStrategy, Strategy
 from protocols import secure_aggregation as sa
@@ -49,8 +50,15 @@ from protocols.secure_aggregation import MASKED_TENSOR, secure_layout
 from protocols.transport.base import Transport
 
 logger = logging.getLogger(__name__)
+MIN_COHORT = 3
+"""Fewer devices never aggregate securely: the sum of two tells each the other's update."""
 NOISE_ROOM = 8.0
 """Each entry's clamp leaves this many noise standard deviations above the clip norm."""
+SHORT_PHASES = frozenset({"keys", "shares", "reveal"})
+"""Phases of messages only (no training): an honest device answers them within moments."""
+GRACE_SHARE = 0.05
+"""Of a short phase's deadline: how long it still waits, once everyone else is in, for a device
+that let such a deadline pass while connected and has not completed a round since."""
 REFUSED = {
     "selffl": "Self-FL weighs each update by its device's own uncertainty and adapts local "
     "steps to the spread of the devices' estimates: both need each device's scalars in clear",
@@ -95,10 +103,39 @@ def check_secure(strategy: Strategy, uplink: Compression) -> None:
         raise ValueError(msg)
 
 
-def weight_bound(strategy: Strategy, declared: Sequence[int | None], private: bool) -> int:
-    """The largest weight a device may give its update: 1 for a uniform mean, else samples."""
-    uniform = private or getattr(strategy.config, "aggregation_weights", "") == "uniform"
-    return 1 if uniform else max([1, *(d for d in declared if d is not None)])
+def weight_bound(
+    strategy: Strategy, declared: Sequence[int | None], private: bool, max_share: float
+) -> int:
+    """The largest weight a device may give its update: 1 for a uniform mean, else samples.
+
+    Capped by water-filling the cohort's declared counts (`cap_shares`), as plain rounds cap
+    the counts their updates claim: a hello declaring a huge data set cannot make its masked
+    update outweigh the rest, nor coarsen everyone's fixed point with a huge bound.
+    """
+    if private or getattr(strategy.config, "aggregation_weights", "") == "uniform":
+        return 1
+    counts = [d for d in declared if d is not None and d > 0]
+    return max([1, *cap_shares(counts, max_share)])
+
+
+class SecureRoundError(RoundError):
+    """A secure round that did not give a sum: whom it proved a liar, whether a sum was seen."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        culprits: AbstractSet[str] = frozenset(),
+        gone: AbstractSet[str] = frozenset(),
+        unmasked: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.culprits = frozenset(culprits)
+        """Dealers whose shares rebuild another secret than they committed to."""
+        self.gone = frozenset(gone)
+        """Devices that declined, went offline or were quarantined during the round."""
+        self.unmasked = unmasked
+        """Devices in a sum that was unmasked and refused (0: the coordinator saw no sum)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +189,10 @@ class _Round:
     """Shares accepted so far per (dealer, secret) in the unmasking."""
     short: int = 0
     """Secrets the unmasking needs that have fewer shares than their threshold yet."""
+    gone: set[str] = field(default_factory=set)
+    """Devices that declined or were quarantined: no later phase of the round waits for them."""
+    culprits: set[str] = field(default_factory=set)
+    unmasked: int = 0
 
     @property
     def context(self) -> bytes:
@@ -187,6 +228,9 @@ class SecureAggregator:
         self._phase: Collector[object] | None = None
         self._closed: tuple[str, int] | None = None
         """The round that finished last: its late answers are expected, not offences."""
+        self._silent: set[str] = set()
+        """Devices that stayed connected and silent through a short phase's deadline, and have
+        not been in a sum since: short phases wait for them only a grace once others are in."""
 
     def plan(
         self,
@@ -200,7 +244,7 @@ class SecureAggregator:
         Raises:
             RoundError: fewer than 3 devices selected (a sum of two tells each the other's).
         """
-        if len(selected) < 3:
+        if len(selected) < MIN_COHORT:
             msg = (
                 f"secure aggregation needs at least 3 devices a round, {len(selected)} selected: "
                 "the sum of two would tell each device the other's update"
@@ -212,7 +256,7 @@ class SecureAggregator:
             threshold=self.settings.threshold,
             neighbors=self.settings.neighbors,
             cohort=len(selected),
-            min_survivors=max(3, needed),
+            min_survivors=max(MIN_COHORT, needed),
             clip_norm=clip,
             value_bound=clip + NOISE_ROOM * noise,
             weight_bound=weights,
@@ -244,13 +288,21 @@ class SecureAggregator:
         arrives before it is expected.
 
         Raises:
-            RoundError: too few devices at some phase, a secret that cannot be rebuilt, or a
+            SecureRoundError: too few devices at some phase, a secret that cannot be rebuilt, or a
                 sum no honest devices could have sent.
         """
         state = _Round(run_id, round_id, secure, tuple(specs), {}, {}, {}, {})
         self._round = state
         try:
             return self._run(state, selected, online, train_timeout_s, announce)
+        except RoundError as error:
+            gone = state.gone | (set(selected) - online())
+            raise SecureRoundError(
+                str(error),
+                culprits=state.culprits,
+                gone=gone,
+                unmasked=state.unmasked,
+            ) from error
         finally:
             self._round, self._phase, self._closed = None, None, (run_id, round_id)
 
@@ -264,7 +316,9 @@ class SecureAggregator:
     ) -> SecureSum:
         secure = state.secure
         keys = self._collect("keys", set(selected), online, secure.phase_timeout_s, announce)
-        state.keys = {d: k for d, k in keys.items() if isinstance(k, SecAggKeys)}
+        state.keys = {
+            d: k for d, k in keys.items() if isinstance(k, SecAggKeys) and d not in state.gone
+        }
         roster = sorted(state.keys)
         self._enough(state, "advertised keys", roster)
         graph_seed = secrets.token_hex(32)
@@ -312,8 +366,16 @@ class SecureAggregator:
         reveals = [r for r in revealed.values() if isinstance(r, dict)]
         seeds = {u: self._rebuild(state, u, "seed", reveals) for u in state.survivors}
         mask_keys = {v: self._rebuild(state, v, "key", reveals) for v in dropped}
+        if state.culprits:
+            msg = (
+                f"secure aggregation: {', '.join(sorted(state.culprits))} dealt shares that do "
+                "not rebuild the seed or key committed to: the round cannot be unmasked"
+            )
+            raise RoundError(msg, round_id=state.round_id)
         total = _unmask(state, masked_inputs, seeds, mask_keys)  # type: ignore[arg-type]
-        return _decoded(state, total, dropped)
+        secure_sum = _decoded(state, total, dropped)
+        self._silent -= set(state.survivors)  # they did their part of a whole round
+        return secure_sum
 
     def _collect(
         self,
@@ -324,17 +386,34 @@ class SecureAggregator:
         send: Callable[[], None],
         enough: Callable[[], bool] | None = None,
     ) -> dict[str, object]:
-        """Open `phase`, `send` what starts it, wait until it settles; its answers by device."""
+        """Open `phase`, `send` what starts it, wait until it settles; its answers by device.
+
+        A device that was silent through an earlier short phase's deadline is waited for only a
+        grace once everyone else is in; one silent through this one's deadline becomes such.
+        """
         state = self._round
         assert state is not None
         collector: Collector[object] = Collector(state.round_id, phase, expected)
+        for device_id in state.gone:
+            collector.decline(device_id)
         self._phase = collector
         send()
         needed = state.secure.min_survivors
-        self.transport.wait_until(
-            lambda: collector.settled(online(), needed) or (enough is not None and enough()),
-            timeout_s,
-        )
+        silent = expected & self._silent if phase in SHORT_PHASES else set()
+
+        def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
+            return collector.settled(waiting_for(), needed) or (enough is not None and enough())
+
+        ended = self.transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
+        if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline
+            self.transport.wait_until(lambda: settled(online), GRACE_SHARE * timeout_s)
+        if not ended and phase in SHORT_PHASES:
+            now = online()
+            self._silent |= {
+                d
+                for d in expected
+                if d in now and d not in collector.answers and d not in collector.declined
+            }
         self._phase = None
         return {d: collector.answers[d] for d in sorted(collector.answers)}
 
@@ -373,10 +452,17 @@ class SecureAggregator:
         """Whether a secure round is collecting now."""
         return self._round is not None
 
-    def decline(self, device_id: str) -> None:
-        """A device said it will not answer (skipped, or quarantined): stop waiting for it."""
-        if self._phase is not None:
-            self._phase.decline(device_id)
+    def decline(self, device_id: str, round_id: int | None = None) -> None:
+        """A device will not answer (skipped round `round_id`, or quarantined): stop waiting.
+
+        It stays out of every later phase of the round, so no phase waits for it in vain.
+        """
+        state, phase = self._round, self._phase
+        if state is None or (round_id is not None and round_id != state.round_id):
+            return
+        state.gone.add(device_id)
+        if phase is not None:
+            phase.decline(device_id)
 
     def on_message(self, topic: str, payload: bytes) -> None:
         """A device's keys, shares or reveal.
@@ -454,7 +540,8 @@ class SecureAggregator:
 
     def _rebuild(
         self, state: _Round, dealer: str, kind: sa.SealedKind, reveals: list[Reveals]
-    ) -> bytes:
+    ) -> bytes | None:
+        """The dealer's secret; None (the dealer blamed) when its shares rebuild another one."""
         shares = dict(r[(dealer, kind)] for r in reveals if (dealer, kind) in r)
         needed = state.threshold(dealer)
         if len(shares) < needed:
@@ -479,8 +566,8 @@ class SecureAggregator:
         if not good:
             reason = f"dealt shares that do not rebuild the {kind} it committed to"
             self.blame(dealer, reason)
-            msg = f"secure aggregation: {dealer} {reason}: the round cannot be unmasked"
-            raise RoundError(msg, device_id=dealer, round_id=state.round_id)
+            state.culprits.add(dealer)
+            return None
         return secret
 
 
@@ -601,6 +688,7 @@ def _decoded(state: _Round, total: np.ndarray, dropped: tuple[str, ...]) -> Secu
             f"a norm of {norm:.6g} over the clipped (and noised) bound {norm_bound:.6g}"
         )
     if problems:
+        state.unmasked = count
         msg = (
             f"secure aggregation: the unmasked sum holds {'; '.join(problems)}: no {count} honest "
             "devices send that, so one lied (masking hides which); the round is not applied"

@@ -151,6 +151,7 @@ class RunSettings(TomlSettings):
             threshold=self.secagg_threshold,
             neighbors=self.secagg_neighbors,
             clip_norm=self.secagg_clip,
+            max_weight_share=self.max_weight_share,
         )
 
     def privacy(self) -> PrivacySettings | None:

@@ -71,6 +71,11 @@ class SecureAggregationSettings(BaseModel):
     """Each device's train loss is clamped to [0, loss_bound] before it is summed."""
     phase_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
     """The deadline of each short phase (keys, shares, unmasking); training has the round's."""
+    max_weight_share: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """No device's sample weight may pass this share of the cohort's declared counts (the same
+    water-filling cap as plain rounds; 1: off)."""
+    retries: Annotated[int, Field(ge=0, le=10)] = 2
+    """Attempts after the first when a round fails before any sum is unmasked."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,7 +32,9 @@ from coordinator.serve import run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import device_name, run_simulation
 from coordinator.status import collect_fleet_view
+from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
+from device_agent.secure_aggregation import SecureClient
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
@@ -40,9 +43,11 @@ from protocols.messages import (
     DeviceHello,
     DeviceStatus,
     DeviceUpdate,
+    Message,
     RoundAnnouncement,
     SharedModel,
 )
+from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
 from protocols.transport import chunking
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
@@ -537,3 +542,164 @@ def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None
     assert set(rows) <= {*honest, EVIL}
     assert all(rows[d]["online"] and not rows[d]["quarantined"] for d in honest)
     json.dumps(view.as_json(), allow_nan=False)
+
+
+# == Secure aggregation liars ===================================================================
+# The attacker runs secure aggregation's real device side (SecureClient) with one twist each: a
+# garbage masked vector, shares of another seed than it committed to, or a hello declaring 10^8
+# samples. `serve --secagg` must complete every run; honest devices answer every round.
+
+
+@dataclass
+class SecureLiar:
+    """The `evil` account in secure rounds: keys, shares and a masked update, with a twist."""
+
+    attacker: Attacker
+    samples: int = 10
+    delta: dict[str, torch.Tensor] = field(default_factory=lambda: shared_like(0.0))
+    masked: Callable[[np.ndarray], np.ndarray] = lambda vector: vector
+    after_keys: Callable[[SecureClient], None] = lambda client: None
+    announcement: RoundAnnouncement | None = None
+    client: SecureClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = SecureClient(EVIL, self._publish)
+        self.attacker.on_round = self._on_round
+        transport = self.attacker.transport
+        assert transport is not None
+        transport.subscribe(topics.secure(FLEET), self._on_secure)
+        transport.subscribe(topics.secure(FLEET, EVIL), self._on_secure)
+        self.attacker.hello(self.samples)
+
+    def _publish(self, message: Message) -> None:
+        self.attacker.send("secagg", encode_frame(message))
+        if message.kind == "secagg-keys":
+            self.after_keys(self.client)
+
+    def _on_round(self, _attacker: Attacker, announcement: RoundAnnouncement) -> None:
+        if EVIL in announcement.selected:
+            self.announcement = announcement
+            self.client.join(announcement)
+
+    def _on_secure(self, _topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        announcement = self.announcement
+        if announcement is None or not self.client.receive(message):
+            return
+        tensors = self.client.mask(announcement, self.delta, self.samples, 0.5, None)
+        vector = self.masked(tensors[MASKED_TENSOR].numpy().view(np.uint32).copy())
+        frame = update(
+            announcement, {MASKED_TENSOR: torch.from_numpy(vector.view(np.int32))}, samples=1
+        )
+        self.attacker.send("update", frame)
+
+
+def random_words(vector: np.ndarray) -> np.ndarray:
+    """Garbage instead of a masked vector: uniformly random words of the ring."""
+    return np.random.default_rng().integers(0, 2**32, vector.size, dtype=np.uint32)
+
+
+def other_seed(client: SecureClient) -> None:
+    """Commit to one self-mask seed, deal shares of another."""
+    assert client._round is not None
+    client._round.seed = os.urandom(32)
+
+
+@pytest.fixture(scope="module")
+def clean_secure() -> dict[int, RunResult]:
+    """The secure runs of the honest devices alone (masks cancel: equal to plain, to 1e-5)."""
+    return {
+        rounds: run_simulation(
+            SimulationSettings.load(None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
+        )
+        for rounds in (1, ROUNDS)
+    }
+
+
+def _secure_serve(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, rounds: int
+) -> tuple[RunResult, list[dict[str, Any]]]:
+    monkeypatch.setitem(RUN, "secagg", True)
+    return fleet.serve(rounds, min_devices=HONEST + 1)
+
+
+def test_a_garbage_masked_vector_skips_rounds_and_never_stops_the_run(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Attacker(fleet) as attacker:
+        SecureLiar(attacker, masked=random_words)
+        result, lines = _secure_serve(fleet, monkeypatch, ROUNDS)
+    assert [line["round_id"] for line in lines] == list(range(1, ROUNDS + 1))
+    # every honest device answered every round; the sum with the garbage in it was refused once
+    assert [line["scalars"]["secagg_survivors"] for line in lines] == [HONEST + 1.0] * ROUNDS
+    assert [line["scalars"]["secagg_skipped"] for line in lines] == [1.0] * ROUNDS
+    assert [line["scalars"]["secagg_attempts"] for line in lines] == [1.0] * ROUNDS
+    initial = load_task("digits").build_model(0).state_dict()
+    for name, tensor in initial.items():
+        assert torch.equal(result.final_shared[name], tensor), name
+
+
+def test_a_dealer_of_false_shares_is_quarantined_and_the_honest_sum_applied(
+    fleet: Fleet, clean_secure: dict[int, RunResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Attacker(fleet) as attacker:
+        SecureLiar(attacker, after_keys=other_seed)
+        result, lines = _secure_serve(fleet, monkeypatch, ROUNDS)
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    assert [line["scalars"]["secagg_survivors"] for line in lines] == [float(HONEST)] * ROUNDS
+    for name, tensor in clean_secure[ROUNDS].final_shared.items():
+        assert torch.allclose(result.final_shared[name], tensor, atol=1e-5), name
+    dropped, _ = fleet.dropped()[EVIL]
+    assert dropped >= ROUNDS  # named each round
+
+
+def test_a_hello_of_10_to_the_8_samples_weighs_at_most_half_of_a_secure_round(
+    fleet: Fleet, clean_secure: dict[int, RunResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = shared_like(1.0)
+    norm = 10.0  # --secagg-clip: the most any device's delta may weigh in the sum
+    scale = norm / math.sqrt(sum(t.numel() for t in tensors.values()))
+    with Attacker(fleet) as attacker:
+        SecureLiar(attacker, samples=10**8, delta={k: v * scale for k, v in tensors.items()})
+        result, lines = _secure_serve(fleet, monkeypatch, 1)
+    (line,) = lines
+    assert line["participants"] == HONEST + 1
+    reference = clean_secure[1].final_shared
+    initial = load_task("digits").build_model(0).state_dict()
+    honest_step = _distance(reference, initial)
+    distance = _distance(result.final_shared, reference)
+    # the water-filling cap gives it the weight of the three others together: half the round
+    assert 0 < distance <= 0.5 * (norm + honest_step) + 1e-4, (distance, honest_step)
+
+
+def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b))
+
+
+class DroppingAttacker(Attacker):
+    """The attacker with a will on its connection, as an agent has: a crash marks it offline."""
+
+    def __enter__(self) -> Attacker:
+        will = device_will(FLEET, EVIL)
+        self.transport = MqttTransport(attacker_settings(self.fleet), EVIL, will=will)
+        self.transport.subscribe(topics.round_announcement(FLEET), self._on_announcement)
+        self.transport.subscribe(topics.command(FLEET), self._on_command)
+        return self
+
+
+def test_a_device_lost_after_its_keys_costs_no_phase_its_deadline(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(_client: SecureClient) -> None:
+        transport = attacker.transport
+        assert transport is not None
+        threading.Thread(target=transport.abort).start()  # not from its own network thread
+
+    with DroppingAttacker(fleet) as attacker:
+        SecureLiar(attacker, after_keys=crash)
+        _, lines = _secure_serve(fleet, monkeypatch, 1)
+    (line,) = lines
+    assert line["participants"] == HONEST
+    assert line["scalars"]["secagg_survivors"] == HONEST
+    # the broker's will said it was gone: no phase waited out its 60 s deadline for it
+    assert line["wall_seconds"] < SecureAggregationSettings().phase_timeout_s
