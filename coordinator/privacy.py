@@ -262,15 +262,8 @@ class PrivacyEngine:
         central = self.settings.placement == "coordinator" or not k  # nobody: noise added here
         if not central:  # the shares of the devices that answered
             z *= math.sqrt(k / noise.cohort)
-        spent = self.spent = self.accountant.record(DpRound(z, noise.population, noise.cohort))
-        scalars = {
-            "dp_epsilon": self.epsilon,
-            "dp_epsilon_rdp": spent.rdp,
-            "dp_noise_multiplier": z,
-            "dp_clip_norm": noise.device.clip_norm,
-        }
-        if spent.pld is not None:
-            scalars["dp_epsilon_pld"] = spent.pld
+        scalars = self.record(DpRound(z, noise.population, noise.cohort))
+        scalars["dp_clip_norm"] = noise.device.clip_norm
         if self.settings.adaptive_clipping:
             bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
             std = noise.indicator_std if central else 0.0
@@ -288,6 +281,18 @@ class PrivacyEngine:
                 self.settings.clip_learning_rate,
             )
             scalars["dp_within_clip"] = fraction
+        return scalars
+
+    def record(self, spent: DpRound) -> dict[str, float]:
+        """Count one round with the accountant; the epsilons and noise it reports for it."""
+        self.spent = self.accountant.record(spent)
+        scalars = {
+            "dp_epsilon": self.epsilon,
+            "dp_epsilon_rdp": self.spent.rdp,
+            "dp_noise_multiplier": spent.noise_multiplier,
+        }
+        if self.spent.pld is not None:
+            scalars["dp_epsilon_pld"] = self.spent.pld
         return scalars
 
     @property

@@ -134,5 +134,4 @@ def account_skipped(
     z = settings.noise_multiplier
     if skipped.unmasked and settings.placement == "device":
         z *= math.sqrt(skipped.unmasked / cohort)
-    privacy.epsilon = privacy.accountant.record(DpRound(z, population, cohort))
-    return {"dp_epsilon": privacy.epsilon, "dp_noise_multiplier": z}
+    return privacy.record(DpRound(z, population, cohort))
