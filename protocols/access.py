@@ -52,18 +52,19 @@ def operator_grants(fleet: str) -> tuple[Grant, ...]:
 
 
 def device_grants(fleet: str, device_id: str, max_chunks: int) -> tuple[Grant, ...]:
-    """A device writes its own topics (and `max_chunks` chunks of the large ones), reads its own.
+    """A device writes (and reads) its own topics and `max_chunks` chunks of the large ones.
 
     Raises:
         ProtocolError: `device_id` cannot name a device.
     """
-    writes = [topics.device(fleet, device_id, kind) for kind in topics.DEVICE_TOPIC_KINDS]
+    own = [topics.device(fleet, device_id, kind) for kind in topics.DEVICE_TOPIC_KINDS]
+    writes = list(own)
     for kind in CHUNKED_DEVICE_KINDS:
         base = topics.device(fleet, device_id, kind)
         writes += [topics.chunk_topic(base, index) for index in range(max_chunks)]
     return (
         *(Grant("write", topic) for topic in writes),
-        *_reads(topics.device_readable(fleet, device_id)),
+        *_reads(own, topics.device_readable(fleet, device_id)),  # its own: e.g. its status
     )
 
 
