@@ -118,9 +118,12 @@ class _CheckedBroker(Broker):
         )
         return admitted
 
-    async def _authenticate(self, session: Session, _: ListenerConfig) -> bool:
+    async def _authenticate(self, session: Session, listener: ListenerConfig) -> bool:
+        # amqtt's own plugin round (AcceptAllAuthPlugin) first: it yields to the loop, which lets
+        # the DISCONNECT of a client's previous connection land before a reconnect takes over
+        admitted: bool = await super()._authenticate(session, listener)
         refusal = self.run_access.refusal(session.username, session.password, session.client_id)
-        return refusal is None
+        return admitted and refusal is None
 
     async def _topic_filtering(self, session: Session, topic: str, action: Action) -> bool:
         return self.run_access.allows(

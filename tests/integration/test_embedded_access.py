@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,26 +18,11 @@ from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.run_access import DEVICE_USER, coordinator_client_id
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import HOST, free_port
+from tests.integration.test_provision_acl import Inbox
 
 FLEET = "lab"
 QUIET_S = 0.5  # how long a denied message gets to (wrongly) arrive after the marker did
 Connect = Callable[..., MqttTransport]
-
-
-class Inbox:
-    """(topic, payload) pairs from a transport's dispatch thread."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, bytes]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, topic: str, payload: bytes) -> None:
-        with self._lock:
-            self.messages.append((topic, payload))
-
-    def topics(self) -> list[str]:
-        with self._lock:
-            return [topic for topic, _ in self.messages]
 
 
 @pytest.fixture
