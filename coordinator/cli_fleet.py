@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from coordinator.broker_config import BrokerLimits
 from coordinator.cli_options import (
     CaOption,
     CertOption,
@@ -31,10 +32,12 @@ from coordinator.dashboard.settings import DashboardSettings
 from coordinator.export_command import FleetExport, request_exports
 from coordinator.provision import provision as provision_fleet
 from coordinator.status import collect_fleet_view
+from protocols.access import DEFAULT_MAX_UPLOAD_BYTES
 from protocols.errors import PflError
 from protocols.messages import ExportArguments
 from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.program_settings import BrokerAccess
+from protocols.transport.settings import MIB
 
 BrokerUrlOption = Annotated[
     str, typer.Option(help="mqtt(s):// URL of the fleet's broker", envvar="PFL_BROKER")
@@ -188,6 +191,9 @@ def provision(
         Path | None, typer.Option(help="where the files will live on the broker (default: --out)")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier deployment")] = False,
+    max_upload_mb: Annotated[
+        float, typer.Option(help="largest update a device may send (bounds its retained data)")
+    ] = DEFAULT_MAX_UPLOAD_BYTES / MIB,
 ) -> None:
     """Write per-device broker credentials, password file, ACL and TLS config (docs/security.md)."""
     configure_logging(False)
@@ -201,6 +207,7 @@ def provision(
             plain_port=plain_port,
             broker_dir=broker_dir,
             force=force,
+            limits=BrokerLimits(max_upload_bytes=int(max_upload_mb * MIB)),
         )
     except (PflError, ValueError, OSError) as error:
         exit_with_error(console, error)

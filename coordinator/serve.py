@@ -19,6 +19,7 @@ from coordinator.checkpoint import (
 )
 from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
+from coordinator.embedded import EmbeddedRun, start_embedded
 from coordinator.metrics import RunRecorder
 from coordinator.pipeline import (
     RoundCallback,
@@ -37,8 +38,8 @@ from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
 from protocols.transport.base import Transport
-from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.mqtt import MqttTransport
+from protocols.transport.run_access import coordinator_client_id
 
 logger = logging.getLogger(__name__)
 WAIT_PROGRESS_S = 10.0
@@ -83,19 +84,22 @@ def run_serve(
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
     stages = plan_stages(settings, task, workspace)
-    embedded: EmbeddedBroker | None = None
-    url = settings.broker
-    if url is None:
-        embedded = EmbeddedBroker(settings.host, settings.port)
-        embedded.start()
-        url = embedded.url
-        logger.info("no --broker given: started an embedded MQTT broker on %s", url)
-        say(f"embedded MQTT broker listening on {url}")
+    embedded: EmbeddedRun | None = None
+    if settings.broker is None:
+        accounts_dir = (settings.out or settings.checkpoint_dir) / "broker"
+        embedded = start_embedded(settings.host, settings.port, settings.fleet, accounts_dir)
+        base = settings.broker_settings(embedded.broker.url)
+        broker = embedded.settings(base)
+        logger.info("no --broker given: started an embedded MQTT broker on %s", base.url)
+        say(f"embedded MQTT broker listening on {base.url}")
+        say(f"  this run's broker accounts: {', '.join(map(str, embedded.env_files))}")
+    else:
+        broker = settings.broker_settings(settings.broker)
     try:
         offences = Offences()  # the transport's drops and the engine's, per device, in one count
         transport = MqttTransport(
-            settings.broker_settings(url),
-            f"pfl-coord-{settings.fleet}",
+            broker,
+            coordinator_client_id(settings.fleet),
             will=coordinator_will(settings.fleet),
             clean_start=True,
             offences=offences,
@@ -121,7 +125,7 @@ def run_serve(
                     from coordinator.dashboard.launch import engine_dashboard  # the web stack
 
                     board = dashboard.enter_context(
-                        engine_dashboard(board_settings, url, settings.fleet, say)
+                        engine_dashboard(board_settings, broker.url, settings.fleet, say)
                     )
                     tap = ViewTap(transport, settings.fleet, board.offer)
                     engine_transport = dashboard.enter_context(tap)

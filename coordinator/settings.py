@@ -274,7 +274,7 @@ class ServeSettings(RunSettings, BrokerAccess):
     """`pfl-coord serve`: rounds with real devices over an MQTT broker."""
 
     broker: str | None = Field(None, description="mqtt:// URL; embedded broker if not given")
-    host: str = Field("127.0.0.1", description="address the embedded broker binds")
+    host: str = Field("127.0.0.1", description="loopback address the embedded broker binds")
     port: int = Field(1883, ge=0, le=65535, description="port of the embedded broker")
     min_devices: int = Field(1, ge=1, description="devices that must be online before a round")
     round_timeout: float = Field(600.0, gt=0, description="seconds a round waits for updates")

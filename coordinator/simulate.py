@@ -39,6 +39,7 @@ from device_agent.compute_threads import torch_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
 from pfl_tasks.registry import load_task
+from protocols.access import COORDINATOR_USER
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.base import Transport, Will
@@ -46,6 +47,7 @@ from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.process_hub import ProcessHub
+from protocols.transport.run_access import DEVICE_USER, RunAccess, coordinator_client_id
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
@@ -180,14 +182,19 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
         )
         raise ValueError(msg)
     url = settings.broker
-    if url is None:
-        embedded = cleanup.enter_context(EmbeddedBroker())
+    accounts: RunAccess | None = None
+    if url is None:  # this run's accounts, handed to its in-process clients only
+        accounts = RunAccess.generate(settings.fleet)
+        embedded = cleanup.enter_context(EmbeddedBroker(run_access=accounts))
         url = embedded.url
         logger.warning("no --broker given: serving an embedded MQTT broker on %s", url)
     broker_settings = BrokerSettings(url=url)
 
-    def connect(client_id: str, will: Will) -> Transport:
-        transport = MqttTransport(broker_settings, client_id, will=will, clean_start=True)
+    def connect(client_id: str, will: Will, account: str = DEVICE_USER) -> Transport:
+        as_account = broker_settings
+        if accounts is not None:
+            as_account = accounts.settings(account, broker_settings)
+        transport = MqttTransport(as_account, client_id, will=will, clean_start=True)
         cleanup.callback(transport.close)
         return transport
 
@@ -195,7 +202,9 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
         cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
         return LocalDevices(fleet.build(range(settings.devices), connect, threaded=True), None)
 
-    return _Wiring(lambda: connect("coordinator", coordinator_will(settings.fleet)), host)
+    coordinator_id = coordinator_client_id(settings.fleet)
+    will = coordinator_will(settings.fleet)
+    return _Wiring(lambda: connect(coordinator_id, will, COORDINATOR_USER), host)
 
 
 def buffered_rounds(

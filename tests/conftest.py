@@ -182,7 +182,7 @@ def mosquitto_tls(tmp_path: Path) -> Iterator[tuple[Mosquitto, Path]]:
 
 @pytest.fixture
 def embedded_broker() -> Iterator[EmbeddedBroker]:
-    broker = EmbeddedBroker(HOST, free_port())
+    broker = EmbeddedBroker(HOST, free_port(), run_access=None)  # open: transport tests
     broker.start()
     yield broker
     broker.stop()

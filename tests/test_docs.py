@@ -17,7 +17,7 @@ from coordinator.cli import app as coord_app
 from coordinator.cli_docs import CLI_MD, render_cli_docs
 from device_agent.cli import app as agent_app
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import child_env
+from tests.e2e.conftest import child_env, sourced, with_sourced_files
 
 REPO = Path(__file__).resolve().parent.parent
 APPS = {"pfl-coord": coord_app, "pfl-agent": agent_app}
@@ -99,21 +99,26 @@ def test_quickstart_fleet_runs_as_written(tmp_path) -> None:
         text = shlex.join(tiny(words)).replace("127.0.0.1:1883", f"127.0.0.1:{port}")
         return shlex.split(text)
 
-    by_name = {}
-    for words in commands:
+    by_name: dict[str, list[list[str]]] = {}
+    env_files: dict[str, str | None] = {}  # what each command's terminal sourced before it
+    for words, env_file in with_sourced_files(commands):
         by_name.setdefault(" ".join(words[:2]), []).append(local(words))
+        env_files[shlex.join(local(words))] = env_file
     (serve,) = by_name["pfl-coord serve"]
     agents = by_name["pfl-agent start"]
     (status,) = by_name["pfl-coord status"]
     (export,) = by_name["pfl-agent export"]
     assert len(agents) == 2
-    env = child_env()
     children: list[subprocess.Popen[bytes]] = []
+
+    def env_of(words: list[str]) -> dict[str, str]:
+        env_file = env_files.get(shlex.join(words))
+        return {**child_env(), **(sourced(tmp_path / env_file) if env_file else {})}
 
     def start(words: list[str], log: str) -> subprocess.Popen[bytes]:
         with (tmp_path / log).open("wb") as handle:
             child = subprocess.Popen(
-                words, cwd=tmp_path, env=env, stdout=handle, stderr=subprocess.STDOUT
+                words, cwd=tmp_path, env=env_of(words), stdout=handle, stderr=subprocess.STDOUT
             )
         children.append(child)
         return child
@@ -127,14 +132,18 @@ def test_quickstart_fleet_runs_as_written(tmp_path) -> None:
         assert wait_for_port(port, timeout_s=60), log("serve.log")
         for index, words in enumerate(agents):
             start(words, f"agent-{index}.log")
-        shown = subprocess.run(status, cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        shown = subprocess.run(
+            status, cwd=tmp_path, env=env_of(status), capture_output=True, timeout=60
+        )
         serving = f"serve (exit {coordinator.poll()}):\n{log('serve.log')}"
         assert shown.returncode == 0, f"{shown.stderr.decode()}\n{serving}"
         assert coordinator.wait(timeout=150) == 0, log("serve.log")
         for child in children[1:]:
             child.send_signal(signal.SIGINT)  # Ctrl-C
             child.wait(timeout=30)
-        exported = subprocess.run(export, cwd=tmp_path, env=env, capture_output=True, timeout=90)
+        exported = subprocess.run(
+            export, cwd=tmp_path, env=env_of(export), capture_output=True, timeout=90
+        )
     finally:
         for child in children:
             if child.poll() is None:

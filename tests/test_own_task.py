@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from benchmarks.doc_commands import fenced_commands
 from coordinator.cli import app as coord_app
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import child_env
+from tests.e2e.conftest import child_env, sourced, with_sourced_files
 from tests.test_docs import tiny
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,10 +41,13 @@ def test_the_own_task_guide_runs_as_written(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     env = {**child_env(), "PYTHONPATH": str(REPO)}
     port = free_port()
-    commands = [
-        shlex.split(shlex.join(tiny(w)).replace("127.0.0.1:1883", f"127.0.0.1:{port}"))
-        for w in fenced_commands(GUIDE.read_text())
-    ]
+    documented = with_sourced_files(fenced_commands(GUIDE.read_text()))
+    env_files: dict[str, str | None] = {}  # what each command's terminal sourced before it
+    commands = []
+    for words, env_file in documented:
+        local = shlex.join(tiny(words)).replace("127.0.0.1:1883", f"127.0.0.1:{port}")
+        commands.append(shlex.split(local))
+        env_files[local] = env_file
     fleet = [w for w in commands if w[:2] in (["pfl-coord", "serve"], ["pfl-agent", "start"])]
     export = [w for w in commands if w[:2] == ["pfl-agent", "export"]]
     steps = [w for w in commands if w not in fleet and w not in export]
@@ -68,7 +71,11 @@ def test_the_own_task_guide_runs_as_written(tmp_path, monkeypatch) -> None:
         for index, words in enumerate([[*serve, "--port", str(port)], *agents]):
             log = (tmp_path / f"fleet-{index}.log").open("wb")
             logs.append(log)
-            children.append(subprocess.Popen(words, cwd=tmp_path, env=env, stdout=log, stderr=log))
+            env_file = env_files.get(shlex.join(words))
+            sourced_env = {**env, **(sourced(tmp_path / env_file) if env_file else {})}
+            children.append(
+                subprocess.Popen(words, cwd=tmp_path, env=sourced_env, stdout=log, stderr=log)
+            )
             if index == 0:
                 assert wait_for_port(port, timeout_s=60)
         assert children[0].wait(timeout=180) == 0, (tmp_path / "fleet-0.log").read_text()

@@ -1,20 +1,30 @@
 """An embedded MQTT broker (amqtt) on a background thread, for runs with no broker given.
 
 amqtt speaks MQTT 3.1.1 only and moves data several times slower than mosquitto; it is meant
-for a laptop, a demo or a test, not for a fleet.
+for a laptop, a demo or a test, not for a fleet. It binds loopback addresses only, and with a
+`RunAccess` admits only that run's accounts and applies their ACL (`run_access.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import threading
 from dataclasses import dataclass
 
+from amqtt.adapters import ReaderAdapter, WriterAdapter
 from amqtt.broker import Broker
+from amqtt.contexts import Action, ListenerConfig
+from amqtt.errors import MQTTError
+from amqtt.mqtt.connack import BAD_USERNAME_PASSWORD, ConnackPacket
+from amqtt.mqtt.connect import ConnectPacket
+from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin
 from amqtt.session import Session
+
+from protocols.transport.run_access import RunAccess
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +50,95 @@ class AcceptAllAuthPlugin(BaseAuthPlugin):
         """Accept the client."""
         del session
         return True
+
+
+class _Recorded(ReaderAdapter):
+    """A reader that keeps what was read from `source`, to hand the same bytes over again."""
+
+    def __init__(self, source: ReaderAdapter) -> None:
+        self.source = source
+        self.data = bytearray()
+
+    async def read(self, n: int = -1) -> bytes:
+        chunk: bytes = await self.source.read(n)
+        self.data += chunk
+        return chunk
+
+    def feed_eof(self) -> None:
+        self.source.feed_eof()
+
+
+class _Replay(ReaderAdapter):
+    """Bytes already read (a CONNECT packet), served again."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def read(self, n: int = -1) -> bytes:
+        size = len(self._data) if n < 0 else n
+        chunk, self._data = self._data[:size], self._data[size:]
+        return chunk
+
+    def feed_eof(self) -> None:
+        """Nothing to do: the data is all here."""
+
+
+class _CheckedBroker(Broker):
+    """amqtt's broker with one run's accounts checked before a CONNECT touches any session.
+
+    amqtt itself authenticates after it has already deleted (clean session) or rebound
+    (persistent session) the session of the client id a newcomer asks for, and takes over a
+    connected one even when authentication then fails: an anonymous client naming the
+    coordinator's id would knock it off. Here the CONNECT is read and checked first, refused
+    with "bad user name or password", and only an admitted one goes on to amqtt.
+    """
+
+    def __init__(self, config: dict[str, object], run_access: RunAccess) -> None:
+        super().__init__(config, loop=asyncio.get_running_loop())
+        self.run_access = run_access
+
+    async def _initialize_client_session(
+        self, reader: ReaderAdapter, writer: WriterAdapter, remote_address: str, remote_port: int
+    ) -> tuple[BrokerProtocolHandler, Session]:
+        recorded = _Recorded(reader)
+        connect = await ConnectPacket.from_stream(recorded)
+        who = connect.payload
+        refusal = (
+            "malformed CONNECT"
+            if who is None
+            else self.run_access.refusal(who.username, who.password, who.client_id or "")
+        )
+        if refusal is not None:
+            await ConnackPacket.build(0, BAD_USERNAME_PASSWORD).to_stream(writer)
+            await writer.close()
+            msg = f"refused {remote_address}:{remote_port}: {refusal}"
+            raise MQTTError(msg)
+        admitted: tuple[BrokerProtocolHandler, Session] = await super()._initialize_client_session(
+            _Replay(bytes(recorded.data)), writer, remote_address, remote_port
+        )
+        return admitted
+
+    async def _authenticate(self, session: Session, listener: ListenerConfig) -> bool:
+        # amqtt's own plugin round (AcceptAllAuthPlugin) first: it yields to the loop, which lets
+        # the DISCONNECT of a client's previous connection land before a reconnect takes over
+        admitted: bool = await super()._authenticate(session, listener)
+        refusal = self.run_access.refusal(session.username, session.password, session.client_id)
+        return admitted and refusal is None
+
+    async def _topic_filtering(self, session: Session, topic: str, action: Action) -> bool:
+        return self.run_access.allows(
+            session.username, session.client_id, topic, write=action == Action.PUBLISH
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is `localhost` or a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -74,13 +173,29 @@ def _in_flight(broker: object) -> bool:
 
 
 class EmbeddedBroker:
-    """amqtt's broker on its own asyncio loop in a daemon thread; start() returns the port."""
+    """amqtt's broker on its own asyncio loop in a daemon thread; start() returns the port.
+
+    `run_access` is required, and None only on purpose: every local user may then connect as
+    anyone (tests of the transport do that).
+    """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, session_expiry_s: int = 3600
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        run_access: RunAccess | None,
+        session_expiry_s: int = 3600,
     ) -> None:
+        if not is_loopback(host):
+            msg = (
+                f"the embedded broker listens on loopback only (127.0.0.1, ::1, localhost), "
+                f"not {host!r}: for devices on other machines run mosquitto (docs/security.md)"
+            )
+            raise ValueError(msg)
         self.host = host
         self.port = port
+        self.run_access = run_access
         self.session_expiry_s = session_expiry_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broker: Broker | None = None
@@ -147,7 +262,10 @@ class EmbeddedBroker:
             "plugins": {f"{__name__}.AcceptAllAuthPlugin": {}},
             "session_expiry_interval": self.session_expiry_s,
         }
-        self._broker = Broker(config, loop=asyncio.get_running_loop())
+        if self.run_access is None:
+            self._broker = Broker(config, loop=asyncio.get_running_loop())
+        else:
+            self._broker = _CheckedBroker(config, self.run_access)
         await self._broker.start()
 
     async def _drain(self) -> None:

@@ -29,6 +29,30 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def sourced(path: Path) -> dict[str, str]:
+    """What `set -a; . FILE; set +a` exports: the KEY=VALUE lines of an env file."""
+    lines = path.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def with_sourced_files(commands: list[list[str]]) -> list[tuple[list[str], str | None]]:
+    """Each documented command with the env file a `. FILE` line before it sourced (or None)."""
+    current: str | None = None
+    paired: list[tuple[list[str], str | None]] = []
+    for words in commands:  # `set -a; . FILE; set +a` is one line, split at spaces only
+        if words[:1] == ["set"] and "." in words:
+            current = words[words.index(".") + 1].rstrip(";")
+        elif words[:1] != ["set"]:
+            paired.append((words, current))
+    return paired
+
+
+def account_flags(path: Path) -> tuple[str, ...]:
+    """`--username`/`--password` flags from a run's env file (e.g. the embedded broker's)."""
+    env = sourced(path)
+    return ("--username", env["PFL_USERNAME"], "--password", env["PFL_PASSWORD"])
+
+
 class Processes:
     """Child processes of one test, killed at teardown whatever happened."""
 

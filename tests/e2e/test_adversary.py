@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from coordinator.aggregate_guard import GuardSettings
+from coordinator.broker_config import BrokerLimits
 from coordinator.pipeline import RunResult
 from coordinator.serve import run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
@@ -54,6 +55,7 @@ from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port
 from tests.e2e.conftest import Processes
 from tests.forged_views import forged_views, strict_json
+from tests.integration.test_broker_limits import Client as RawClient
 from tests.provisioned import ProvisionedBroker, start_provisioned
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
@@ -364,6 +366,22 @@ def flood(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     attacker.decline(announcement)
 
 
+def retained_flood(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """Retained messages on new names under its own subtree, and one packet past the limit."""
+    if announcement.round_id == 1:
+        status = topics.device(FLEET, EVIL, "status")
+        update_topic = topics.device(FLEET, EVIL, "update")
+        for index in range(300):
+            attacker.publish(f"{status}/{index}", b"x" * 1000, retain=True)
+            chunk_index = BrokerLimits().max_chunks + index
+            attacker.publish(topics.chunk_topic(update_topic, chunk_index), b"x", retain=True)
+        raw = RawClient(attacker.fleet.broker, EVIL)  # one packet, not split into chunks
+        raw.client.publish(status, b"x" * (BrokerLimits().max_packet_bytes + 1), retain=True)
+        raw.disconnected.wait(10)
+        raw.close()
+    attacker.decline(announcement)
+
+
 def takeover(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     """Connections under the coordinator's and a device's client ids, each round."""
     for client_id in (f"pfl-coord-{FLEET}", "pfl-coordinator", device_name(1)):
@@ -397,6 +415,7 @@ NO_EFFECT = {
     "malformed-frames": malformed,
     "flood": flood,
     "id-takeover": takeover,
+    "retained-flood": retained_flood,
 }
 BOUNDED = {"weights": (weights, GUARD.max_samples), "norms": (norms, 10)}
 
@@ -423,6 +442,12 @@ def test_an_attack_changes_nothing(fleet: Fleet, clean: dict[int, RunResult], at
         assert f"Client {device_name(index)} already connected" not in log
     if attack in ("forgery-and-oversized-work", "impersonation"):
         assert f"Denied PUBLISH from {EVIL}" in log
+    elif attack == "retained-flood":  # nothing of it stayed on the broker but its own status
+        assert f"Denied PUBLISH from {EVIL}" in log
+        watcher = RawClient(fleet.broker, "coordinator")
+        stored = watcher.retained_under(topics.device_subtree(FLEET, EVIL))
+        watcher.close()
+        assert set(stored) <= {topics.device(FLEET, EVIL, "status")}, sorted(stored)[:5]
     elif attack != "id-takeover":
         assert fleet.dropped()[EVIL][0] > 0
 

@@ -15,7 +15,7 @@ from coordinator.status import collect_fleet_view
 from protocols.errors import RoundError
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto, free_port, wait_for_port
-from tests.e2e.conftest import Processes
+from tests.e2e.conftest import Processes, account_flags
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
 CAUSE = "probably runs with the same id"
@@ -25,9 +25,9 @@ class _SeenEnoughError(Exception):
     """Ends a serve run's wait from its notices once the test has seen what it checks."""
 
 
-def _two_agents_with_one_id(processes: Processes, url: str) -> None:
+def _two_agents_with_one_id(processes: Processes, url: str, account: tuple[str, ...] = ()) -> None:
     for index in range(2):  # two boards, one copied command line: the same --device-id
-        processes.agent(url, index, shards=2, extra=("--device-id", "dev-1"))
+        processes.agent(url, index, shards=2, extra=("--device-id", "dev-1", *account))
 
 
 def test_on_mosquitto_one_agent_gives_up_and_serve_names_the_flapping_id(
@@ -106,7 +106,8 @@ def test_on_the_embedded_broker_serve_names_the_id_two_agents_share(
     thread = threading.Thread(target=serve)
     thread.start()
     assert wait_for_port(port)
-    _two_agents_with_one_id(processes, f"mqtt://127.0.0.1:{port}")
+    account = account_flags(tmp_path / "run" / "broker" / "device.env")
+    _two_agents_with_one_id(processes, f"mqtt://127.0.0.1:{port}", account)
     thread.join(60.0)
     assert result
     assert "only 1 of 2 devices online" in str(result[0])

@@ -25,7 +25,7 @@ from protocols.messages import DeviceStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import kill_after_checkpoint
+from tests.e2e.conftest import account_flags, kill_after_checkpoint
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
 RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
@@ -172,7 +172,8 @@ def test_serve_without_broker_starts_an_embedded_one(processes, tmp_path) -> Non
     )
     assert wait_for_port(port, timeout_s=30), processes.log("coordinator")
     # Execute
-    processes.agent(f"mqtt://127.0.0.1:{port}", 0, shards=20)
+    account = account_flags(tmp_path / "run" / "broker" / "device.env")
+    processes.agent(f"mqtt://127.0.0.1:{port}", 0, shards=20, extra=account)
     try:
         code = coordinator.wait(timeout=60)
     except subprocess.TimeoutExpired:

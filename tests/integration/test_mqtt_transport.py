@@ -295,7 +295,7 @@ def test_embedded_broker_stops_quietly_under_connected_devices(
     connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Prepare: devices with wills still connected when the run ends, as after `serve`
-    broker = EmbeddedBroker(port=free_port())
+    broker = EmbeddedBroker(port=free_port(), run_access=None)
     broker.start()
     inbox = Inbox()
     devices = [

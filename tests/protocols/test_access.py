@@ -1,0 +1,72 @@
+"""The grants both brokers apply, and the embedded broker's per-run account checks."""
+
+from __future__ import annotations
+
+from protocols import access, topics
+from protocols.access import COORDINATOR_USER, OPERATOR_USER
+from protocols.transport.run_access import DEVICE_USER, RunAccess, coordinator_client_id
+
+FLEET = "lab"
+
+
+def test_a_device_writes_a_fixed_list_of_names_and_reads_only_its_own_and_the_coordinators() -> (
+    None
+):
+    grants = access.device_grants(FLEET, "dev-1", max_chunks=3)
+    update = topics.device(FLEET, "dev-1", "update")
+    assert access.allows(grants, update, write=True)
+    assert access.allows(grants, topics.chunk_topic(update, 2), write=True)
+    assert not access.allows(grants, topics.chunk_topic(update, 3), write=True)
+    assert not access.allows(
+        grants, topics.chunk_topic(topics.device(FLEET, "dev-1", "hello"), 0), write=True
+    )
+    assert not access.allows(grants, f"{topics.device(FLEET, 'dev-1', 'status')}/x", write=True)
+    assert not access.allows(grants, topics.device(FLEET, "dev-2", "update"), write=True)
+    assert not access.allows(grants, topics.command(FLEET), write=True)
+    assert access.allows(grants, topics.command(FLEET), write=False)
+    assert access.allows(grants, topics.chunk_subscription(topics.shared_model(FLEET)), write=False)
+    for wildcard in ("#", topics.fleet_subtree(FLEET), topics.device_subscription(FLEET, "update")):
+        assert not access.allows(grants, wildcard, write=False), wildcard
+
+
+def test_the_chunk_limit_covers_the_largest_upload() -> None:
+    assert access.chunk_limit(1000, 168) == 10  # 100 data bytes per chunk after the header
+    assert access.chunk_limit(1001, 168) == 11
+    assert access.chunk_limit(0, 168) == 1
+
+
+def test_run_accounts_bind_client_ids_and_refuse_wrong_passwords() -> None:
+    run = RunAccess.generate(FLEET)
+    coordinator, device = run.passwords[COORDINATOR_USER], run.passwords[DEVICE_USER]
+    assert len({coordinator, device, run.passwords[OPERATOR_USER]}) == 3
+    assert run.refusal(COORDINATOR_USER, coordinator, coordinator_client_id(FLEET)) is None
+    assert run.refusal(DEVICE_USER, device, "dev-1") is None
+    assert run.refusal(OPERATOR_USER, run.passwords[OPERATOR_USER], "pfl-status-1") is None
+    refused = [
+        (None, None, "dev-1"),
+        ("nobody", device, "dev-1"),
+        (DEVICE_USER, coordinator, "dev-1"),
+        (DEVICE_USER, device, coordinator_client_id(FLEET)),
+        (DEVICE_USER, device, "all"),
+        (OPERATOR_USER, run.passwords[OPERATOR_USER], coordinator_client_id(FLEET)),
+        (COORDINATOR_USER, coordinator, "dev-1"),
+    ]
+    for username, password, client_id in refused:
+        assert run.refusal(username, password, client_id) is not None, (username, client_id)
+    assert RunAccess.generate(FLEET).passwords[DEVICE_USER] != device  # new on every run
+
+
+def test_run_accounts_apply_each_roles_grants_to_its_client_id() -> None:
+    run = RunAccess.generate(FLEET)
+    own = topics.device(FLEET, "dev-1", "update")
+    assert run.allows(DEVICE_USER, "dev-1", own, write=True)
+    assert not run.allows(DEVICE_USER, "dev-2", own, write=True)
+    assert not run.allows(DEVICE_USER, "dev-1", topics.command(FLEET), write=True)
+    assert run.allows(OPERATOR_USER, "pfl-export-1", topics.command(FLEET), write=True)
+    assert not run.allows(
+        OPERATOR_USER, "pfl-export-1", topics.device_subscription(FLEET, "update"), write=False
+    )
+    assert run.allows(
+        COORDINATOR_USER, coordinator_client_id(FLEET), topics.fleet_subtree(FLEET), write=False
+    )
+    assert not run.allows(None, "dev-1", own, write=True)
