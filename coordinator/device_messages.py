@@ -18,7 +18,9 @@ from coordinator.intake import (
     Collector,
     answered_collector,
     check_claims,
+    check_evaluation,
     check_hello,
+    declined_on_failure,
     device_message,
     unpack_delta,
 )
@@ -140,7 +142,8 @@ class DeviceMessages:
                 self.models.acknowledge(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
-        update, blob = device_message(topic, payload, DeviceUpdate)
+        with declined_on_failure(self._train, sender_of(topic)):
+            update, blob = device_message(topic, payload, DeviceUpdate)
         if self.secure is not None and self.secure.active():
             check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
             self.secure.on_update(update, blob)
@@ -149,9 +152,10 @@ class DeviceMessages:
             return
         collector = answered_collector(self._train, update, self.run_id, topic)
         declared = self.registry.declared_samples(update.device_id)
-        check_claims(update, self.strategy.name, declared, topic)
-        expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
-        delta = unpack_delta(update, blob, expected, self.settings.uplink)
+        with declined_on_failure(collector, update.device_id):
+            check_claims(update, self.strategy.name, declared, topic)
+            expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
+            delta = unpack_delta(update, blob, expected, self.settings.uplink)
         self.models.acknowledge(update.device_id)
         received = ReceivedUpdate(
             update.device_id,
@@ -190,8 +194,10 @@ class DeviceMessages:
         self.bytes_down += len(frame)
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
-        report, _ = device_message(topic, payload, EvaluationReport)
-        answered_collector(self._evaluation, report, self.run_id, topic).offer(
-            report.device_id, report
-        )
+        with declined_on_failure(self._evaluation, sender_of(topic)):
+            report, _ = device_message(topic, payload, EvaluationReport)
+        collector = answered_collector(self._evaluation, report, self.run_id, topic)
         self.models.acknowledge(report.device_id)
+        with declined_on_failure(collector, report.device_id):
+            check_evaluation(report, self.settings.metric, self.settings.guard.max_eval_loss, topic)
+        collector.offer(report.device_id, report)

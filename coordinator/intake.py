@@ -7,9 +7,10 @@ one dropped, counted message. Nothing here touches the network or the model.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Generic, TypeVar
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
 
 from protocols import topics
 from protocols.codec import Tensors, decode_frame, unpack_tensors
@@ -84,6 +85,21 @@ class Collector(Generic[Answer]):
             return [self.answers[key] for key in sorted(self.answers)]
 
 
+@contextmanager
+def declined_on_failure(collector: Collector[Any] | None, device_id: str) -> Iterator[None]:
+    """A device whose answer is refused (malformed, or lying) has answered: stop waiting for it.
+
+    The error still propagates, so the answer is dropped and counted against its sender. A
+    stale or misdirected answer (a `RoundError`) declines nothing: it is not this round's.
+    """
+    try:
+        yield
+    except ProtocolError:
+        if collector is not None:
+            collector.decline(device_id)
+        raise
+
+
 def device_message(topic: str, payload: bytes, expected: type[Expected]) -> tuple[Expected, bytes]:
     """Decode a frame from a device topic: the expected kind, sent by the topic's device.
 
@@ -128,6 +144,26 @@ def check_claims(update: DeviceUpdate, algorithm: str, declared: int | None, top
     if declared is None or update.num_samples > declared:
         msg = f"update claims {update.num_samples} samples, its hello declared {declared}"
         raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+
+
+def check_evaluation(report: EvaluationReport, metric: str, max_loss: float, topic: str) -> None:
+    """A report speaks of the fleet's metric, and an error no larger than `max_loss`.
+
+    The message model already holds accuracy to [0, 1] and an error to >= 0; how large an
+    error may be depends on the task's targets, so the bound is the coordinator's.
+
+    Raises:
+        ProtocolError: another metric than the fleet's, or an error above `max_loss`.
+    """
+    if metric and report.metric_name != metric:
+        msg = f"evaluation reports {report.metric_name}, the fleet's task measures {metric}"
+        raise ProtocolError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
+    if report.metric_name == "accuracy":
+        return
+    worst = max(v for v in (report.personalized, report.global_model) if v is not None)
+    if worst > max_loss:
+        msg = f"evaluation reports {report.metric_name} {worst:g}, over the bound {max_loss:g}"
+        raise ProtocolError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
 
 
 def answered_collector(
