@@ -67,8 +67,12 @@ class Collector(Generic[Answer]):
         with self._lock:
             return len(self.answers) >= len(self.expected)
 
-    def settled(self, online: AbstractSet[str], needed: int) -> bool:
-        """All asked devices answered, or every one still online did and the quorum is met."""
+    def settled(self, online: AbstractSet[str]) -> bool:
+        """Nobody is left to wait for: each asked device answered, declined or went offline.
+
+        Whether enough answered is the caller's question: when no asked device can answer
+        (all declined or offline), the round ends now rather than at its deadline.
+        """
         with self._lock:
             if len(self.answers) >= len(self.expected):
                 return True
@@ -76,8 +80,7 @@ class Collector(Generic[Answer]):
                 self._online_seen, self._expected_online = online, len(self.expected & online)
             if len(self.answers) + len(self.declined) < self._expected_online:
                 return False  # someone online must still be waited for: the common case
-            waiting = (self.expected & online) - set(self.answers) - self.declined
-            return not waiting and len(self.answers) >= needed
+            return not (self.expected & online) - set(self.answers) - self.declined
 
     def sorted_answers(self) -> list[Answer]:
         """The answers in device-id order (deterministic aggregation)."""

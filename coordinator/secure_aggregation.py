@@ -330,9 +330,8 @@ class SecureAggregator:
         collector: Collector[object] = Collector(state.round_id, phase, expected)
         self._phase = collector
         send()
-        needed = state.secure.min_survivors
         self.transport.wait_until(
-            lambda: collector.settled(online(), needed) or (enough is not None and enough()),
+            lambda: collector.settled(online()) or (enough is not None and enough()),
             timeout_s,
         )
         self._phase = None

@@ -20,7 +20,9 @@ HONEST = ["dev-0", "dev-1", "dev-2"]
 RUN = "0" * 32
 
 
-def _report(metric: str, personalized: float, global_model: float | None = None) -> EvaluationReport:
+def _report(
+    metric: str, personalized: float, global_model: float | None = None
+) -> EvaluationReport:
     return EvaluationReport(
         run_id=RUN,
         round_id=1,
