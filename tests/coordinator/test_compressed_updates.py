@@ -11,15 +11,15 @@ import torch
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator
 from coordinator.settings import SimulationSettings
-from device_agent.capabilities import probe_capabilities
 from device_agent.context import RESIDUAL_PREFIX
 from device_agent.state_store import MemoryStateStore
 from protocols import topics
-from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
+from protocols.codec import Tensors, encode_frame, pack_tensors
 from protocols.compression import INT8, INT8_SCALES, TOPK_INDICES, encode
-from protocols.messages import Compression, DeviceHello, DeviceUpdate, RoundAnnouncement
+from protocols.messages import Compression, DeviceUpdate, RoundAnnouncement
+from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import TASK, hub_agents, hub_coordinator
+from tests.hub_fleet import TASK, hub_agents, hub_coordinator, hub_impostor
 
 HONEST = ["dev-0", "dev-1", "dev-2"]
 TOP1 = Compression(codec="topk", fraction=0.01)
@@ -31,12 +31,10 @@ def _forger(
     forge: Callable[[RoundAnnouncement], tuple[Compression, Tensors]],
 ) -> list[int]:
     """A client with a device's identity answering each training round with a forged update."""
-    transport = broker.connect("forger")
     sent: list[int] = []
 
-    def on_round(_topic: str, payload: bytes) -> None:
-        message, _ = decode_frame(payload)
-        if not isinstance(message, RoundAnnouncement) or message.phase != "train":
+    def on_round(transport: Transport, message: RoundAnnouncement) -> None:
+        if message.phase != "train":
             return
         compression, tensors = forge(message)
         manifest, blob = pack_tensors(tensors)
@@ -53,11 +51,7 @@ def _forger(
         transport.publish(topics.device("default", "forger", "update"), encode_frame(header, blob))
         sent.append(message.round_id)
 
-    transport.subscribe(topics.round_announcement("default"), on_round)
-    hello = DeviceHello(
-        device_id="forger", task=TASK, num_train_samples=10, capabilities=probe_capabilities()
-    )
-    transport.publish(topics.device("default", "forger", "hello"), encode_frame(hello))
+    hub_impostor(broker, "forger", on_round)
     return sent
 
 

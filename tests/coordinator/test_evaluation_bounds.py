@@ -8,13 +8,12 @@ from dataclasses import replace
 import pytest
 
 from coordinator.intake import check_evaluation
-from device_agent.capabilities import probe_capabilities
 from protocols import topics
-from protocols.codec import decode_frame, encode_frame
 from protocols.errors import ProtocolError
-from protocols.messages import DeviceHello, EvaluationReport, RoundAnnouncement
+from protocols.messages import EvaluationReport, RoundAnnouncement
+from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import TASK, hub_agents, hub_coordinator
+from tests.hub_fleet import hub_agents, hub_coordinator, hub_impostor
 
 HONEST = ["dev-0", "dev-1", "dev-2"]
 RUN = "0" * 32
@@ -63,12 +62,10 @@ def test_the_coordinator_takes_a_report_within_its_bounds(
 
 def _poisoner(broker: InProcessBroker) -> list[int]:
     """A client with a device's identity answering each evaluation with an accuracy of 1e30."""
-    transport = broker.connect("liar")
     sent: list[int] = []
 
-    def on_round(_topic: str, payload: bytes) -> None:
-        message, _ = decode_frame(payload)
-        if not isinstance(message, RoundAnnouncement) or message.phase != "evaluate":
+    def on_round(transport: Transport, message: RoundAnnouncement) -> None:
+        if message.phase != "evaluate":
             return
         honest = _report("accuracy", 0.5, 0.5).model_copy(
             update={"run_id": message.run_id, "round_id": message.round_id}
@@ -80,11 +77,7 @@ def _poisoner(broker: InProcessBroker) -> list[int]:
         transport.publish(topics.device("default", "liar", "evaluation"), frame)
         sent.append(message.round_id)
 
-    transport.subscribe(topics.round_announcement("default"), on_round)
-    hello = DeviceHello(
-        device_id="liar", task=TASK, num_train_samples=10, capabilities=probe_capabilities()
-    )
-    transport.publish(topics.device("default", "liar", "hello"), encode_frame(hello))
+    hub_impostor(broker, "liar", on_round)
     return sent
 
 

@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from coordinator.pipeline import build_coordinator, plan_stages
 from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
+from device_agent.agent import device_will
 from device_agent.eligibility import EligibilityPolicy
-from device_agent.state_store import MemoryStateStore
-from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
+from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
+from tests.hub_fleet import TASK, hub_agents
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
 DEVICES = 3
-TASK = "sine"
 NEVER_ENOUGH_MEMORY = EligibilityPolicy(min_free_memory_bytes=2**62)
 
 
 @pytest.fixture
-def fleet(mosquitto: Mosquitto) -> Iterator[tuple[Coordinator, list[DeviceAgent]]]:
+def fleet(mosquitto: Mosquitto) -> Iterator[Coordinator]:
     """A coordinator (deadline 60 s) and three agents over mosquitto, all of which decline."""
     task = load_task(TASK)
     model = task.build_model(0)
@@ -38,43 +38,27 @@ def fleet(mosquitto: Mosquitto) -> Iterator[tuple[Coordinator, list[DeviceAgent]
         model,
         EngineSettings(task=TASK, rounds=1, quorum=0.5, round_timeout_s=60.0),
     )
-    agents = []
-    for index, data in enumerate(task.make_fleet(DEVICES, PartitionSpec(), 0)):
+
+    def over_mqtt(index: int) -> dict[str, Any]:
         device_id = f"dev-{index}"
-        transport = MqttTransport(
-            BrokerSettings(url=mosquitto.url), device_id, will=device_will("default", device_id)
-        )
-        transports.append(transport)
-        workspace = task.build_model(0)
-        agents.append(
-            DeviceAgent(
-                device_id=device_id,
-                fleet="default",
-                transport=transport,
-                task=task,
-                data=data,
-                seed=0,
-                store=MemoryStateStore(),
-                workspace=workspace,
-                initial_state=dict(workspace.state_dict()),
-                eligibility=NEVER_ENOUGH_MEMORY,
-            )
-        )
+        will = device_will("default", device_id)
+        transports.append(MqttTransport(BrokerSettings(url=mosquitto.url), device_id, will=will))
+        return {"transport": transports[-1], "eligibility": NEVER_ENOUGH_MEMORY}
+
     try:
         coordinator.start()
-        for agent in agents:
-            agent.start()
+        hub_agents(InProcessBroker(), [f"dev-{i}" for i in range(DEVICES)], over_mqtt)
         assert coordinator.wait_for_devices(DEVICES, 20.0)
-        yield coordinator, agents
+        yield coordinator
     finally:
         for transport in transports:
             transport.close()
 
 
 def test_when_every_selected_device_declines_the_round_fails_without_waiting(
-    fleet: tuple[Coordinator, list[DeviceAgent]],
+    fleet: Coordinator,
 ) -> None:
-    coordinator, _ = fleet
+    coordinator = fleet
     waits: list[bool] = []
     wait_until = coordinator.transport.wait_until
 
