@@ -20,7 +20,6 @@ from coordinator.intake import (
     check_claims,
     check_evaluation,
     check_hello,
-    declined_on_failure,
     device_message,
     unpack_delta,
 )
@@ -142,8 +141,7 @@ class DeviceMessages:
                 self.models.acknowledge(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
-        with declined_on_failure(self._train, sender_of(topic)):
-            update, blob = device_message(topic, payload, DeviceUpdate)
+        update, blob = device_message(topic, payload, DeviceUpdate)
         if self.secure is not None and self.secure.active():
             check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
             self.secure.on_update(update, blob)
@@ -152,10 +150,9 @@ class DeviceMessages:
             return
         collector = answered_collector(self._train, update, self.run_id, topic)
         declared = self.registry.declared_samples(update.device_id)
-        with declined_on_failure(collector, update.device_id):
-            check_claims(update, self.strategy.name, declared, topic)
-            expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
-            delta = unpack_delta(update, blob, expected, self.settings.uplink)
+        check_claims(update, self.strategy.name, declared, topic)
+        expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
+        delta = unpack_delta(update, blob, expected, self.settings.uplink)
         self.models.acknowledge(update.device_id)
         received = ReceivedUpdate(
             update.device_id,
@@ -194,10 +191,8 @@ class DeviceMessages:
         self.bytes_down += len(frame)
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
-        with declined_on_failure(self._evaluation, sender_of(topic)):
-            report, _ = device_message(topic, payload, EvaluationReport)
+        report, _ = device_message(topic, payload, EvaluationReport)
         collector = answered_collector(self._evaluation, report, self.run_id, topic)
         self.models.acknowledge(report.device_id)
-        with declined_on_failure(collector, report.device_id):
-            check_evaluation(report, self.settings.metric, self.settings.guard.max_eval_loss, topic)
+        check_evaluation(report, self.settings.metric, self.settings.guard.max_eval_loss, topic)
         collector.offer(report.device_id, report)

@@ -7,10 +7,9 @@ one dropped, counted message. Nothing here touches the network or the model.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from contextlib import contextmanager
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from protocols import topics
 from protocols.codec import Tensors, decode_frame, unpack_tensors
@@ -86,21 +85,6 @@ class Collector(Generic[Answer]):
         """The answers in device-id order (deterministic aggregation)."""
         with self._lock:
             return [self.answers[key] for key in sorted(self.answers)]
-
-
-@contextmanager
-def declined_on_failure(collector: Collector[Any] | None, device_id: str) -> Iterator[None]:
-    """A device whose answer is refused (malformed, or lying) has answered: stop waiting for it.
-
-    The error still propagates, so the answer is dropped and counted against its sender. A
-    stale or misdirected answer (a `RoundError`) declines nothing: it is not this round's.
-    """
-    try:
-        yield
-    except ProtocolError:
-        if collector is not None:
-            collector.decline(device_id)
-        raise
 
 
 def device_message(topic: str, payload: bytes, expected: type[Expected]) -> tuple[Expected, bytes]:

@@ -5,13 +5,7 @@ Nobody is left once each asked device answered, declined or went offline.
 
 from __future__ import annotations
 
-import pytest
-
-from coordinator.intake import Collector, declined_on_failure
-from protocols.errors import ProtocolError, RoundError
-
-MALFORMED = "malformed"
-STALE = "stale"
+from coordinator.intake import Collector
 
 
 def test_a_round_waits_only_for_online_devices_that_have_not_answered() -> None:
@@ -38,16 +32,6 @@ def test_a_round_every_asked_device_declined_or_left_is_settled_at_once() -> Non
     collector.decline("c")
     assert collector.settled({"a", "b", "c"})
     assert collector.sorted_answers() == []
-
-
-def test_a_refused_answer_declines_its_device_and_a_stale_one_does_not() -> None:
-    collector: Collector[int] = Collector(1, "train", {"a", "b"})
-    with pytest.raises(ProtocolError), declined_on_failure(collector, "a"):
-        raise ProtocolError(MALFORMED)
-    with pytest.raises(RoundError), declined_on_failure(collector, "b"):
-        raise RoundError(STALE)
-    assert collector.declined == {"a"}
-    assert not collector.settled({"a", "b"})
 
 
 def test_duplicates_and_strangers_are_not_counted() -> None:

@@ -476,6 +476,7 @@ def overflowing_int8(attacker: Attacker, announcement: RoundAnnouncement) -> Non
     encoded = compression.encode(shared_like(0.01), INT8)
     encoded[compression.INT8_SCALES] = torch.full_like(encoded[compression.INT8_SCALES], 3e38)
     attacker.send("update", update(announcement, encoded, compression=INT8))
+    attacker.decline(announcement)
 
 
 def test_an_update_decoding_to_inf_under_dp_is_dropped_and_no_round_is_skipped(
@@ -521,6 +522,7 @@ class EvaluationPoisoner(Attacker):
             self.send("evaluation", raw_update(raw, b""))
         other = report.model_copy(update={"metric_name": "mse", "personalized": 0.0})
         self.send("evaluation", encode_frame(other))  # in range, but not the fleet's metric
+        self.decline(announcement)
 
 
 def test_evaluations_outside_the_metric_range_are_dropped_and_change_no_metric(
