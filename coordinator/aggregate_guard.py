@@ -40,6 +40,8 @@ class GuardSettings:
     """Dropped messages a device may have in one round before it sits out the rest (0: off)."""
     max_growth: float = 1000.0
     """Reject an aggregate moving the model by more than this times max(1, its norm)."""
+    max_eval_loss: float = 1e6
+    """The largest error (mse) an evaluation may report; accuracy is bounded by [0, 1]."""
 
 
 @dataclass(frozen=True)

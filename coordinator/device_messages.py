@@ -18,6 +18,7 @@ from coordinator.intake import (
     Collector,
     answered_collector,
     check_claims,
+    check_evaluation,
     check_hello,
     device_message,
     unpack_delta,
@@ -191,7 +192,7 @@ class DeviceMessages:
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
         report, _ = device_message(topic, payload, EvaluationReport)
-        answered_collector(self._evaluation, report, self.run_id, topic).offer(
-            report.device_id, report
-        )
+        collector = answered_collector(self._evaluation, report, self.run_id, topic)
         self.models.acknowledge(report.device_id)
+        check_evaluation(report, self.settings.metric, self.settings.guard.max_eval_loss, topic)
+        collector.offer(report.device_id, report)

@@ -66,8 +66,12 @@ class Collector(Generic[Answer]):
         with self._lock:
             return len(self.answers) >= len(self.expected)
 
-    def settled(self, online: AbstractSet[str], needed: int) -> bool:
-        """All asked devices answered, or every one still online did and the quorum is met."""
+    def settled(self, online: AbstractSet[str]) -> bool:
+        """Nobody is left to wait for: each asked device answered, declined or went offline.
+
+        Whether enough answered is the caller's question: when no asked device can answer
+        (all declined or offline), the round ends now rather than at its deadline.
+        """
         with self._lock:
             if len(self.answers) >= len(self.expected):
                 return True
@@ -75,8 +79,7 @@ class Collector(Generic[Answer]):
                 self._online_seen, self._expected_online = online, len(self.expected & online)
             if len(self.answers) + len(self.declined) < self._expected_online:
                 return False  # someone online must still be waited for: the common case
-            waiting = (self.expected & online) - set(self.answers) - self.declined
-            return not waiting and len(self.answers) >= needed
+            return not (self.expected & online) - set(self.answers) - self.declined
 
     def sorted_answers(self) -> list[Answer]:
         """The answers in device-id order (deterministic aggregation)."""
@@ -128,6 +131,26 @@ def check_claims(update: DeviceUpdate, algorithm: str, declared: int | None, top
     if declared is None or update.num_samples > declared:
         msg = f"update claims {update.num_samples} samples, its hello declared {declared}"
         raise ProtocolError(msg, device_id=update.device_id, topic=topic)
+
+
+def check_evaluation(report: EvaluationReport, metric: str, max_loss: float, topic: str) -> None:
+    """A report speaks of the fleet's metric, and an error no larger than `max_loss`.
+
+    The message model already holds accuracy to [0, 1] and an error to >= 0; how large an
+    error may be depends on the task's targets, so the bound is the coordinator's.
+
+    Raises:
+        ProtocolError: another metric than the fleet's, or an error above `max_loss`.
+    """
+    if metric and report.metric_name != metric:
+        msg = f"evaluation reports {report.metric_name}, the fleet's task measures {metric}"
+        raise ProtocolError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
+    if report.metric_name == "accuracy":
+        return
+    worst = max(v for v in (report.personalized, report.global_model) if v is not None)
+    if worst > max_loss:
+        msg = f"evaluation reports {report.metric_name} {worst:g}, over the bound {max_loss:g}"
+        raise ProtocolError(msg, device_id=report.device_id, round_id=report.round_id, topic=topic)
 
 
 def answered_collector(

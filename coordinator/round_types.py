@@ -21,6 +21,8 @@ class EngineSettings:
 
     fleet: str = "default"
     task: str = ""
+    metric: str = ""
+    """The task's metric: an evaluation reporting another is dropped ("": not checked)."""
     rounds: int = 10
     round_timeout_s: float = 600.0
     quorum: float = 0.5

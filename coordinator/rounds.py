@@ -330,24 +330,24 @@ class Coordinator(DeviceMessages):
     ) -> tuple[list[ReceivedUpdate], int]:
         """Announce, then wait for the plain updates: (those in by the deadline, declines).
 
+        The wait ends early once no asked device is left to answer (all answered, declined or
+        went offline): a round nobody can answer fails at once, not at its deadline.
+
         Raises:
-            RoundError: fewer than `needed` answered by the deadline.
+            RoundError: fewer than `needed` answered.
         """
         collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
         self._train = collector
         self._pass_over_quarantined(collector)
         self.announce(round_id, "train", plan, privacy=dp)
-        self.transport.wait_until(
-            lambda: collector.settled(self.registry.online_ids(), needed),
-            self.settings.round_timeout_s,
+        settled = self.transport.wait_until(
+            lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
         )
         self._train = None
         updates = collector.sorted_answers()
         if len(updates) < needed:
-            msg = (
-                f"only {len(updates)} of {len(plan.devices)} updates by the deadline "
-                f"(quorum {needed})"
-            )
+            why = "the others declined or went offline" if settled else "by the deadline"
+            msg = f"only {len(updates)} of {len(plan.devices)} updates, {why} (quorum {needed})"
             raise RoundError(msg, round_id=round_id)
         if len(updates) < len(plan.devices):
             missing = sorted(set(plan.devices) - {u.device_id for u in updates})
@@ -402,7 +402,7 @@ class Coordinator(DeviceMessages):
         self._pass_over_quarantined(collector)
         self.announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
-            lambda: collector.settled(self.registry.online_ids(), 0), self.settings.round_timeout_s
+            lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
         )
         self._evaluation = None
         reports = collector.sorted_answers()

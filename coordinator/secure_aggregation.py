@@ -398,11 +398,10 @@ class SecureAggregator:
             collector.decline(device_id)
         self._phase = collector
         send()
-        needed = state.secure.min_survivors
         silent = expected & self._silent if phase in SHORT_PHASES else set()
 
         def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
-            return collector.settled(waiting_for(), needed) or (enough is not None and enough())
+            return collector.settled(waiting_for()) or (enough is not None and enough())
 
         ended = self.transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
         if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline

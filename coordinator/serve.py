@@ -107,6 +107,7 @@ def run_serve(
         engine = EngineSettings(
             fleet=settings.fleet,
             task=task.name,
+            metric=task.metric_name,
             rounds=stages.total_rounds,
             round_timeout_s=settings.round_timeout,
             quorum=settings.quorum,

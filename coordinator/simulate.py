@@ -271,6 +271,7 @@ def _run(
     engine = EngineSettings(
         fleet=settings.fleet,
         task=task.name,
+        metric=task.metric_name,
         rounds=stages.total_rounds,
         eval_every=settings.eval_every,
         seed=settings.seed,

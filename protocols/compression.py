@@ -106,12 +106,25 @@ def decode(
 ) -> Tensors:
     """Dense float32 tensors back from `encode`'s output, already checked against the layout.
 
+    The encoded tensors are finite (`unpack_tensors` checks that), but their product need not
+    be: an int8 level times a scale near float32's maximum is Inf. So the dense result is
+    checked again, and nothing downstream (strategy, guard, DP clipping) ever sees NaN or Inf.
+
     Raises:
-        ProtocolError: a scale is negative, or top-k indices are not strictly increasing
-            positions inside the delta (a repeated index would count an entry twice).
+        ProtocolError: a scale is negative, top-k indices are not strictly increasing
+            positions inside the delta (a repeated index would count an entry twice), or a
+            decoded tensor holds NaN or Inf.
     """
     if compression.codec == "none":
         return dict(encoded)
+    return _require_finite(_decode_lossy(encoded, dense, compression))
+
+
+def _decode_lossy(
+    encoded: Mapping[str, torch.Tensor],
+    dense: Sequence[TensorSpec],
+    compression: Compression,
+) -> Tensors:
     packed = sorted((s for s in dense if compressible(s)), key=lambda s: s.name)
     out: Tensors = {s.name: encoded[s.name] for s in dense if not compressible(s)}
     if compression.codec == "int8":
@@ -139,6 +152,14 @@ def decode(
         out[spec.name] = flat[offset : offset + size].reshape(spec.shape)
         offset += size
     return out
+
+
+def _require_finite(decoded: Tensors) -> Tensors:
+    for name, value in decoded.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            msg = f"tensor {name!r} decodes to NaN or Inf"
+            raise ProtocolError(msg)
+    return decoded
 
 
 def int8_quantize(

@@ -482,6 +482,14 @@ class DeviceUpdate(Message):
     manifest: TensorManifest
 
 
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0),
+    "mse": (0.0, MAX_MAGNITUDE),
+}
+"""The values a metric takes whatever the task: a fraction, or a mean of squares. How large an
+error may be depends on the task's targets: the coordinator bounds that (`check_evaluation`)."""
+
+
 class EvaluationReport(Message):
     """A device's held-out metrics for its personalized model and for the shared global model."""
 
@@ -494,6 +502,15 @@ class EvaluationReport(Message):
     global_model: BoundedFloat | None = None
     num_test_samples: Count
     num_train_samples: Count
+
+    @model_validator(mode="after")
+    def _within_the_metric_range(self) -> EvaluationReport:
+        low, high = METRIC_RANGES[self.metric_name]
+        for value in (self.personalized, self.global_model):
+            if value is not None and not low <= value <= high:
+                msg = f"{self.metric_name} {value:g} is outside its range [{low:g}, {high:g}]"
+                raise ValueError(msg)
+        return self
 
 
 class ExportArguments(WireModel):

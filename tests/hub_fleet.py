@@ -10,9 +10,14 @@ from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings
 from coordinator.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
+from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec, Task
 from pfl_tasks.registry import load_task
+from protocols import topics
+from protocols.codec import decode_frame, encode_frame
+from protocols.messages import DeviceHello, RoundAnnouncement
+from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
 
 TASK = "digits"
@@ -87,3 +92,23 @@ def hub_agents(
         agent.start()
         agents.append(agent)
     return agents
+
+
+def hub_impostor(
+    broker: InProcessBroker,
+    device_id: str,
+    on_announcement: Callable[[Transport, RoundAnnouncement], None],
+) -> None:
+    """A client with a device's identity that joins with 10 samples and reacts to each round."""
+    transport = broker.connect(device_id)
+
+    def on_round(_topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        if isinstance(message, RoundAnnouncement):
+            on_announcement(transport, message)
+
+    transport.subscribe(topics.round_announcement("default"), on_round)
+    hello = DeviceHello(
+        device_id=device_id, task=TASK, num_train_samples=10, capabilities=probe_capabilities()
+    )
+    transport.publish(topics.device("default", device_id, "hello"), encode_frame(hello))

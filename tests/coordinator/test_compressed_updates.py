@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
 
+from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator
-from device_agent.capabilities import probe_capabilities
+from coordinator.settings import SimulationSettings
 from device_agent.context import RESIDUAL_PREFIX
 from device_agent.state_store import MemoryStateStore
 from protocols import topics
-from protocols.codec import Tensors, decode_frame, encode_frame, pack_tensors
-from protocols.compression import TOPK_INDICES, encode
-from protocols.messages import Compression, DeviceHello, DeviceUpdate, RoundAnnouncement
+from protocols.codec import Tensors, encode_frame, pack_tensors
+from protocols.compression import INT8, INT8_SCALES, TOPK_INDICES, encode
+from protocols.messages import Compression, DeviceUpdate, RoundAnnouncement
+from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import TASK, hub_agents, hub_coordinator
+from tests.hub_fleet import TASK, hub_agents, hub_coordinator, hub_impostor
 
 HONEST = ["dev-0", "dev-1", "dev-2"]
 TOP1 = Compression(codec="topk", fraction=0.01)
@@ -28,12 +31,10 @@ def _forger(
     forge: Callable[[RoundAnnouncement], tuple[Compression, Tensors]],
 ) -> list[int]:
     """A client with a device's identity answering each training round with a forged update."""
-    transport = broker.connect("forger")
     sent: list[int] = []
 
-    def on_round(_topic: str, payload: bytes) -> None:
-        message, _ = decode_frame(payload)
-        if not isinstance(message, RoundAnnouncement) or message.phase != "train":
+    def on_round(transport: Transport, message: RoundAnnouncement) -> None:
+        if message.phase != "train":
             return
         compression, tensors = forge(message)
         manifest, blob = pack_tensors(tensors)
@@ -50,11 +51,7 @@ def _forger(
         transport.publish(topics.device("default", "forger", "update"), encode_frame(header, blob))
         sent.append(message.round_id)
 
-    transport.subscribe(topics.round_announcement("default"), on_round)
-    hello = DeviceHello(
-        device_id="forger", task=TASK, num_train_samples=10, capabilities=probe_capabilities()
-    )
-    transport.publish(topics.device("default", "forger", "hello"), encode_frame(hello))
+    hub_impostor(broker, "forger", on_round)
     return sent
 
 
@@ -135,3 +132,41 @@ def test_devices_train_through_a_codec_and_keep_the_residual_only_when_stateful(
     assert set(residual) == {RESIDUAL_PREFIX + n for n in coordinator.shared_names}
     assert any(bool(v.abs().sum() > 0) for v in residual.values())  # something was left out
     assert stores[1]._tensors is None  # a stateless device keeps nothing
+
+
+def _overflowing_int8(coordinator: Coordinator) -> Tensors:
+    """An honest-looking int8 update whose scales (finite) make every level decode to +-Inf."""
+    encoded = encode(_honest_delta(coordinator), INT8)
+    return {**encoded, INT8_SCALES: torch.full_like(encoded[INT8_SCALES], 3e38)}
+
+
+def test_under_dp_an_int8_update_decoding_to_inf_is_dropped_and_no_round_is_skipped() -> None:
+    # Prepare: DP at the coordinator, every device in every round, one forger of four
+    rounds = 3
+    run = {"compress": "int8", "dp_noise": 1.0, "dp_sampling": "fixed"}
+    settings = SimulationSettings.load(
+        None, task=TASK, algorithm="fedavg", devices=len(HONEST) + 1, rounds=rounds, **run
+    )
+    broker = InProcessBroker()
+    coordinator = hub_coordinator(broker, "fedavg", len(HONEST) + 1, rounds, run=run)
+    privacy = privacy_engine(settings.privacy(), settings.participation, 0)
+    coordinator.privacy = privacy
+    coordinator.settings = replace(coordinator.settings, guard=settings.guard_settings())
+    coordinator.start()
+    hub_agents(broker, HONEST)
+    sent = _forger(broker, coordinator, lambda _: (INT8, _overflowing_int8(coordinator)))
+    assert coordinator.wait_for_devices(len(HONEST) + 1, 2.0)
+
+    # Execute
+    records = [coordinator.run_round() for _ in range(rounds)]
+
+    # Assert: the forger's update never reaches DP or the strategy; every round is released
+    assert sent == [1, 2, 3]
+    assert coordinator.offences.counts() == {"forger": rounds}
+    assert [r.participants for r in records] == [len(HONEST)] * rounds
+    assert all("aggregate_rejected" not in r.scalars for r in records)
+    epsilons = [r.scalars["dp_epsilon"] for r in records]
+    assert epsilons == sorted(set(epsilons))  # one step per released round
+    assert privacy is not None
+    assert privacy.report()["rounds_released"] == rounds
+    assert all(torch.isfinite(v).all() for v in coordinator.shared.values())

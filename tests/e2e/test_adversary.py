@@ -37,13 +37,15 @@ from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient
 from pfl_tasks.registry import load_task
-from protocols import topics
+from protocols import compression, topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
+from protocols.compression import INT8
 from protocols.messages import (
     Command,
     DeviceHello,
     DeviceStatus,
     DeviceUpdate,
+    EvaluationReport,
     Message,
     RoundAnnouncement,
     SharedModel,
@@ -569,7 +571,8 @@ def test_forged_operator_views_are_ignored(fleet: Fleet, tmp_path: Path) -> None
     json.dumps(view.as_json(), allow_nan=False)
 
 
-# == Secure aggregation liars ===================================================================
+# == Secure aggregation liars ============================================================
+
 # The attacker runs secure aggregation's real device side (SecureClient) with one twist each: a
 # garbage masked vector, shares of another seed than it committed to, or a hello declaring 10^8
 # samples. `serve --secagg` must complete every run; honest devices answer every round.
@@ -728,3 +731,73 @@ def test_a_device_lost_after_its_keys_costs_no_phase_its_deadline(
     assert line["scalars"]["secagg_survivors"] == HONEST
     # the broker's will said it was gone: no phase waited out its 60 s deadline for it
     assert line["wall_seconds"] < SecureAggregationSettings().phase_timeout_s
+
+
+# -- inbound values: updates that decode to Inf, evaluations out of range ---------------------
+
+
+def overflowing_int8(attacker: Attacker, announcement: RoundAnnouncement) -> None:
+    """An int8 update whose scales (3e38, finite on the wire) decode every level to +-Inf."""
+    encoded = compression.encode(shared_like(0.01), INT8)
+    encoded[compression.INT8_SCALES] = torch.full_like(encoded[compression.INT8_SCALES], 3e38)
+    attacker.send("update", update(announcement, encoded, compression=INT8))
+    attacker.decline(announcement)
+
+
+def test_an_update_decoding_to_inf_under_dp_is_dropped_and_no_round_is_skipped(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(RUN, "compress", "int8")
+    monkeypatch.setitem(RUN, "dp_noise", 1.0)
+    with Attacker(fleet, overflowing_int8) as attacker:
+        attacker.hello(10)
+        result, lines = fleet.serve(ROUNDS, min_devices=HONEST + 1)
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    assert all("aggregate_rejected" not in line["scalars"] for line in lines)
+    epsilons = [line["scalars"]["dp_epsilon"] for line in lines]
+    assert epsilons == sorted(set(epsilons))
+    assert result.summary.privacy is not None
+    assert result.summary.privacy["rounds_released"] == ROUNDS
+    assert all(bool(torch.isfinite(t).all()) for t in result.final_shared.values())
+    assert fleet.dropped()[EVIL][0] >= ROUNDS
+
+
+class EvaluationPoisoner(Attacker):
+    """Declines training; answers each evaluation with reports outside the metric's range."""
+
+    def _on_announcement(self, topic: str, payload: bytes) -> None:
+        announcement, _ = decode_frame(payload)
+        assert isinstance(announcement, RoundAnnouncement)
+        if announcement.phase != "evaluate":
+            super()._on_announcement(topic, payload)
+            return
+        report = EvaluationReport(
+            run_id=announcement.run_id,
+            round_id=announcement.round_id,
+            device_id=EVIL,
+            metric_name="accuracy",
+            personalized=0.5,
+            global_model=0.5,
+            num_test_samples=10,
+            num_train_samples=10,
+        )
+        raw = json.loads(report.model_dump_json())
+        for value in (1e30, 1.5, -1.0):  # within the wire's float bound, outside accuracy's
+            raw["personalized"] = raw["global_model"] = value
+            self.send("evaluation", raw_update(raw, b""))
+        other = report.model_copy(update={"metric_name": "mse", "personalized": 0.0})
+        self.send("evaluation", encode_frame(other))  # in range, but not the fleet's metric
+        self.decline(announcement)
+
+
+def test_evaluations_outside_the_metric_range_are_dropped_and_change_no_metric(
+    fleet: Fleet, clean: dict[int, RunResult]
+) -> None:
+    with EvaluationPoisoner(fleet, Attacker.decline) as attacker:
+        attacker.hello(10)
+        result, lines = fleet.serve(ROUNDS, min_devices=HONEST + 1)
+    assert [line["participants"] for line in lines] == [HONEST] * ROUNDS
+    _assert_equal(result, clean[ROUNDS])
+    assert sorted(r.device_id for r in result.reports) == [device_name(i) for i in range(HONEST)]
+    assert result.summary.metrics == clean[ROUNDS].summary.metrics
+    assert result.summary.rejected_messages >= 4  # after the last fleet status: not in it

@@ -244,3 +244,20 @@ def test_a_model_delta_needs_the_same_layout() -> None:
     base = {"a": torch.zeros(3)}
     assert encode_model_delta(base, {"a": torch.zeros(4)}) is None
     assert encode_model_delta(base, {"b": torch.zeros(3)}) is None
+
+
+@pytest.mark.parametrize("scale", [3e38, 2.7e36])
+def test_a_finite_int8_frame_that_decodes_to_inf_is_refused(scale: float) -> None:
+    # Prepare: every encoded tensor is finite, so the blob passes unpack_tensors' checks
+    dense = {"w": torch.zeros(4), "b": torch.zeros(2)}
+    encoded = {
+        "b": torch.ones(2, dtype=torch.int8),
+        "w": torch.tensor([127, -127, 1, 0], dtype=torch.int8),
+        INT8_SCALES: torch.tensor([1.0, scale]),  # one per tensor in name order: b, then w
+    }
+    manifest, blob = pack_tensors(encoded)
+    checked = unpack_tensors(manifest, blob, expected=encoded_layout(describe_tensors(dense), INT8))
+
+    # Execute / Assert: 127 * scale overflows float32 to +-Inf
+    with pytest.raises(ProtocolError, match="'w' decodes to NaN or Inf"):
+        decode(checked, describe_tensors(dense), INT8)

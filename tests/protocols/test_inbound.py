@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 from protocols.transport import chunking
 from protocols.transport.inbound import FLEET_CHANNEL, FairInbox, TokenBucket, sender_of
@@ -63,3 +64,66 @@ def test_idle_sets_are_swept_at_most_once_a_second() -> None:
     reassembler.add("pfl/f/model", chunking.split(os.urandom(300), 200)[0], now=5.0)
     assert reassembler.expire_due(now=5.5) == []  # swept 0.5 s ago: not yet
     assert reassembler.expire_due(now=7.0) == ["pfl/f/model"]
+
+
+def _tiny_chunks(count: int, body: bytes) -> list[bytes]:
+    """The chunks of a transfer declaring `count` chunks of `body` each (it never completes)."""
+    transfer_id = os.urandom(16)
+    total = count * len(body)
+    return [
+        chunking.HEADER.pack(chunking.MAGIC, transfer_id, index, count, total, b"\0" * 32) + body
+        for index in range(count)
+    ]
+
+
+def test_tiny_chunks_are_charged_the_memory_they_take_and_counted_against_their_sender() -> None:
+    # Prepare: four transfers of 1000 two-byte chunks each (as many as a sender may open)
+    limit = 256 * 1024
+    drops: list[tuple[str, str, str]] = []
+    reassembler = chunking.Reassembler(
+        limit, sender_of=sender_of, on_drop=lambda *drop: drops.append(drop)
+    )
+    transfers = [_tiny_chunks(1000, b"xy") for _ in range(4)]
+    evil_topic = "pfl/f/device/evil/update"
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+
+    # Execute
+    for chunks in transfers:
+        for chunk in chunks[:-1]:
+            reassembler.add(evil_topic, chunk, now=0.0)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+
+    # Assert: what the reassembler holds (really, not just its bodies) stays under the limit
+    assert grown <= limit
+    assert reassembler.held_bytes <= limit
+    assert drops
+    assert {sender for sender, _, _ in drops} == {"evil"}
+    payload = os.urandom(2000)
+    results = [
+        reassembler.add("pfl/f/device/honest/update", c) for c in chunking.split(payload, 500)
+    ]
+    assert results[-1] == payload
+
+
+def test_a_transfer_whose_chunk_count_cannot_fit_is_refused_at_its_first_chunk() -> None:
+    # Prepare: 100 bytes of data in 100 one-byte chunks: 100 + 100 * 144 bytes of memory
+    drops: list[tuple[str, str, str]] = []
+    reassembler = chunking.Reassembler(
+        10_000, sender_of=sender_of, on_drop=lambda *drop: drops.append(drop)
+    )
+
+    # Execute
+    for chunk in _tiny_chunks(100, b"z"):
+        reassembler.add("pfl/f/device/evil/update", chunk, now=0.0)
+
+    # Assert: one drop, nothing held
+    assert reassembler.pending == 0
+    assert reassembler.held_bytes == 0
+    assert [(sender, reason) for sender, _, reason in drops] == [
+        (
+            "evil",
+            "100 bytes in 100 chunks would hold 14500 bytes of memory, over the 10000-byte limit",
+        )
+    ]

@@ -433,3 +433,37 @@ def test_a_peer_request_names_each_owner_once() -> None:
         )
     with pytest.raises(ValidationError, match="at least 1"):
         PeerRequest(run_id=RUN, round_id=1, phase="evaluate", device_id="pi-3", models=())
+
+
+@pytest.mark.parametrize(
+    ("changes", "complaint"),
+    [
+        ({"metric_name": "accuracy", "personalized": 1e30}, "accuracy 1e\\+30 is outside"),
+        ({"metric_name": "accuracy", "personalized": 1.01}, "accuracy 1.01 is outside"),
+        ({"metric_name": "accuracy", "personalized": 0.5, "global_model": -0.1}, "outside"),
+        ({"metric_name": "mse", "personalized": -0.5}, "mse -0.5 is outside"),
+    ],
+)
+def test_an_evaluation_outside_its_metric_range_is_refused(
+    changes: dict[str, object], complaint: str
+) -> None:
+    # Prepare
+    fields = fields_of(EVALUATION) | changes
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match=complaint):
+        parse_header(json.dumps(fields))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"metric_name": "accuracy", "personalized": 0.0, "global_model": 1.0},
+        {"metric_name": "mse", "personalized": 0.0, "global_model": 1e6},
+    ],
+)
+def test_an_evaluation_at_the_ends_of_its_metric_range_is_accepted(
+    changes: dict[str, object],
+) -> None:
+    fields = fields_of(EVALUATION) | changes
+    assert parse_header(json.dumps(fields)) == EVALUATION.model_copy(update=changes)
