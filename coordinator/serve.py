@@ -43,6 +43,8 @@ from protocols.transport.run_access import coordinator_client_id
 
 logger = logging.getLogger(__name__)
 WAIT_PROGRESS_S = 10.0
+RETRY_BACKOFF_S: Final = 5.0
+"""The least a first failed round attempt lasts before the retry; doubled for each further one."""
 """How often a coordinator waiting for devices says who is there."""
 Notify = Callable[[str], None]
 
@@ -320,6 +322,17 @@ def _names(ids: list[str], shown: int = 8) -> str:
     return ", ".join(ids[:shown]) + more
 
 
+def retry_pause_s(attempt: int, elapsed_s: float, round_timeout_s: float) -> float:
+    """How long to wait before retry `attempt`, so that quick failures do not burn the retries.
+
+    A round every selected device declined fails at once: retried at once, the same devices
+    (charging, busy, short of memory) would decline again and the run would end in seconds.
+    Each attempt lasts at least 5 s, 10 s, 20 s, ... (never more than the round deadline).
+    """
+    least = min(round_timeout_s, RETRY_BACKOFF_S * 2 ** (attempt - 1))
+    return max(0.0, least - elapsed_s)
+
+
 def _run_round_with_retries(
     coordinator: Coordinator,
     settings: ServeSettings,
@@ -329,12 +342,14 @@ def _run_round_with_retries(
     attempt = 0
     while True:
         _wait_for_fleet(coordinator, settings, say)
+        started = time.monotonic()
         try:
             return run_round()
         except RoundError as error:
             attempt += 1
             if attempt > settings.round_retries:
                 raise
+            pause = retry_pause_s(attempt, time.monotonic() - started, settings.round_timeout)
             logger.warning(
                 "round %d failed (%s); retry %d of %d",
                 coordinator.round_id + 1,
@@ -342,4 +357,5 @@ def _run_round_with_retries(
                 attempt,
                 settings.round_retries,
             )
-            say(f"round {coordinator.round_id + 1} failed ({error}); retrying")
+            say(f"round {coordinator.round_id + 1} failed ({error}); retrying in {pause:.0f} s")
+            time.sleep(pause)
