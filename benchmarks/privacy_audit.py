@@ -41,6 +41,7 @@ import torch
 
 from benchmarks.audit_bounds import audit_lower_bound, one_shot_estimate
 from benchmarks.common import markdown_table, write_section
+from coordinator.accountant import DpRound, epsilon_of
 from coordinator.privacy import PrivacyEngine
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
@@ -211,26 +212,50 @@ def audit(
 
 
 @dataclass(frozen=True)
+class Misreported:
+    """A check on the audit itself: `run`'s noise, but the epsilon of `claimed` reported.
+
+    An accountant that under-reports by this much must fail the audit. Poisson runs only (the
+    claimed epsilon takes the sampling rate alone).
+    """
+
+    run: FedAvgRun
+    claimed: float
+
+    def __call__(self, canaries: Canaries, rng: np.random.Generator) -> Release:
+        """The run's releases, with the epsilon of the claimed noise multiplier."""
+        released = self.run(canaries, rng)
+        population = 1_000_000
+        spent = DpRound(self.claimed, population, self.run.participation * population)
+        epsilon = epsilon_of([spent] * self.run.rounds, "poisson", self.run.settings.delta)
+        return Release(released.aggregates, epsilon)
+
+
+@dataclass(frozen=True)
 class Config:
-    """One row of the table: the mechanism in words and the run."""
+    """One row of the table: the mechanism in words and the run (misreported, for the check)."""
 
     label: str
     run: FedAvgRun
+    claimed: float | None = None
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """The callable audited: the run, or the run with its epsilon misreported."""
+        return self.run if self.claimed is None else Misreported(self.run, self.claimed)
 
     def describe(self) -> list[str]:
         """The mechanism, z, rounds and sampling, as table cells."""
-        settings, run = self.settings, self.run
+        settings, run = self.run.settings, self.run
         drawn = (
             f"Poisson q={run.participation:g}"
             if settings.sampling == "poisson"
-            else f"fixed {run.participation:g} of the fleet"
+            else f"fixed, {run.participation:.0%} of the fleet"
         )
-        return [self.label, f"{settings.noise_multiplier:g}", str(run.rounds), drawn]
-
-    @property
-    def settings(self) -> PrivacySettings:
-        """The run's DP settings."""
-        return self.run.settings
+        z = f"{settings.noise_multiplier:g}"
+        if self.claimed is not None:
+            z += f" (reports z={self.claimed:g})"
+        return [self.label, z, str(run.rounds), drawn]
 
 
 def dp(z: float, **options: object) -> PrivacySettings:
@@ -238,14 +263,18 @@ def dp(z: float, **options: object) -> PrivacySettings:
     return PrivacySettings.model_validate({"noise_multiplier": z, "delta": DELTA, **options})
 
 
+COORDINATOR: Final = "DP-FedAvg, coordinator noise"
 CONFIGS: Final = (
-    Config("DP-FedAvg, coordinator noise", FedAvgRun(dp(1.0), 0.5, 5)),
-    Config("DP-FedAvg, coordinator noise", FedAvgRun(dp(0.8), 0.1, 20)),
-    Config("DP-FedAvg, coordinator noise", FedAvgRun(dp(2.0, sampling="fixed"), 0.5, 5)),
-    Config("DP-FedAvg, device noise (secure sum)", FedAvgRun(dp(1.0, placement="device"), 0.5, 5)),
-    Config("DP-FedAvg, adaptive clipping", FedAvgRun(dp(1.0, adaptive_clipping=True), 0.5, 5)),
+    Config(COORDINATOR, FedAvgRun(dp(2.5), 0.5, 10)),
+    Config(COORDINATOR, FedAvgRun(dp(3.0), 1.0, 5)),
+    Config(COORDINATOR, FedAvgRun(dp(1.0), 0.1, 20)),
+    Config(COORDINATOR, FedAvgRun(dp(5.0, sampling="fixed"), 0.5, 5)),
+    Config(COORDINATOR, FedAvgRun(dp(6.0, sampling="fixed"), 1.0, 5)),
+    Config("DP-FedAvg, device noise (secure sum)", FedAvgRun(dp(2.5, placement="device"), 0.5, 10)),
+    Config("DP-FedAvg, adaptive clipping", FedAvgRun(dp(2.5, adaptive_clipping=True), 0.5, 10)),
     Config("sanity: tiny noise", FedAvgRun(dp(0.2), 0.5, 10)),
     Config("sanity: no noise", FedAvgRun(dp(0.0), 0.5, 10)),
+    Config("check: under-reported", FedAvgRun(dp(0.5), 0.5, 10), claimed=8.0),
 )
 CANARIES: Final = 1000
 DIMENSION: Final = 5000
@@ -259,7 +288,7 @@ def main() -> None:
     """Audit every configuration once and write the table."""
     rows = []
     for index, config in enumerate(CONFIGS):
-        result = audit(config.run, canaries=CANARIES, dimension=DIMENSION, seed=index)
+        result = audit(config.mechanism, canaries=CANARIES, dimension=DIMENSION, seed=index)
         rows.append([
             *config.describe(), _cell(result.reported),
             f"**{_cell(result.lower_bound)}** ({result.correct}/{result.guesses})",
