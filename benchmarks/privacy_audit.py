@@ -43,6 +43,7 @@ from benchmarks.audit_bounds import audit_lower_bound, one_shot_estimate
 from benchmarks.common import markdown_table, write_section
 from coordinator.accountant import DpRound, epsilon_of
 from coordinator.privacy import PrivacyEngine
+from coordinator.selection import select_devices
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize
@@ -153,12 +154,10 @@ class FedAvgRun:
     def _select(
         self, engine: PrivacyEngine, fleet: FleetSnapshot, rng: np.random.Generator
     ) -> list[str]:
-        """The round's cohort: the engine's Poisson draw, or a uniform sample of fixed size."""
+        """The round's cohort: the engine's Poisson draw, or the strategies' fixed-size sample."""
         if self.settings.sampling == "poisson":
             return engine.cohort(fleet, rng).online()
-        online = fleet.online()
-        size = max(1, round(self.participation * len(online)))
-        return sorted(str(d) for d in rng.choice(online, size, replace=False))
+        return list(select_devices(fleet.online(), self.participation, rng))
 
     @staticmethod
     def _device(
