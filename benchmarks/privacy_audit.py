@@ -13,17 +13,20 @@ the lowest, and turns its correct guesses into an epsilon lower bound at 95%
 (`benchmarks.audit_bounds`).
 
 A mechanism is a callable, `Mechanism`: given the canaries and a generator it runs its rounds and
-returns what each round released (in update units) and the epsilon it reports. `FedAvgRun` is
-DP-FedAvg as the coordinator runs it: the coordinator's `PrivacyEngine` plans each round
-(Poisson or fixed-size cohort, the noise, adaptive clipping), each sampled device applies
+returns what each round released (in update units) and the epsilon it reports. `EngineRun` is a
+run as the coordinator does it: the coordinator's `PrivacyEngine` plans each round (Poisson or
+fixed-size cohort, the noise, adaptive clipping), each sampled device applies
 `device_agent.privacy.privatize` (clip, its noise share, its within-clip bit), and the engine
 privatizes and accounts what arrives: each update (coordinator placement), or their sum
 (device placement, which runs only under secure aggregation: the masks cancel in the sum, and
-the audit takes the sum exactly, without the protocol's fixed-point rounding). DP-FTRL plugs in
-the same way: a callable that lets each present canary contribute norm * u_i in the rounds it
-takes part in, runs its tree aggregation through its own clip and noise code, and returns each
-round's noised increment (the difference of consecutive released prefix sums) with its
-accountant's epsilon; scores and bounds are unchanged.
+the audit takes the sum exactly, without the protocol's fixed-point rounding).
+
+DP-FTRL plugs in the same way. If its tree noise and accountant sit behind the engine (selected
+by the run's settings), it is an `EngineRun` of those settings with `out="zero"`: a tree without
+sampling is accounted for removing a device's contributions, so an "out" canary takes part and
+sends nothing; each round's release is then the difference of consecutive noisy prefix sums,
+and the scores (their sum: the last prefix) and the bound are unchanged. A mechanism outside the
+engine is any callable returning those per-round releases and its epsilon.
 
     python -m benchmarks.privacy_audit
 """
@@ -34,7 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 import torch
@@ -89,20 +92,30 @@ def canary_id(index: int) -> str:
     return f"canary-{index:05d}"
 
 
+OutCanary = Literal["absent", "opposite", "zero"]
+"""What a canary that drew "out" does: stays out of the fleet (add/remove one device), takes
+part sending -norm * u_i (replace one), or takes part sending nothing (zero out)."""
+
+
 @dataclass(frozen=True)
-class FedAvgRun:
-    """DP-FedAvg through the project's privacy code: the engine, the devices' privatize."""
+class EngineRun:
+    """A run through the project's privacy code: the engine's rounds, the devices' privatize."""
 
     settings: PrivacySettings
     participation: float
     rounds: int
     others: int = 100
     """Ordinary devices, each sending a random update of norm between C/2 and 2C each round."""
+    out: OutCanary | None = None
+    """The neighbour relation audited; by default the one the sampling is accounted under
+    (Poisson: absent; fixed size: opposite)."""
 
     @property
-    def replace_one(self) -> bool:
-        """Fixed-size sampling is accounted under replace-one: "out" canaries send -u_i."""
-        return self.settings.sampling == "fixed"
+    def out_canary(self) -> OutCanary:
+        """What an "out" canary does in this run."""
+        if self.out is not None:
+            return self.out
+        return "absent" if self.settings.sampling == "poisson" else "opposite"
 
     def __call__(self, canaries: Canaries, rng: np.random.Generator) -> Release:
         """Run the rounds; the aggregate each released (what the strategy averages)."""
@@ -142,8 +155,9 @@ class FedAvgRun:
         for index, (direction, inside) in enumerate(
             zip(canaries.directions, canaries.included, strict=True)
         ):
-            if inside or self.replace_one:
-                present[canary_id(index)] = (1.0 if inside else -1.0) * canaries.norm * direction
+            sign = {"absent": 0.0, "opposite": -1.0, "zero": 0.0}[self.out_canary]
+            if inside or self.out_canary != "absent":
+                present[canary_id(index)] = (1.0 if inside else sign) * canaries.norm * direction
         return present
 
     def _ordinary(self, rng: np.random.Generator, dimension: int) -> np.ndarray:
@@ -154,10 +168,14 @@ class FedAvgRun:
     def _select(
         self, engine: PrivacyEngine, fleet: FleetSnapshot, rng: np.random.Generator
     ) -> list[str]:
-        """The round's cohort: the engine's Poisson draw, or the strategies' fixed-size sample."""
+        """The round's cohort: the engine's Poisson draw, or the strategies' fixed-size sample.
+
+        Either is drawn from the devices the engine leaves online (as `rounds.py` plans on).
+        """
+        candidates = engine.cohort(fleet, rng).online()
         if self.settings.sampling == "poisson":
-            return engine.cohort(fleet, rng).online()
-        return list(select_devices(fleet.online(), self.participation, rng))
+            return candidates
+        return list(select_devices(candidates, self.participation, rng))
 
     @staticmethod
     def _device(
@@ -218,7 +236,7 @@ class Misreported:
     claimed epsilon takes the sampling rate alone).
     """
 
-    run: FedAvgRun
+    run: EngineRun
     claimed: float
 
     def __call__(self, canaries: Canaries, rng: np.random.Generator) -> Release:
@@ -235,7 +253,7 @@ class Config:
     """One row of the table: the mechanism in words and the run (misreported, for the check)."""
 
     label: str
-    run: FedAvgRun
+    run: EngineRun
     claimed: float | None = None
 
     @property
@@ -264,16 +282,16 @@ def dp(z: float, **options: object) -> PrivacySettings:
 
 COORDINATOR: Final = "DP-FedAvg, coordinator noise"
 CONFIGS: Final = (
-    Config(COORDINATOR, FedAvgRun(dp(2.5), 0.5, 10)),
-    Config(COORDINATOR, FedAvgRun(dp(3.0), 1.0, 5)),
-    Config(COORDINATOR, FedAvgRun(dp(1.0), 0.1, 20)),
-    Config(COORDINATOR, FedAvgRun(dp(5.0, sampling="fixed"), 0.5, 5)),
-    Config(COORDINATOR, FedAvgRun(dp(6.0, sampling="fixed"), 1.0, 5)),
-    Config("DP-FedAvg, device noise (secure sum)", FedAvgRun(dp(2.5, placement="device"), 0.5, 10)),
-    Config("DP-FedAvg, adaptive clipping", FedAvgRun(dp(2.5, adaptive_clipping=True), 0.5, 10)),
-    Config("sanity: tiny noise", FedAvgRun(dp(0.2), 0.5, 10)),
-    Config("sanity: no noise", FedAvgRun(dp(0.0), 0.5, 10)),
-    Config("check: under-reported", FedAvgRun(dp(0.5), 0.5, 10), claimed=8.0),
+    Config(COORDINATOR, EngineRun(dp(2.5), 0.5, 10)),
+    Config(COORDINATOR, EngineRun(dp(3.0), 1.0, 5)),
+    Config(COORDINATOR, EngineRun(dp(1.0), 0.1, 20)),
+    Config(COORDINATOR, EngineRun(dp(5.0, sampling="fixed"), 0.5, 5)),
+    Config(COORDINATOR, EngineRun(dp(6.0, sampling="fixed"), 1.0, 5)),
+    Config("DP-FedAvg, device noise (secure sum)", EngineRun(dp(2.5, placement="device"), 0.5, 10)),
+    Config("DP-FedAvg, adaptive clipping", EngineRun(dp(2.5, adaptive_clipping=True), 0.5, 10)),
+    Config("sanity: tiny noise", EngineRun(dp(0.2), 0.5, 10)),
+    Config("sanity: no noise", EngineRun(dp(0.0), 0.5, 10)),
+    Config("check: under-reported", EngineRun(dp(0.5), 0.5, 10), claimed=8.0),
 )
 CANARIES: Final = 1000
 DIMENSION: Final = 5000

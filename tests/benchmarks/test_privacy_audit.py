@@ -26,7 +26,17 @@ from benchmarks.audit_bounds import (
     one_shot_estimate,
     p_value,
 )
-from benchmarks.privacy_audit import CONFIGS, DELTA, Config, FedAvgRun, Mechanism, audit, dp
+from benchmarks.privacy_audit import (
+    CONFIGS,
+    DELTA,
+    Config,
+    EngineRun,
+    Mechanism,
+    OutCanary,
+    audit,
+    dp,
+)
+from protocols.privacy import Sampling
 
 
 def theorem_3(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -131,9 +141,16 @@ def test_the_audit_catches_an_under_reported_epsilon() -> None:
     assert result.lower_bound > result.reported
 
 
-def test_with_no_noise_the_audit_finds_a_large_epsilon() -> None:
-    """The audit has power: without noise almost every guess is right."""
-    result = audit(FedAvgRun(dp(0.0), 0.5, 10, others=20), canaries=200, dimension=2000, seed=1)
+@pytest.mark.parametrize(
+    ("sampling", "participation", "out"),
+    [("poisson", 0.5, None), ("fixed", 1.0, "opposite"), ("fixed", 1.0, "zero")],
+)
+def test_with_no_noise_the_audit_finds_a_large_epsilon(
+    sampling: Sampling, participation: float, out: OutCanary | None
+) -> None:
+    """The audit has power: without noise almost every guess is right, whatever "out" means."""
+    run = EngineRun(dp(0.0, sampling=sampling), participation, 10, others=20, out=out)
+    result = audit(run, canaries=200, dimension=2000, seed=1)
     assert math.isinf(result.reported)
     assert result.lower_bound > 3.0
     assert result.estimate > 5.0
@@ -141,7 +158,7 @@ def test_with_no_noise_the_audit_finds_a_large_epsilon() -> None:
 
 def test_the_audit_follows_the_noise() -> None:
     """More noise, the same run otherwise: the canaries are harder to tell apart."""
-    low = audit(FedAvgRun(dp(0.5), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
-    high = audit(FedAvgRun(dp(3.0), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
+    low = audit(EngineRun(dp(0.5), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
+    high = audit(EngineRun(dp(3.0), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
     assert high.lower_bound < low.lower_bound
     assert high.estimate < low.estimate
