@@ -269,8 +269,8 @@ class PrivacyEngine:
             std = noise.indicator_std if central else 0.0
             # a device may lie: each bit counts at most as an honest bit plus 8 noise deviations
             honest, spread = 0.5, 8 * noise.device.indicator_std
-            if reporters is not None:  # one secure sum of k centred bits
-                honest, spread = 0.5 * k, spread * math.sqrt(max(k, 1))
+            if len(bits) == 1 and k > 1:  # one secure sum of k centred bits
+                honest, spread = 0.5 * k, spread * math.sqrt(k)
             count = sum(min(max(b, -honest - spread), honest + spread) for b in bits)
             count += std * float(torch.randn((), generator=self._generator, dtype=torch.float64))
             fraction = within_fraction(count, noise.cohort)

@@ -210,6 +210,18 @@ def test_a_lying_within_clip_bit_counts_at_most_as_an_honest_one() -> None:
     assert lying.finish([0.5] * 99 + [1e6])["dp_within_clip"] == pytest.approx(fair)
 
 
+def test_a_lying_bit_is_capped_as_one_device_when_the_engine_names_the_reporters() -> None:
+    # the round engine passes its reporters whether or not they were summed securely
+    settings = {"noise_multiplier": 1.0, "adaptive_clipping": True, "placement": "device"}
+    honest, lying = _engine(**settings), _engine(**settings)
+    fleet, devices = _fleet(1000), [f"dev-{i:04d}" for i in range(100)]
+    device = honest.plan(fleet, devices)
+    lying.plan(fleet, devices)
+    ceiling = 0.5 + 8 * device.indicator_std
+    fair = honest.finish([0.5] * 99 + [ceiling], reporters=100)["dp_within_clip"]
+    assert lying.finish([0.5] * 99 + [1e6], reporters=100)["dp_within_clip"] == pytest.approx(fair)
+
+
 def test_poisson_cohort_keeps_each_device_with_the_sampling_rate() -> None:
     rng = np.random.default_rng(0)
     sizes = [len(poisson_cohort(_fleet(1000), 0.1, rng).online()) for _ in range(50)]
