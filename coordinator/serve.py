@@ -329,7 +329,7 @@ def retry_pause_s(attempt: int, elapsed_s: float, round_timeout_s: float) -> flo
     (charging, busy, short of memory) would decline again and the run would end in seconds.
     Each attempt lasts at least 5 s, 10 s, 20 s, ... (never more than the round deadline).
     """
-    least = min(round_timeout_s, RETRY_BACKOFF_S * 2 ** (attempt - 1))
+    least = min(round_timeout_s, RETRY_BACKOFF_S * 2.0 ** (attempt - 1))
     return max(0.0, least - elapsed_s)
 
 
