@@ -28,6 +28,7 @@ from coordinator.registry import FleetRegistry
 from coordinator.relay import RelayHook
 from coordinator.round_types import EngineSettings
 from coordinator.secure_aggregation import SecureAggregator
+from coordinator.silence import SilentDevices
 from coordinator.strategies.base import ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.errors import PflError, RoundError, describe
@@ -58,6 +59,7 @@ class DeviceMessages:
     offences: Offences
     quarantine: Quarantine
     flaps: FlapWatch
+    silent: SilentDevices
     secure: SecureAggregator | None
     run_id: str
     bytes_up: int
@@ -148,6 +150,8 @@ class DeviceMessages:
             self.models.acknowledge(update.device_id)
             self.registry.on_update(update.device_id, update.round_id, None)
             return
+        if update.run_id == self.run_id:  # even after its round closed: a sign of life
+            self.silent.heard([update.device_id])
         collector = answered_collector(self._train, update, self.run_id, topic)
         declared = self.registry.declared_samples(update.device_id)
         check_claims(update, self.strategy.name, declared, topic)

@@ -31,6 +31,7 @@ from coordinator.relay import RelayHook, relay_for
 from coordinator.round_types import EngineSettings, RoundRecord, coordinator_will
 from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_bound
 from coordinator.secure_retry import SecureRequest, SkippedRound, account_skipped, secure_round
+from coordinator.silence import SilentDevices
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
@@ -85,6 +86,7 @@ class Coordinator(DeviceMessages):
         self.rejected = 0
         self.offences = Offences()
         self.quarantine = Quarantine(settings.guard.quarantine_after)
+        self.silent = SilentDevices()
         self.flaps = FlapWatch()
         self.last_fleet_status: FleetStatus | None = None
         self.last_scalars: dict[str, float] = {}
@@ -340,9 +342,8 @@ class Coordinator(DeviceMessages):
         self._train = collector
         self._pass_over_quarantined(collector)
         self.announce(round_id, "train", plan, privacy=dp)
-        settled = self.transport.wait_until(
-            lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
-        )
+        online = self.registry.online_ids
+        settled = self.silent.wait(self.transport, collector, online, self.settings.round_timeout_s)
         self._train = None
         updates = collector.sorted_answers()
         if len(updates) < needed:

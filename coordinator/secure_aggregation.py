@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from coordinator.aggregate_guard import cap_shares
 from coordinator.intake import Collector
+from coordinator.silence import SilentDevices
 from coordinator.strategies.base import ReceivedUpdate, RelayStrategy, Strategy
 from protocols import secure_aggregation as sa
 from protocols import topics
@@ -56,9 +57,6 @@ NOISE_ROOM = 8.0
 """Each entry's clamp leaves this many noise standard deviations above the clip norm."""
 SHORT_PHASES = frozenset({"keys", "shares", "reveal"})
 """Phases of messages only (no training): an honest device answers them within moments."""
-GRACE_SHARE = 0.05
-"""Of a short phase's deadline: how long it still waits, once everyone else is in, for a device
-that let such a deadline pass while connected and has not completed a round since."""
 REFUSED = {
     "selffl": "Self-FL weighs each update by its device's own uncertainty and adapts local "
     "steps to the spread of the devices' estimates: both need each device's scalars in clear",
@@ -228,7 +226,7 @@ class SecureAggregator:
         self._phase: Collector[object] | None = None
         self._closed: tuple[str, int] | None = None
         """The round that finished last: its late answers are expected, not offences."""
-        self._silent: set[str] = set()
+        self._silent = SilentDevices()
         """Devices that stayed connected and silent through a short phase's deadline, and have
         not been in a sum since: short phases wait for them only a grace once others are in."""
 
@@ -374,7 +372,7 @@ class SecureAggregator:
             raise RoundError(msg, round_id=state.round_id)
         total = _unmask(state, masked_inputs, seeds, mask_keys)  # type: ignore[arg-type]
         secure_sum = _decoded(state, total, dropped)
-        self._silent -= set(state.survivors)  # they did their part of a whole round
+        self._silent.heard(state.survivors)  # they did their part of a whole round
         return secure_sum
 
     def _collect(
@@ -398,21 +396,13 @@ class SecureAggregator:
             collector.decline(device_id)
         self._phase = collector
         send()
-        silent = expected & self._silent if phase in SHORT_PHASES else set()
-
-        def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
-            return collector.settled(waiting_for()) or (enough is not None and enough())
-
-        ended = self.transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
-        if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline
-            self.transport.wait_until(lambda: settled(online), GRACE_SHARE * timeout_s)
-        if not ended and phase in SHORT_PHASES:
-            now = online()
-            self._silent |= {
-                d
-                for d in expected
-                if d in now and d not in collector.answers and d not in collector.declined
-            }
+        if phase in SHORT_PHASES:
+            self._silent.wait(self.transport, collector, online, timeout_s, enough)
+        else:  # training takes its time: a device silent in a short phase gets all of it
+            self.transport.wait_until(
+                lambda: collector.settled(online()) or (enough is not None and enough()),
+                timeout_s,
+            )
         self._phase = None
         return {d: collector.answers[d] for d in sorted(collector.answers)}
 

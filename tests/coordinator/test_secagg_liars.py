@@ -19,8 +19,8 @@ import torch
 from coordinator.pipeline import build_coordinator, plan_stages
 from coordinator.privacy import privacy_engine
 from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.secure_aggregation import GRACE_SHARE
 from coordinator.settings import SimulationSettings
+from coordinator.silence import GRACE_SHARE
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient

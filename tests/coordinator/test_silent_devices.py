@@ -1,0 +1,99 @@
+"""A device online but silent costs a round its deadline once; later rounds give it a grace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from coordinator.pipeline import build_coordinator, plan_stages
+from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.settings import SimulationSettings
+from coordinator.silence import GRACE_SHARE
+from pfl_tasks.registry import load_task
+from protocols import topics
+from protocols.codec import encode_frame, pack_tensors
+from protocols.messages import DeviceUpdate, RoundAnnouncement
+from protocols.transport.base import Transport
+from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import TASK, hub_agents, hub_impostor
+
+DEADLINE_S = 2.0
+SILENT = "dev-silent"
+
+
+@dataclass
+class Run:
+    coordinator: Coordinator
+    waits: list[tuple[float, bool]] = field(default_factory=list)
+    """Each wait's timeout and whether it ended before it."""
+    announcements: list[RoundAnnouncement] = field(default_factory=list)
+    """What the silent device was asked (it never answers in time)."""
+    silent: list[Transport] = field(default_factory=list)
+
+
+def silent_fleet() -> Run:
+    task = load_task(TASK)
+    model = task.build_model(0)
+    broker = InProcessBroker()
+    settings = SimulationSettings.load(None, task=TASK, algorithm="fedavg", devices=3)
+    transport = broker.connect("coordinator")
+    coordinator = build_coordinator(
+        lambda: transport,
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task=TASK, rounds=5, quorum=0.5, round_timeout_s=DEADLINE_S, seed=1),
+    )
+    run = Run(coordinator)
+    waited = transport.wait_until
+
+    def recorded(predicate: Callable[[], bool], timeout_s: float) -> bool:
+        done = waited(predicate, timeout_s)
+        run.waits.append((timeout_s, done))
+        return done
+
+    transport.wait_until = recorded  # type: ignore[method-assign]
+    coordinator.start()
+
+    def keep_quiet(device: Transport, announcement: RoundAnnouncement) -> None:
+        run.silent[:] = [device]
+        run.announcements.append(announcement)
+
+    hub_impostor(broker, SILENT, keep_quiet)
+    hub_agents(broker, ["dev-0", "dev-1", "dev-2"])
+    assert coordinator.wait_for_devices(4, 2.0)
+    run.waits.clear()
+    return run
+
+
+def test_a_silent_device_costs_one_deadline_then_only_a_grace_until_heard_from() -> None:
+    run = silent_fleet()
+    # Execute / Assert: the first round waits its whole deadline for the silent device
+    first = run.coordinator.run_round()
+    assert first.participants == 3
+    assert (DEADLINE_S, False) in run.waits
+    # the next one ends a grace after the others are in
+    run.waits.clear()
+    second = run.coordinator.run_round()
+    assert second.participants == 3
+    assert (DEADLINE_S, False) not in run.waits
+    assert (DEADLINE_S, True) in run.waits
+    assert (DEADLINE_S * GRACE_SHARE, False) in run.waits
+    # a late answer (a slow device, not a dead one) earns it the whole deadline again
+    late = run.announcements[-1]
+    manifest, blob = pack_tensors({"w": torch.zeros(1)})
+    update = DeviceUpdate(
+        run_id=late.run_id,
+        round_id=late.round_id,
+        device_id=SILENT,
+        algorithm=late.algorithm,
+        num_samples=1,
+        train_loss=0.0,
+        manifest=manifest,
+    )
+    run.silent[0].publish(topics.device("default", SILENT, "update"), encode_frame(update, blob))
+    run.coordinator.transport.wait_until(lambda: False, 0.2)  # delivered, dropped as late
+    run.waits.clear()
+    run.coordinator.run_round()
+    assert (DEADLINE_S, False) in run.waits
