@@ -7,7 +7,10 @@ Renyi DP alpha * k / (2 z^2) and the privacy loss of one Gaussian of multiplier 
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import dp_accounting
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
+from typer.testing import CliRunner
 
 from coordinator.accountant import (
     PLD_INTERVAL,
@@ -23,9 +27,8 @@ from coordinator.accountant import (
     fleet_epsilons,
     relation,
 )
+from coordinator.cli import app
 from coordinator.rounds import Coordinator
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
 from protocols.privacy import Sampling
 from tests.coordinator.test_accountant import gaussian_epsilon
 
@@ -94,7 +97,7 @@ def test_the_fleet_accountant_keeps_the_worst_device_as_rounds_come() -> None:
 
 @pytest.mark.slow
 def test_a_simulated_run_reports_the_fleet_figure_beside_the_outside_one(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each round's announced cohort, read as a device reads it, gives the worst device."""
     announced: dict[int, tuple[str, ...]] = {}
@@ -106,21 +109,15 @@ def test_a_simulated_run_reports_the_fleet_figure_beside_the_outside_one(
         announce(self, round_id, phase, plan, **options)
 
     monkeypatch.setattr(Coordinator, "announce", read)
-    settings = SimulationSettings.load(
-        None,
-        task="digits",
-        devices=10,
-        rounds=5,
-        participation=0.3,
-        dp_noise=1.0,
-        seed=3,
-        workers=1,
-    )
-    result = run_simulation(settings)
+    command = "simulate --task digits --devices 10 --rounds 5 --participation 0.3 --dp-noise 1.0"
+    result = CliRunner().invoke(app, [*command.split(), "--seed", "3", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round_id"] for r in records] == [1, 2, 3, 4, 5]
     taken: dict[str, int] = {}
-    for record in result.records:
-        scalars = record.scalars
-        for device in announced.get(record.round_id, ()):
+    for record in records:
+        scalars = record["scalars"]
+        for device in announced.get(record["round_id"], ()):
             taken[device] = taken.get(device, 0) + 1
         most = max(taken.values(), default=0)
         assert most >= 1
@@ -128,5 +125,8 @@ def test_a_simulated_run_reports_the_fleet_figure_beside_the_outside_one(
         assert exact <= scalars["dp_epsilon_vs_fleet"] <= exact * 1.01
         assert scalars["dp_epsilon_vs_fleet"] >= scalars["dp_epsilon"]
     assert max(taken.values()) >= 2  # some device took part more than once
-    assert result.summary.privacy is not None
-    assert result.summary.privacy["epsilon_vs_fleet"] == scalars["dp_epsilon_vs_fleet"]
+    privacy = json.loads((tmp_path / "summary.json").read_text())["privacy"]
+    assert privacy["epsilon_vs_fleet"] == scalars["dp_epsilon_vs_fleet"]
+    printed = re.search(r"DP epsilon vs fleet\s+│\s+([0-9.]+) │", result.output)
+    assert printed is not None
+    assert printed[1] == f"{privacy['epsilon_vs_fleet']:.3f}"
