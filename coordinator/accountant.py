@@ -27,7 +27,7 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -295,3 +295,77 @@ def _bisect(spent: Any, target: float, low: float, high: float) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if spent(middle) > target else (low, middle)
     return high
+
+
+Taken = Mapping[float, int]
+"""The rounds one device took part in: how many at each noise multiplier."""
+
+
+def fleet_epsilons(taken: Mapping[str, Taken], sampling: Sampling, delta: float) -> Epsilons:
+    """Epsilon at `delta` against observers who know every round's cohort: the worst device's.
+
+    Such an observer (a device of the fleet, the broker) reads every announcement, so sampling
+    amplifies nothing: a device is exposed only in the rounds it took part in, each a Gaussian
+    of that round's multiplier under the run's neighbour relation (replace-one: z/2 for RDP, z
+    for the PLD under REPLACE_ONE, as in `round_event`). Gaussians compose to the Gaussian of
+    the summed 1 / z^2 (Dong, Roth and Su 2019), whose epsilon grows with that sum: the device
+    with the largest sum is the worst, and its rounds are composed by both accountants.
+    """
+    if not taken:
+        return Epsilons(0.0, 0.0)
+    worst = max(taken.values(), key=exposure)
+    return _fleet_epsilons(tuple(sorted(worst.items())), sampling, delta)
+
+
+def exposure(taken: Taken) -> float:
+    """The sum of 1 / z^2 over a device's rounds (inf if one had no noise)."""
+    return sum(count / z**2 if z > 0 else math.inf for z, count in taken.items() if count)
+
+
+@functools.lru_cache(maxsize=64)
+def _fleet_epsilons(
+    taken: tuple[tuple[float, int], ...], sampling: Sampling, delta: float
+) -> Epsilons:
+    rounds = [(z, count) for z, count in taken if count]
+    if not rounds:
+        return Epsilons(0.0, 0.0)
+    if any(z <= 0 for z, _ in rounds):
+        return Epsilons(math.inf, math.inf)
+    halved = 1.0 if sampling == "poisson" else 2.0  # replace-one: the sum moves 2C
+    renyi = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation(sampling))
+    tight = pld.PLDAccountant(relation(sampling), value_discretization_interval=PLD_INTERVAL)
+    for z, count in rounds:
+        renyi.compose(dp_accounting.GaussianDpEvent(z / halved), count)
+        tight.compose(dp_accounting.GaussianDpEvent(z), count)
+    return Epsilons(float(renyi.get_epsilon(delta)), float(tight.get_epsilon(delta)))
+
+
+class FleetAccountant:
+    """Each device's rounds as the fleet sees them, and the worst device, kept as rounds come.
+
+    A round costs one counter and one sum per device of its cohort, and the figure is composed
+    only when the worst device's rounds change (cached): cheap for fleets of thousands.
+    """
+
+    def __init__(self, sampling: Sampling, delta: float) -> None:
+        self.sampling = sampling
+        self.delta = delta
+        self.taken: dict[str, dict[float, int]] = {}
+        self._worst: str | None = None
+        self._worst_exposure = 0.0
+
+    def record(self, cohort: Sequence[str], noise_multiplier: float) -> Epsilons:
+        """Count a released round for each device of its `cohort`; the worst device's epsilons."""
+        for device in cohort:
+            counts = self.taken.setdefault(device, {})
+            counts[noise_multiplier] = counts.get(noise_multiplier, 0) + 1
+            load = exposure(counts)
+            if self._worst is None or load > self._worst_exposure:
+                self._worst, self._worst_exposure = device, load
+        return self.epsilons()
+
+    def epsilons(self) -> Epsilons:
+        """Epsilon against cohort-aware observers so far (see `fleet_epsilons`)."""
+        if self._worst is None:
+            return Epsilons(0.0, 0.0)
+        return fleet_epsilons({self._worst: self.taken[self._worst]}, self.sampling, self.delta)

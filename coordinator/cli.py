@@ -288,6 +288,9 @@ def _print_summary(result: SimulationResult | ServeResult) -> None:
         table.add_row(
             f"DP epsilon (delta {summary.privacy['delta']:g})", f"{summary.privacy['epsilon']:.3f}"
         )
+        table.add_row(  # against the fleet and the broker, who read every announced cohort
+            "DP epsilon vs fleet", f"{summary.privacy['epsilon_vs_fleet']:.3f}"
+        )
     table.add_row("bytes up", f"{summary.bytes_up:,}")
     table.add_row("bytes down", f"{summary.bytes_down:,}")
     table.add_row("wall seconds", f"{summary.wall_seconds:.2f}")

@@ -18,7 +18,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from coordinator.accountant import DpRound, Epsilons, PrivacyAccountant
+from coordinator.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
 from coordinator.selection import poisson_sample
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -149,7 +149,10 @@ class PrivacyEngine:
         self.clip_norm = settings.clip_norm
         self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
         self.spent = Epsilons(0.0, 0.0)
+        self.fleet = FleetAccountant(settings.sampling, settings.delta)
+        self.spent_vs_fleet = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
+        self._announced: tuple[str, ...] = ()
         self._generator = noise_generator(reproducible_seed)
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
@@ -192,6 +195,7 @@ class PrivacyEngine:
             indicator_std=indicator_std * share,
         )
         self._round = RoundNoise(device, population, cohort, update_z, indicator_std)
+        self._announced = tuple(selected)
         return device
 
     def over_budget(self, population: int) -> str:
@@ -284,10 +288,17 @@ class PrivacyEngine:
         return scalars
 
     def record(self, spent: DpRound) -> dict[str, float]:
-        """Count one round with the accountant; the epsilons and noise it reports for it."""
+        """Count one round with the accountants; the epsilons and noise it reports for it.
+
+        Against the fleet, the round counts for every device its announcement named (those
+        that did not answer too: an upper bound), at the round's multiplier.
+        """
         self.spent = self.accountant.record(spent)
+        self.spent_vs_fleet = self.fleet.record(self._announced, spent.noise_multiplier)
+        self._announced = ()
         scalars = {
             "dp_epsilon": self.epsilon,
+            "dp_epsilon_vs_fleet": self.spent_vs_fleet.tighter,
             "dp_epsilon_rdp": self.spent.rdp,
             "dp_noise_multiplier": spent.noise_multiplier,
         }
@@ -306,6 +317,7 @@ class PrivacyEngine:
             "epsilon": self.epsilon,
             "epsilon_rdp": self.spent.rdp,
             "epsilon_pld": self.spent.pld,
+            "epsilon_vs_fleet": self.spent_vs_fleet.tighter,
             "delta": self.settings.delta,
             "rounds_released": len(self.accountant.rounds),
             "target_epsilon": self.settings.target_epsilon,
