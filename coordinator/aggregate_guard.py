@@ -2,7 +2,8 @@
 
 A device with valid credentials chooses its sample count and its delta. Before a strategy
 aggregates, every update's count is capped at `max_count_ratio` times the round's lower median
-count (so liars who collude cannot buy weight together), then its weight (no device above
+count, more where the round's counts spread (so liars who collude cannot buy weight together),
+then its weight (no device above
 `max_weight_share` of the round's samples), and its norm is clipped to `norm_bound` times the
 round's lower median norm; after, an
 aggregate that is not finite, or moves the model by more than `max_growth` times its own norm,
@@ -90,8 +91,9 @@ def count_limit(counts: Sequence[int], max_ratio: float, spread_power: float) ->
     The multiple is `max_ratio`, or (Q3 / Q1) ** `spread_power` where the round's own counts are
     spread out (Q1, Q3: the lower and upper quartile of the positive counts, taken by rank), so a
     heavy-tailed honest fleet keeps its large devices whole while, in a fleet of similar devices,
-    liars are held to `max_ratio` x the median. Fewer than a quarter of the counts cannot move
-    Q3, fewer than half not the median. Infinite (no limit) when off or under two counts.
+    liars are held to `max_ratio` x the median. Fewer than a quarter of the counts cannot set a
+    quartile, fewer than half not the median, to a count of their own (only shift it to another
+    honest count). Infinite (no limit) when off or under two counts.
     """
     ordered = sorted(c for c in counts if c > 0)
     if max_ratio <= 0 or len(ordered) < 2:
