@@ -1,8 +1,11 @@
 """Bounds on what one device's update can do to the fleet's model, checked before it is applied.
 
 A device with valid credentials chooses its sample count and its delta. Before a strategy
-aggregates, every update's weight is capped (no device above `max_weight_share` of the round's
-samples) and its norm is clipped to `norm_bound` times the round's lower median norm; after, an
+aggregates, every update's count is capped at `max_count_ratio` times the round's lower median
+count, more where the round's counts spread (so liars who collude cannot buy weight together),
+then its weight (no device above
+`max_weight_share` of the round's samples), and its norm is clipped to `norm_bound` times the
+round's lower median norm; after, an
 aggregate that is not finite, or moves the model by more than `max_growth` times its own norm,
 is rejected: the round is redone without the updates the screen had to cut, and skipped if that
 fails too. Robust aggregation (`robust_aggregation`, `clip_update_norm`) stays available per
@@ -32,10 +35,16 @@ class GuardSettings:
 
     max_samples: int = 100_000_000
     """The most training samples a device may declare in its hello."""
+    max_count_ratio: float = 3.0
+    """Count no device above this many times the round's lower median count (0 disables)."""
+    count_spread_power: float = 4.0
+    """Where counts spread out, the multiple widens to (Q3 / Q1) ** this (`count_limit`)."""
     max_weight_share: float = 0.5
     """No device's sample count weighs more than this share of a round's (1 disables)."""
-    norm_bound: float = 10.0
-    """Clip each update to this many times the round's lower median norm (0 disables)."""
+    norm_bound: float = 4.0
+    """Clip each update to this many times the round's lower median norm (0 disables).
+
+    Honest digits updates measured up to 3.6x their round's lower median (docs/security.md)."""
     quarantine_after: int = 64
     """Dropped messages a device may have in one round before it sits out the rest (0: off)."""
     max_growth: float = 1000.0
@@ -78,6 +87,39 @@ def cap_shares(counts: Sequence[int], max_share: float) -> list[int]:
     return [min(c, limit) for c in values]
 
 
+def count_limit(counts: Sequence[int], max_ratio: float, spread_power: float) -> float:
+    """The most a device's count may count for in a round: a multiple of its lower median.
+
+    The multiple is `max_ratio`, or (Q3 / Q1) ** `spread_power` where the round's own counts are
+    spread out (Q1, Q3: the lower and upper quartile of the positive counts, taken by rank), so a
+    heavy-tailed honest fleet keeps its large devices whole while, in a fleet of similar devices,
+    liars are held to `max_ratio` x the median. Fewer than a quarter of the counts cannot set a
+    quartile, fewer than half not the median, to a count of their own (only shift it to another
+    honest count). Infinite (no limit) when off or under two counts.
+    """
+    ordered = sorted(c for c in counts if c > 0)
+    if max_ratio <= 0 or len(ordered) < 2:
+        return math.inf
+    last = len(ordered) - 1
+    lower, median, upper = (ordered[(last * q) // 4] for q in (1, 2, 3))
+    return median * max(max_ratio, math.pow(upper / lower, spread_power))
+
+
+def cap_counts(counts: Sequence[int], max_ratio: float, spread_power: float) -> list[int]:
+    """Counts lowered to `count_limit`: colluding liars cannot buy weight together.
+
+    Unlike the share cap, the limit does not grow with what the others declare: m liars among
+    n - m honest devices at the median c weigh at most m L / (m L + (n - m) c), with L the
+    limit; L = k c (k = `max_ratio`) gives k f / (k f + 1 - f) for a fraction f = m / n.
+    """
+    values = [int(c) for c in counts]
+    limit = count_limit(values, max_ratio, spread_power)
+    if math.isinf(limit):
+        return values
+    bound = max(1, math.floor(limit))
+    return [min(c, bound) for c in values]
+
+
 def lower_median(values: Sequence[float]) -> float:
     """The median, the lower middle value for an even count: one large value cannot raise it."""
     ordered = sorted(values)
@@ -85,8 +127,10 @@ def lower_median(values: Sequence[float]) -> float:
 
 
 def screen(updates: Sequence[ReceivedUpdate], settings: GuardSettings) -> Screened:
-    """Cap the weights and clip the norms of one round's updates (sorted by device id)."""
-    counts = cap_shares([u.num_samples for u in updates], settings.max_weight_share)
+    """Cap the counts and weights and clip the norms of one round's updates (sorted by id)."""
+    counts = [u.num_samples for u in updates]
+    counts = cap_counts(counts, settings.max_count_ratio, settings.count_spread_power)
+    counts = cap_shares(counts, settings.max_weight_share)
     cut: dict[str, str] = {}
     screened = []
     for update, count in zip(updates, counts, strict=True):

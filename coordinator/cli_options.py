@@ -53,13 +53,23 @@ PretrainOption = Annotated[
 EvalEveryOption = Annotated[
     int | None, typer.Option(help="evaluate every N rounds, 0 = at the end (default: 0)")
 ]
+MaxCountRatioOption = Annotated[
+    float | None,
+    typer.Option(
+        help="count no device above this x the round's lower median count, 0 = off (default: 3)"
+    ),
+]
+CountSpreadOption = Annotated[
+    float | None,
+    typer.Option(help="where counts spread out, that multiple widens to (Q3/Q1)^this (default: 4)"),
+]
 MaxWeightShareOption = Annotated[
     float | None,
     typer.Option(help="no device weighs more than this share of a round, 1 = off (default: 0.5)"),
 ]
 NormBoundOption = Annotated[
     float | None,
-    typer.Option(help="clip updates to this x the round's median norm, 0 = off (default: 10)"),
+    typer.Option(help="clip updates to this x the round's median norm, 0 = off (default: 4)"),
 ]
 MaxSamplesOption = Annotated[
     int | None,

@@ -47,11 +47,17 @@ class RunSettings(TomlSettings):
         0, ge=0, description="FedAvg rounds before the algorithm; personal parts warm-start"
     )
     eval_every: int = Field(0, ge=0, description="evaluate every N rounds (0: at the end only)")
+    max_count_ratio: float = Field(
+        3.0, ge=0, description="count no device above this x the round's lower median (0: off)"
+    )
+    count_spread_power: float = Field(
+        4.0, ge=0, description="where counts spread, that multiple widens to (Q3/Q1)^this"
+    )
     max_weight_share: float = Field(
         0.5, gt=0, le=1, description="no device weighs more than this share of a round"
     )
     norm_bound: float = Field(
-        10.0, ge=0, description="clip updates to this x the round's lower median norm (0: off)"
+        4.0, ge=0, description="clip updates to this x the round's lower median norm (0: off)"
     )
     max_samples: int = Field(
         100_000_000, ge=1, description="most training samples a device may declare"
@@ -138,6 +144,8 @@ class RunSettings(TomlSettings):
         private = self.privacy() is not None or self.secagg  # secagg: the sum is one update
         return GuardSettings(
             max_samples=self.max_samples,
+            max_count_ratio=0.0 if private else self.max_count_ratio,
+            count_spread_power=self.count_spread_power,
             max_weight_share=1.0 if private else self.max_weight_share,
             norm_bound=0.0 if private else self.norm_bound,
             quarantine_after=self.quarantine_after,

@@ -11,7 +11,9 @@ import torch
 from coordinator.aggregate_guard import (
     GuardSettings,
     aggregate_problem,
+    cap_counts,
     cap_shares,
+    count_limit,
     guarded_aggregate,
     lower_median,
     screen,
@@ -45,6 +47,43 @@ def test_cap_shares(counts: tuple[int, ...], share: float, expected: list[int]) 
     positive = [c for c in capped if c > 0]
     if len(positive) * share > 1:
         assert max(capped) <= share * sum(capped) + 1
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        ((10, 10, 10, 10, 10**6), 30.0),  # similar counts: 3 x the median
+        ((10, 20, 40, 80, 160), 40 * 4.0**4),  # Q1 20, median 40, Q3 80: (80 / 20) ** 4 x 40
+        ((60,) * 18 + (10**6,) * 2, 180.0),  # two liars of 20 move neither Q3 nor the median
+        ((5,), float("inf")),  # one count: nothing to compare with
+    ],
+)
+def test_count_limit(counts: tuple[int, ...], expected: float) -> None:
+    assert count_limit(counts, 3.0, 4.0) == expected
+
+
+def test_colluding_liars_weigh_at_most_k_f_over_k_f_plus_1_minus_f() -> None:
+    """Two free riders of 20 declaring 10^6 each: 3 x 0.1 / (3 x 0.1 + 0.9) = 1/4 of the round."""
+    capped = cap_counts([60] * 18 + [10**6] * 2, 3.0, 4.0)
+    assert capped == [60] * 18 + [180] * 2
+    assert sum(capped[18:]) / sum(capped) == pytest.approx(3 * 0.1 / (3 * 0.1 + 0.9))
+    assert cap_counts([60] * 18 + [10**6] * 2, 0.0, 4.0)[18:] == [10**6] * 2  # 0 disables
+
+
+def test_a_heavy_tailed_honest_fleet_keeps_its_large_devices() -> None:
+    """Log-normal sizes (the synthetic task's first fleet of 20): the spread widens the limit."""
+    counts = [34, 36, 37, 37, 44, 44, 45, 48, 48, 50, 53, 64, 69, 83, 100, 210, 266, 650, 650, 650]
+    assert cap_counts(counts, 3.0, 4.0) == counts  # 650 is 13x the median, the limit 26.7x
+    assert max(cap_counts(counts, 3.0, 0.0)) == 3 * 50  # without the spread term it would cap
+
+
+def test_the_screen_caps_free_riders_counts_before_the_shares() -> None:
+    honest = [_update(f"d{i:02}", 60, 1.0) for i in range(18)]
+    riders = [_update(f"r{i}", 10**6, 0.0) for i in range(2)]
+    screened = screen([*honest, *riders], GuardSettings())
+    assert [u.num_samples for u in screened.updates] == [60] * 18 + [180] * 2
+    assert set(screened.cut) == {"r0", "r1"}
+    assert "capped from 1000000 to 180" in screened.cut["r0"]
 
 
 def test_the_lower_median_ignores_one_huge_value() -> None:
