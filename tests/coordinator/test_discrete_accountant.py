@@ -10,8 +10,13 @@ import pytest
 import torch
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from coordinator.accountant import RDP_ORDERS, DpRound, epsilons_of
-from coordinator.discrete_accountant import RingRound, poisson_subsampled, ring_rdp
+from coordinator.accountant import RDP_ORDERS, DpRound, epsilons_of, noise_for_epsilon
+from coordinator.discrete_accountant import (
+    RingRound,
+    poisson_subsampled,
+    ring_noise_for_epsilon,
+    ring_rdp,
+)
 from coordinator.privacy import PrivacyEngine
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
 from device_agent.algorithms.base import LocalResult
@@ -181,3 +186,10 @@ def test_under_the_discrete_gaussian_a_device_only_clips_before_the_ring() -> No
     result = LocalResult(shared_delta=delta, num_samples=5, train_loss=0.3, personal={})
     private, _ = privatize(result, device, torch.Generator().manual_seed(1))
     assert torch.equal(private.shared_delta["w"], clip_to_norm(delta, 1.0)["w"])
+
+
+def test_the_planned_noise_spends_the_target_and_more_than_the_gaussian_needs() -> None:
+    z = ring_noise_for_epsilon(4.0, 1e-5, 0.1, 30, RDP_ORDERS)
+    curve = 30 * ring_rdp(RingRound(1.0, z, 1, 0), 0.1, 1, RDP_ORDERS)
+    assert rdp.compute_epsilon(RDP_ORDERS, curve, 1e-5)[0] == pytest.approx(4.0, abs=1e-3)
+    assert z > noise_for_epsilon(4.0, 1e-5, "poisson", 0.1, 30)  # the general bound costs
