@@ -71,7 +71,9 @@ def test_three_agent_processes_add_the_distributed_discrete_gaussian_in_the_ring
     )
     # Execute
     served = run_serve(settings)
-    noiseless = run_simulation(SimulationSettings.load(None, **private, dp_noise=0.0, devices=3))
+    noiseless = run_simulation(
+        SimulationSettings.load(None, **{**private, "dp_noise": 0.0}, devices=3)
+    )
     # Assert: every round summed the three devices' integer shares and was counted as such
     assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0, 3.0]
     share = 1.0 / 3**0.5  # z C / sqrt(m): each device's part of the noise
