@@ -10,6 +10,7 @@ FedAvg with devices adding the noise inside secure aggregation's ring (`DISTRIBU
 noise its own accountant needs for the same epsilon. Writes the table into docs/results.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.privacy_accuracy [--seeds 3] [--epsilons 1,4,8,inf]
+        [--distributed-only]
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def distributed_overrides(workload: Workload, epsilon: float) -> dict[str, Any]:
         dp_delta=DELTA,
     )
     return values
+
+
+def distributed_cells(workload: Workload, epsilons: list[float], seeds: list[int]) -> dict:
+    """The distributed discrete Gaussian's cells at the finite `epsilons`."""
+    cells = {}
+    for epsilon in (e for e in epsilons if math.isfinite(e)):
+        values = distributed_overrides(workload, epsilon)
+        cells[str(epsilon)] = cell = run_cell(workload, "fedavg", epsilon, seeds, values)
+        print(workload.task, DISTRIBUTED_DG_ROW, epsilon, cell, flush=True)
+    return cells
 
 
 def overrides(workload: Workload, algorithm: str, epsilon: float) -> dict[str, Any]:
@@ -143,9 +154,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epsilons", default="1,4,8,inf")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/privacy.json")
+    parser.add_argument(
+        "--distributed-only",
+        action="store_true",
+        help="run only the distributed discrete Gaussian's cells and print them (no docs)",
+    )
     args = parser.parse_args()
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = list(range(args.seeds))
+    if args.distributed_only:
+        for workload in WORKLOADS:
+            distributed_cells(workload, epsilons, seeds)
+        return
     started = time.perf_counter()
     results: dict[str, dict[str, dict[str, dict]]] = {}
     for workload in WORKLOADS:
@@ -154,15 +174,11 @@ def main() -> None:
                 cell = run_cell(workload, algorithm, epsilon, seeds)
                 results.setdefault(workload.task, {}).setdefault(algorithm, {})[str(epsilon)] = cell
                 print(workload.task, algorithm, epsilon, cell, flush=True)
-        distributed = results[workload.task].setdefault(DISTRIBUTED_DG_ROW, {})
+        distributed = distributed_cells(workload, epsilons, seeds)
         for epsilon in epsilons:  # without DP there is no noise to place: FedAvg's own row
-            if math.isfinite(epsilon):
-                values = distributed_overrides(workload, epsilon)
-                cell = run_cell(workload, "fedavg", epsilon, seeds, values)
-            else:
-                cell = results[workload.task]["fedavg"][str(epsilon)]
-            distributed[str(epsilon)] = cell
-            print(workload.task, DISTRIBUTED_DG_ROW, epsilon, cell, flush=True)
+            if not math.isfinite(epsilon):
+                distributed[str(epsilon)] = results[workload.task]["fedavg"][str(epsilon)]
+        results[workload.task][DISTRIBUTED_DG_ROW] = distributed
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     minutes = (time.perf_counter() - started) / 60

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from coordinator.accountant import DpRound, epsilons_of
 from coordinator.discrete_accountant import RingRound
-from coordinator.serve import run_serve
+from coordinator.serve import ServeResult, run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import run_simulation
 from protocols import secure_aggregation as sa
@@ -19,15 +20,13 @@ pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
 RUN = {"task": "digits", "algorithm": "fedalt", "seed": 0, "secagg": True, "rounds": 2}
 
 
-def test_three_agent_processes_aggregate_securely_as_the_simulation_does(
-    mosquitto, processes, tmp_path: Path
-) -> None:
-    # Prepare
+def _serve_three(mosquitto, processes, tmp_path: Path, run: dict[str, Any]) -> ServeResult:
+    """`run` served to three pfl-agent processes over mosquitto."""
     for index in range(3):
         processes.agent(mosquitto.url, index, shards=3)
     settings = ServeSettings.load(
         None,
-        **RUN,
+        **run,
         broker=mosquitto.url,
         min_devices=3,
         round_timeout=30.0,
@@ -35,8 +34,14 @@ def test_three_agent_processes_aggregate_securely_as_the_simulation_does(
         out=tmp_path / "run",
         checkpoint_dir=tmp_path / "checkpoint",
     )
+    return run_serve(settings)
+
+
+def test_three_agent_processes_aggregate_securely_as_the_simulation_does(
+    mosquitto, processes, tmp_path: Path
+) -> None:
     # Execute
-    served = run_serve(settings)
+    served = _serve_three(mosquitto, processes, tmp_path, RUN)
     simulated = run_simulation(SimulationSettings.load(None, **RUN, devices=3))
     plain = run_simulation(SimulationSettings.load(None, **{**RUN, "secagg": False}, devices=3))
     # Assert: masks cancel exactly, so serving and simulating agree bit for bit
@@ -51,26 +56,14 @@ def test_three_agent_processes_add_the_distributed_discrete_gaussian_in_the_ring
     mosquitto, processes, tmp_path: Path
 ) -> None:
     # Prepare
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
     private = {
         **RUN,
         "dp_noise": 1.0,
         "dp_placement": "device",
         "dp_distribution": "discrete-gaussian",
     }
-    settings = ServeSettings.load(
-        None,
-        **private,
-        broker=mosquitto.url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=60.0,
-        out=tmp_path / "run",
-        checkpoint_dir=tmp_path / "checkpoint",
-    )
     # Execute
-    served = run_serve(settings)
+    served = _serve_three(mosquitto, processes, tmp_path, private)
     noiseless = run_simulation(
         SimulationSettings.load(None, **{**private, "dp_noise": 0.0}, devices=3)
     )
