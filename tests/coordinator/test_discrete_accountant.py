@@ -18,6 +18,7 @@ from coordinator.discrete_accountant import (
     ring_rdp,
 )
 from coordinator.privacy import PrivacyEngine
+from coordinator.secure_retry import SkippedRound, account_skipped
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize
@@ -193,3 +194,29 @@ def test_the_planned_noise_spends_the_target_and_more_than_the_gaussian_needs() 
     curve = 30 * ring_rdp(RingRound(1.0, z, 1, 0), 0.1, 1, RDP_ORDERS)
     assert rdp.compute_epsilon(RDP_ORDERS, curve, 1e-5)[0] == pytest.approx(4.0, abs=1e-3)
     assert z > noise_for_epsilon(4.0, 1e-5, "poisson", 0.1, 30)  # the general bound costs
+
+
+def test_a_refused_sum_is_counted_with_the_discrete_noise_of_the_devices_in_it() -> None:
+    engine = _engine()
+    device = engine.plan(_fleet(100), [f"dev-{i:04d}" for i in range(10)])
+    engine.ring(_secure(device, 10), 1000)
+    skipped = SkippedRound("a sum out of range", 1, unmasked=6, excluded=())
+    account_skipped(engine, skipped, population=100, selected=10)
+    spent = engine.accountant.rounds[-1]
+    assert spent.ring is not None
+    assert spent.ring.devices == 6
+
+
+def test_the_budget_looks_ahead_with_the_discrete_bound_not_the_gaussians() -> None:
+    gaussian = epsilons_of([DpRound(1.0, 100, 10.0)], "poisson", 1e-5).tighter
+    ring = RingRound(1.0, 1 / math.sqrt(10), 10, 0)
+    discrete = epsilons_of([DpRound(1.0, 100, 10.0, ring)], "poisson", 1e-5).rdp
+    assert gaussian < discrete
+    settings = PrivacySettings(
+        noise_multiplier=1.0,
+        placement="device",
+        distribution="discrete-gaussian",
+        target_epsilon=(gaussian + discrete) / 2,
+    )
+    engine = PrivacyEngine(settings, participation=0.1, reproducible_seed=7)
+    assert "over the budget" in engine.over_budget(100)
