@@ -19,6 +19,10 @@ Neighbour relation, per sampling:
   REPLACE_ONE doubles the sensitivity itself: it is given z. It has no event for sampling
   without replacement, so fixed-size rounds have a PLD figure only when the sample is the whole
   population (no sampling at all); otherwise the RDP figure stands alone.
+
+A round of the distributed discrete Gaussian (`DpRound.ring`) is no Gaussian: its Renyi DP
+comes from `coordinator.discrete_accountant` (the sum of the devices' discrete Gaussians,
+sampled by a bound that holds for any mechanism) and it has no PLD figure.
 """
 
 from __future__ import annotations
