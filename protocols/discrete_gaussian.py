@@ -12,8 +12,9 @@ clamp), so under `--dp-distribution discrete-gaussian` each device works in the 
    within `rounding_bound` (the paper's Proposition 22, with beta = exp(-1/2): each draw passes
    with probability at least 1 - beta, about 0.39);
 3. it adds discrete Gaussian noise N_Z(0, (g s)^2) per coordinate, s = z C / sqrt(m) its share,
-   sampled exactly as Canonne, Kamath and Steinke 2020 (Algorithm 3: a discrete Laplace
-   proposal, accepted with a Gaussian ratio);
+   sampled by Canonne, Kamath and Steinke 2020's rejection sampler (Algorithm 3: a discrete
+   Laplace proposal, accepted with a Gaussian ratio), its probabilities in float64 rather than
+   their exact rational arithmetic (the integers are exact; each probability is within 1e-16);
 4. the integers are masked and summed modulo 2^32 (no clamp: the sum modulo 2^32 is a function
    of the noised sum, so wrap-around costs accuracy, never privacy).
 
