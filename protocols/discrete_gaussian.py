@@ -14,7 +14,8 @@ clamp), so under `--dp-distribution discrete-gaussian` each device works in the 
 3. it adds discrete Gaussian noise N_Z(0, (g s)^2) per coordinate, s = z C / sqrt(m) its share,
    sampled by Canonne, Kamath and Steinke 2020's rejection sampler (Algorithm 3: a discrete
    Laplace proposal, accepted with a Gaussian ratio), its probabilities in float64 rather than
-   their exact rational arithmetic (the integers are exact; each probability is within 1e-16);
+   their exact rational arithmetic (the draws are integers; the probabilities carry float64
+   rounding);
 4. the integers are masked and summed modulo 2^32 (no clamp: the sum modulo 2^32 is a function
    of the noised sum, so wrap-around costs accuracy, never privacy).
 
