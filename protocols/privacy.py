@@ -66,7 +66,10 @@ class PrivacySettings(BaseModel):
     @model_validator(mode="after")
     def _discrete_on_devices(self) -> PrivacySettings:
         if self.distribution == "discrete-gaussian" and self.placement != "device":
-            msg = "the discrete Gaussian is added by devices in the ring: it needs placement device"
+            msg = (
+                "distribution discrete-gaussian (--dp-distribution) is added by the devices in "
+                "secure aggregation's ring: it needs placement device (--dp-placement device)"
+            )
             raise ValueError(msg)
         if self.distribution == "discrete-gaussian" and self.adaptive_clipping:
             msg = (
