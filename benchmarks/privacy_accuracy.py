@@ -5,9 +5,12 @@ those 30 rounds spend exactly the target epsilon at delta 1e-5 (`noise_for_epsil
 the same run without DP. The clip norm is each workload's median update norm in a plain run
 (what adaptive clipping converges to). FedAlt runs the partial-personalization pipeline (15
 FedAvg pretraining rounds, then 15 FedAlt rounds with a personal output layer); DP covers both
-stages and the accountant counts all 30 rounds. Writes the table into docs/results.md.
+stages and the accountant counts all 30 rounds. The distributed discrete Gaussian's rows run
+FedAvg with devices adding the noise inside secure aggregation's ring (`DISTRIBUTED_DG`), at the
+noise its own accountant needs for the same epsilon. Writes the table into docs/results.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.privacy_accuracy [--seeds 3] [--epsilons 1,4,8,inf]
+        [--distributed-only]
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.common import markdown_table, mean_std, write_section
-from coordinator.accountant import noise_for_epsilon
+from coordinator.accountant import RDP_ORDERS, noise_for_epsilon
 from coordinator.compare import plan_runs, run_comparison
+from coordinator.discrete_accountant import ring_noise_for_epsilon
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-accuracy -->"
@@ -50,6 +54,40 @@ WORKLOADS: Final = (
 )  # fmt: skip
 
 
+DISTRIBUTED_DG: Final = {
+    "secagg": True,
+    "secagg_neighbors": 8,
+    "dp_placement": "device",
+    "dp_distribution": "discrete-gaussian",
+}
+"""The distributed discrete Gaussian's rows: FedAvg under secure aggregation (SecAgg+, 8
+neighbours), each device adding its N_Z share in the ring, the noise calibrated by its own
+accountant (`ring_noise_for_epsilon`: Zhu and Wang's general subsampling bound)."""
+DISTRIBUTED_DG_ROW: Final = "fedavg, distributed discrete Gaussian"
+
+
+def distributed_overrides(workload: Workload, epsilon: float) -> dict[str, Any]:
+    """One distributed-discrete-Gaussian cell's settings (`epsilon` finite)."""
+    values = {**overrides(workload, "fedavg", math.inf), **DISTRIBUTED_DG}
+    rate = workload.settings["participation"]
+    values.update(
+        dp_noise=ring_noise_for_epsilon(epsilon, DELTA, rate, ROUNDS, RDP_ORDERS),
+        dp_clip=workload.clip,
+        dp_delta=DELTA,
+    )
+    return values
+
+
+def distributed_cells(workload: Workload, epsilons: list[float], seeds: list[int]) -> dict:
+    """The distributed discrete Gaussian's cells at the finite `epsilons`."""
+    cells = {}
+    for epsilon in (e for e in epsilons if math.isfinite(e)):
+        values = distributed_overrides(workload, epsilon)
+        cells[str(epsilon)] = cell = run_cell(workload, "fedavg", epsilon, seeds, values)
+        print(workload.task, DISTRIBUTED_DG_ROW, epsilon, cell, flush=True)
+    return cells
+
+
 def overrides(workload: Workload, algorithm: str, epsilon: float) -> dict[str, Any]:
     """Simulate's settings for one cell; the noise multiplier calibrated to `epsilon`."""
     values: dict[str, Any] = {**workload.settings, "task": workload.task, "rounds": ROUNDS}
@@ -66,9 +104,15 @@ def overrides(workload: Workload, algorithm: str, epsilon: float) -> dict[str, A
     return values
 
 
-def run_cell(workload: Workload, algorithm: str, epsilon: float, seeds: list[int]) -> dict:
+def run_cell(
+    workload: Workload,
+    algorithm: str,
+    epsilon: float,
+    seeds: list[int],
+    values: dict[str, Any] | None = None,
+) -> dict:
     """Mean and std over seeds of the personalized and global accuracy, and epsilon spent."""
-    values = overrides(workload, algorithm, epsilon)
+    values = overrides(workload, algorithm, epsilon) if values is None else values
     with tempfile.TemporaryDirectory() as out:
         specs = plan_runs([algorithm], seeds, Path(out), overrides=values)
         runs = run_comparison(specs, Path(out)).runs
@@ -110,9 +154,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epsilons", default="1,4,8,inf")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/privacy.json")
+    parser.add_argument(
+        "--distributed-only",
+        action="store_true",
+        help="run only the distributed discrete Gaussian's cells and print them (no docs)",
+    )
     args = parser.parse_args()
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = list(range(args.seeds))
+    if args.distributed_only:
+        for workload in WORKLOADS:
+            distributed_cells(workload, epsilons, seeds)
+        return
     started = time.perf_counter()
     results: dict[str, dict[str, dict[str, dict]]] = {}
     for workload in WORKLOADS:
@@ -121,6 +174,11 @@ def main() -> None:
                 cell = run_cell(workload, algorithm, epsilon, seeds)
                 results.setdefault(workload.task, {}).setdefault(algorithm, {})[str(epsilon)] = cell
                 print(workload.task, algorithm, epsilon, cell, flush=True)
+        distributed = distributed_cells(workload, epsilons, seeds)
+        for epsilon in epsilons:  # without DP there is no noise to place: FedAvg's own row
+            if not math.isfinite(epsilon):
+                distributed[str(epsilon)] = results[workload.task]["fedavg"][str(epsilon)]
+        results[workload.task][DISTRIBUTED_DG_ROW] = distributed
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     minutes = (time.perf_counter() - started) / 60

@@ -19,6 +19,10 @@ Neighbour relation, per sampling:
   REPLACE_ONE doubles the sensitivity itself: it is given z. It has no event for sampling
   without replacement, so fixed-size rounds have a PLD figure only when the sample is the whole
   population (no sampling at all); otherwise the RDP figure stands alone.
+
+A round of the distributed discrete Gaussian (`DpRound.ring`) is no Gaussian: its Renyi DP
+comes from `coordinator.discrete_accountant` (the sum of the devices' discrete Gaussians,
+sampled by a bound that holds for any mechanism) and it has no PLD figure.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
+from coordinator.discrete_accountant import RingRound, ring_rdp
 from protocols.privacy import Sampling
 
 RDP_ORDERS = tuple(sorted({*rdp.DEFAULT_RDP_ORDERS, *range(2, 64), 80, 96, 128, 192, 256, 512}))
@@ -58,6 +63,9 @@ class DpRound:
     """Devices the cohort was drawn from."""
     cohort: float
     """Expected cohort (Poisson: q * population) or its fixed size."""
+    ring: RingRound | None = None
+    """The distributed discrete Gaussian's sum (`coordinator.discrete_accountant`), whose RDP
+    replaces the Gaussian's; `noise_multiplier` is then its effective multiplier 1/eps."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ def round_event(spent: DpRound, sampling: Sampling) -> Any:
 
 def pld_event(spent: DpRound, sampling: Sampling) -> Any | None:
     """The round as dp-accounting's PLD accountant takes it (None: it has no such event)."""
+    if spent.ring is not None:  # no PLD of a sum of discrete Gaussians: its RDP stands alone
+        return None
     gaussian = dp_accounting.GaussianDpEvent(spent.noise_multiplier)
     if sampling == "poisson":
         return dp_accounting.PoissonSampledDpEvent(_rate(spent), gaussian)
@@ -152,6 +162,10 @@ class _Unconverged(logging.Filter):
 @functools.lru_cache(maxsize=256)
 def _rdp_of(spent: DpRound, sampling: Sampling) -> np.ndarray:
     """One round's Renyi DP at every order (a run repeats its rounds: computed once each)."""
+    if spent.ring is not None:
+        if sampling == "poisson":
+            return ring_rdp(spent.ring, _rate(spent), 1, RDP_ORDERS)
+        return ring_rdp(spent.ring, 1.0, 2, RDP_ORDERS)  # replace-one, not amplified
     accountant = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation(sampling))
     library = logging.getLogger("absl")
     quiet = _Unconverged()

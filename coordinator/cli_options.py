@@ -106,6 +106,13 @@ DpPlacementOption = Annotated[
         "coordinator)"
     ),
 ]
+DpDistributionOption = Annotated[
+    str | None,
+    typer.Option(
+        help="DP: gaussian, or discrete-gaussian added by devices inside secure aggregation's "
+        "integer ring (needs --dp-placement device; default: gaussian)"
+    ),
+]
 DpSamplingOption = Annotated[
     str | None,
     typer.Option(

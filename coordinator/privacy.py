@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from coordinator.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
+from coordinator.discrete_accountant import RingRound
 from coordinator.selection import poisson_sample
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -27,7 +28,8 @@ from coordinator.strategies.base import (
     RelayStrategy,
     Strategy,
 )
-from protocols.messages import DevicePrivacy
+from protocols import secure_aggregation as sa
+from protocols.messages import DevicePrivacy, SecureRound
 from protocols.privacy import (
     PrivacySettings,
     add_gaussian_noise,
@@ -154,6 +156,8 @@ class PrivacyEngine:
         self._round: RoundNoise | None = None
         self._announced: tuple[str, ...] = ()
         self._generator = noise_generator(reproducible_seed)
+        self._ring: tuple[float, int] | None = None
+        """The discrete Gaussian's grid: the last secure round's delta scale and coordinates."""
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
@@ -193,6 +197,7 @@ class PrivacyEngine:
             noise_std=update_z * self.clip_norm * share,
             report_clipped=settings.adaptive_clipping,
             indicator_std=indicator_std * share,
+            discrete=settings.distribution == "discrete-gaussian",
         )
         self._round = RoundNoise(device, population, cohort, update_z, indicator_std)
         self._announced = tuple(selected)
@@ -205,6 +210,8 @@ class PrivacyEngine:
             return ""
         cohort = max(self.participation * population, 1.0)
         planned = DpRound(self.settings.noise_multiplier, population, cohort)
+        if self.settings.distribution == "discrete-gaussian":
+            planned = self.shares_round(max(round(cohort), 1), population, cohort)
         after = self.accountant.epsilon(planned)
         if after <= target:
             return ""
@@ -262,11 +269,13 @@ class PrivacyEngine:
         noise = self._planned()
         self._round = None
         k = len(within_clip) if reporters is None else reporters
-        z = self.settings.noise_multiplier
         central = self.settings.placement == "coordinator" or not k  # nobody: noise added here
-        if not central:  # the shares of the devices that answered
-            z *= math.sqrt(k / noise.cohort)
-        scalars = self.record(DpRound(z, noise.population, noise.cohort))
+        spent = (
+            DpRound(self.settings.noise_multiplier, noise.population, noise.cohort)
+            if central
+            else self.shares_round(k, noise.population, noise.cohort)  # of those who answered
+        )
+        scalars = self.record(spent)
         scalars["dp_clip_norm"] = noise.device.clip_norm
         if self.settings.adaptive_clipping:
             bits = [b if b is not None and math.isfinite(b) else 0.0 for b in within_clip]
@@ -286,6 +295,28 @@ class PrivacyEngine:
             )
             scalars["dp_within_clip"] = fraction
         return scalars
+
+    def ring(self, secure: SecureRound, dimension: int) -> None:
+        """The grid a secure round sums `dimension` delta coordinates on (its last dealing's)."""
+        self._ring = (sa.delta_scale(secure), dimension)
+
+    def shares_round(self, devices: int, population: int, cohort: float) -> DpRound:
+        """A device-noised round as counted when the shares of `devices` devices are in it.
+
+        Each device adds 1/cohort of the planned variance: with k of them the sum holds
+        k/cohort of it (a dropout lowers the noise). Under the discrete Gaussian the round is
+        `coordinator.discrete_accountant`'s on the secure round's grid (before any, a budget's
+        look-ahead counts the shares without rounding: sensitivity C, no tau).
+        """
+        z = self.settings.noise_multiplier
+        if self.settings.distribution == "gaussian":
+            return DpRound(z * math.sqrt(devices / cohort), population, cohort)
+        share = z * self.clip_norm / math.sqrt(cohort)
+        if self._ring is None:
+            ring = RingRound(self.clip_norm, share, devices, 0)
+        else:
+            ring = RingRound.of(self.clip_norm, self._ring[0], share, devices, self._ring[1])
+        return DpRound(1 / ring.epsilon(), population, cohort, ring)
 
     def record(self, spent: DpRound) -> dict[str, float]:
         """Count one round with the accountants; the epsilons and noise it reports for it.

@@ -372,6 +372,12 @@ class Coordinator(DeviceMessages):
             kept = RoundPlan(cohort, {d: plan.scalars[d] for d in cohort if d in plan.scalars})
             self.announce(round_id, "train", kept, privacy=dp, secure=secure_round)
 
+        def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
+            secure_round = secure.plan(cohort, dp, weights, min(needed, len(cohort)))
+            if self.privacy is not None:  # the grid a discrete Gaussian is counted on
+                self.privacy.ring(secure_round, sum(math.prod(s.shape) for s in self._specs))
+            return secure_round
+
         request = SecureRequest(
             self.run_id,
             round_id,
@@ -379,7 +385,7 @@ class Coordinator(DeviceMessages):
             self._specs,
             self.settings.round_timeout_s,
             self.registry.online_ids,
-            lambda cohort: secure.plan(cohort, dp, weights, min(needed, len(cohort))),
+            plan_secure,
             announce,
             self.quarantine.hold,
         )

@@ -17,7 +17,6 @@ cohort and gets back the survivors' sum or a `SkippedRound`; the policy in betwe
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -131,7 +130,6 @@ def account_skipped(
     settings = privacy.settings
     poisson = settings.sampling == "poisson"
     cohort = max(privacy.participation * population if poisson else float(selected), 1.0)
-    z = settings.noise_multiplier
     if skipped.unmasked and settings.placement == "device":
-        z *= math.sqrt(skipped.unmasked / cohort)
-    return privacy.record(DpRound(z, population, cohort))
+        return privacy.record(privacy.shares_round(skipped.unmasked, population, cohort))
+    return privacy.record(DpRound(settings.noise_multiplier, population, cohort))

@@ -20,7 +20,7 @@ from coordinator.staleness import StalenessRule
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
-from protocols.privacy import Placement, PrivacySettings, Sampling
+from protocols.privacy import Distribution, Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
 from protocols.secure_aggregation import SecureAggregationSettings
 
@@ -76,6 +76,9 @@ class RunSettings(TomlSettings):
     )
     dp_clip: float = Field(1.0, gt=0, description="DP: clip norm of each shared delta")
     dp_placement: Placement = Field("coordinator", description="DP: who adds the noise")
+    dp_distribution: Distribution = Field(
+        "gaussian", description="DP: gaussian, or discrete-gaussian in the secagg ring (device)"
+    )
     dp_sampling: Sampling = Field("poisson", description="DP: how each round's cohort is drawn")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="DP: the delta epsilon is reported at")
     dp_epsilon: float | None = Field(None, gt=0, description="DP: the epsilon budget")
@@ -174,6 +177,7 @@ class RunSettings(TomlSettings):
             noise_multiplier=self.dp_noise,
             clip_norm=self.dp_clip,
             placement=self.dp_placement,
+            distribution=self.dp_distribution,
             sampling=self.dp_sampling,
             delta=self.dp_delta,
             target_epsilon=self.dp_epsilon,

@@ -143,7 +143,7 @@ class DeviceAgent(AgentExports):
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
         self.instance = secrets.token_hex(8)  # tells two processes with one id apart
-        self.secure = SecureClient(device_id, self._send)
+        self.secure = SecureClient(device_id, self._send, self.contexts.ring_noise)
         self._secure_result: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = (
             None
         )

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -214,13 +215,21 @@ class RoundContexts:
         """
         if announcement.privacy is None:
             return result, None
-        seed = (
-            derive_seed(self.seed, self.device_id, announcement.round_id, "dp")
-            if self.reproducible_noise
-            else None
-        )
+        seed = self._noise_seed(announcement, "dp")
         private, within = privatize(result, announcement.privacy, noise_generator(seed))
         return replace(private, shared_delta=without_counters(private.shared_delta)), within
+
+    def ring_noise(self, announcement: RoundAnnouncement) -> np.random.Generator:
+        """The generator of the round's discrete Gaussian noise (`protocols.discrete_gaussian`).
+
+        Unpredictable (the OS's entropy) unless the run asks for reproducible noise.
+        """
+        return np.random.default_rng(self._noise_seed(announcement, "dp-ring"))
+
+    def _noise_seed(self, announcement: RoundAnnouncement, purpose: str) -> int | None:
+        if not self.reproducible_noise:
+            return None
+        return derive_seed(self.seed, self.device_id, announcement.round_id, purpose)
 
     def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
         """(what the update carries, the residual to keep) under the round's uplink codec.

@@ -25,7 +25,9 @@ def privatize(
     """(what the device may report, its noised within-clip bit when asked for one)."""
     norm = update_norm(result.shared_delta)
     clipped = clip_to_norm(result.shared_delta, privacy.clip_norm)
-    noised = add_gaussian_noise(clipped, privacy.noise_std, generator)
+    # the discrete Gaussian is added on secure aggregation's integer grid (SecureClient.mask)
+    std = 0.0 if privacy.discrete else privacy.noise_std
+    noised = add_gaussian_noise(clipped, std, generator)
     within: float | None = None
     if privacy.report_clipped:
         noise = float(torch.randn((), generator=generator, dtype=torch.float64))

@@ -23,6 +23,7 @@ from device_agent.algorithms.base import LocalResult
 from device_agent.replies import update_message, work_key
 from protocols import secure_aggregation as sa
 from protocols.codec import Tensors
+from protocols.discrete_gaussian import noised_ring_values
 from protocols.errors import ProtocolError
 from protocols.messages import (
     DeviceUpdate,
@@ -75,9 +76,16 @@ class _Round:
 class SecureClient:
     """Secure aggregation for one device; `publish` sends a frame on its `secagg` topic."""
 
-    def __init__(self, device_id: str, publish: Callable[[Message], None]) -> None:
+    def __init__(
+        self,
+        device_id: str,
+        publish: Callable[[Message], None],
+        ring_noise: Callable[[RoundAnnouncement], np.random.Generator] | None = None,
+    ) -> None:
         self.device_id = device_id
         self.publish = publish
+        self.ring_noise = ring_noise or (lambda _: np.random.default_rng())
+        """The generator of a round's discrete Gaussian noise (unpredictable by default)."""
         self._round: _Round | None = None
         self._trained: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = None
 
@@ -261,6 +269,16 @@ class SecureClient:
         encoded = sa.encode(
             np.concatenate([np.asarray(v, dtype=np.float64) for v in values]), layout
         )
+        privacy = announcement.privacy
+        if privacy is not None and privacy.discrete:  # the delta's own integers, unclamped
+            ring = noised_ring_values(
+                flat,
+                privacy.clip_norm,
+                sa.delta_scale(secure),
+                privacy.noise_std,
+                self.ring_noise(announcement),
+            )
+            encoded[: flat.size] = ring.astype(np.uint32)
         pair_seeds = {
             peer: sa.agree(
                 state.mask,

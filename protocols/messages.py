@@ -319,6 +319,9 @@ class DevicePrivacy(WireModel):
     noise_std: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     report_clipped: bool = False
     indicator_std: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    discrete: bool = False
+    """Add the noise as N_Z(0, noise_std^2) on secure aggregation's integer grid instead
+    (`protocols.discrete_gaussian`): the delta is only clipped before it is masked."""
 
 
 class SecureRound(WireModel):

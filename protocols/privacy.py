@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protocols.codec import Tensors
 
 Placement = Literal["coordinator", "device"]
+Distribution = Literal["gaussian", "discrete-gaussian"]
 Sampling = Literal["poisson", "fixed"]
 
 
@@ -51,11 +52,30 @@ class PrivacySettings(BaseModel):
     clip_learning_rate: Annotated[float, Field(gt=0, le=10)] = 0.2
     quantile_noise: Annotated[float, Field(gt=0, le=10)] = 0.05
     """sigma_b as a fraction of the expected cohort (Andrew et al. use m/20)."""
+    distribution: Distribution = "gaussian"
+    """gaussian: real-valued noise; discrete-gaussian: devices add integer noise inside secure
+    aggregation's ring (`protocols.discrete_gaussian`; device placement only)."""
 
     @model_validator(mode="after")
     def _adaptive_needs_noise(self) -> PrivacySettings:
         if self.adaptive_clipping and self.noise_multiplier == 0:
             msg = "adaptive clipping spends part of the noise: it needs a noise_multiplier above 0"
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
+    def _discrete_on_devices(self) -> PrivacySettings:
+        if self.distribution == "discrete-gaussian" and self.placement != "device":
+            msg = (
+                "distribution discrete-gaussian (--dp-distribution) is added by the devices in "
+                "secure aggregation's ring: it needs placement device (--dp-placement device)"
+            )
+            raise ValueError(msg)
+        if self.distribution == "discrete-gaussian" and self.adaptive_clipping:
+            msg = (
+                "adaptive clipping's within-clip bit has no discrete-Gaussian form yet: "
+                "use a fixed clip with the discrete Gaussian"
+            )
             raise ValueError(msg)
         return self
 

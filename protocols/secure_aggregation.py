@@ -365,3 +365,8 @@ def secure_layout(secure: SecureRound, delta_length: int, *, dp_bit: bool) -> La
     if dp_bit:
         groups.append(("within", 1, secure.bit_bound))
     return Layout(tuple(groups), secure.cohort)
+
+
+def delta_scale(secure: SecureRound) -> float:
+    """The fixed-point scale of the delta group: the ring's grid a discrete Gaussian lives on."""
+    return group_scale(secure.weight_bound * secure.value_bound, secure.cohort)

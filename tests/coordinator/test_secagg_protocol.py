@@ -22,6 +22,7 @@ from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors, unpack_tensors
 from protocols.errors import PflError, ProtocolError, RoundError
 from protocols.messages import (
+    DevicePrivacy,
     DeviceUpdate,
     Message,
     RevealedShare,
@@ -68,9 +69,15 @@ class Harness:
     wiretap: dict[str, np.ndarray] = field(default_factory=dict)
     secure: SecureRound | None = None
 
-    def run(self, weight_bound: int = 1, round_id: int = 1, quorum: int = 3) -> SecureSum:
+    def run(
+        self,
+        weight_bound: int = 1,
+        round_id: int = 1,
+        quorum: int = 3,
+        privacy: DevicePrivacy | None = None,
+    ) -> SecureSum:
         ids = sorted(self.devices)
-        secure = self.aggregator.plan(ids, None, weight_bound, quorum)
+        secure = self.aggregator.plan(ids, privacy, weight_bound, quorum)
         self.secure = secure
         announcement = RoundAnnouncement(
             run_id=RUN,
@@ -79,6 +86,7 @@ class Harness:
             algorithm="fedavg",
             model_sha256="00" * 32,
             selected=tuple(ids),
+            privacy=privacy,
             secure=secure,
         )
         coordinator = self.aggregator.transport

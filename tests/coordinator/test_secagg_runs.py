@@ -85,3 +85,32 @@ def test_cli_over_the_embedded_mqtt_broker(tmp_path: Path) -> None:
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["scalars"]["secagg_survivors"] for line in lines] == [5.0, 5.0]
     assert "rejected" not in done.stdout
+
+
+def test_the_distributed_discrete_gaussian_runs_sampled_and_is_counted_by_its_own_bound() -> None:
+    options = {
+        "devices": 16,
+        "participation": 0.5,
+        "secagg": True,
+        "dp_noise": 1.0,
+        "dp_placement": "device",
+    }
+    discrete = _run(**options, dp_distribution="discrete-gaussian")
+    gaussian = _run(**options)
+    for ring, real in zip(discrete.records, gaussian.records, strict=True):
+        assert ring.scalars["secagg_survivors"] == ring.participants
+        # z sqrt(k/m) with k the survivors, m = 8 expected; the rounding takes off under 1e-4
+        z = ring.scalars["dp_noise_multiplier"]
+        assert z == pytest.approx((ring.participants / 8) ** 0.5, rel=1e-4)
+        assert "dp_epsilon_pld" not in ring.scalars
+        # the same draws; Zhu and Wang's bound holds for any mechanism, above the Gaussian's
+        assert ring.participants == real.participants
+        assert ring.scalars["dp_epsilon"] > real.scalars["dp_epsilon_rdp"]
+    epsilons = [r.scalars["dp_epsilon"] for r in discrete.records]
+    assert epsilons == sorted(epsilons)
+    assert all(e < 100 for e in epsilons)
+
+
+def test_the_discrete_gaussian_without_device_placement_is_refused() -> None:
+    with pytest.raises(ValueError, match="placement device"):
+        _run(secagg=True, dp_noise=1.0, dp_distribution="discrete-gaussian")
