@@ -103,6 +103,14 @@ DpSamplingOption = Annotated[
         "(default: poisson)"
     ),
 ]
+DpMechanismOption = Annotated[
+    str | None,
+    typer.Option(
+        help="DP: dp-fedavg (fresh noise on each round's sum, amplified by --dp-sampling) or "
+        "ftrl-tree (DP-FTRL's tree aggregation, no sampling needed; [dp_options] tree_restart, "
+        "tree_participations) (default: dp-fedavg)"
+    ),
+]
 DpDeltaOption = Annotated[float | None, typer.Option(help="DP: delta (default: 1e-5)")]
 DpEpsilonOption = Annotated[
     float | None, typer.Option(help="DP: epsilon budget; the run stops before passing it")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from coordinator.accountant import DpRound, Epsilons, PrivacyAccountant
+from coordinator.ftrl import ParticipationLimit, TreeNoise
 from coordinator.selection import poisson_sample
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -27,6 +28,8 @@ from coordinator.strategies.base import (
     RelayStrategy,
     Strategy,
 )
+from coordinator.tree_accountant import TreeAccountant
+from protocols.codec import Tensors
 from protocols.messages import DevicePrivacy
 from protocols.privacy import (
     PrivacySettings,
@@ -34,6 +37,7 @@ from protocols.privacy import (
     clip_to_norm,
     next_clip_norm,
     noise_generator,
+    secrets_seed,
     update_noise_multiplier,
     within_fraction,
 )
@@ -127,6 +131,79 @@ def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) 
     )
 
 
+class FreshNoise:
+    """DP-FedAvg's noise: a new N(0, std^2) on every round's sum."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def increment(self, shapes: Mapping[str, torch.Tensor], std: float) -> Tensors:
+        """N(0, std^2) in `shapes`' dtypes, drawn in name order."""
+        return add_gaussian_noise(
+            {n: torch.zeros_like(t) for n, t in shapes.items()}, std, self.generator
+        )
+
+
+class Mechanism:
+    """How a run's rounds are noised and accounted: DP-FedAvg's fresh noise (this null stage).
+
+    DP-FTRL's tree is `TreeMechanism`.
+    """
+
+    def __init__(self, settings: PrivacySettings, generator: torch.Generator) -> None:
+        self.noise: FreshNoise | TreeNoise = FreshNoise(generator)
+        self.accountant: PrivacyAccountant | TreeAccountant = PrivacyAccountant(
+            settings.sampling, settings.delta
+        )
+
+    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
+        """The fleet a round's strategy may select from (unchanged: no rule limits it)."""
+        del round_number
+        return fleet
+
+    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
+        """Note a round's selected devices (nothing to note here)."""
+
+
+class TreeMechanism(Mechanism):
+    """DP-FTRL: tree noise (coordinator/ftrl.py), its accountant, the per-tree participation."""
+
+    def __init__(self, settings: PrivacySettings, seed: int) -> None:
+        restart = settings.tree_restart
+        self.noise = TreeNoise(seed, restart)
+        self.accountant = TreeAccountant(settings.delta, restart, settings.tree_participations)
+        self.limit = (
+            None
+            if settings.tree_participations is None
+            else ParticipationLimit(settings.tree_participations, restart)
+        )
+
+    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
+        """The fleet with the devices at their per-tree limit offline for this round."""
+        if self.limit is None:
+            return fleet
+        allowed = self.limit.allowed(round_number, [d.device_id for d in fleet.devices])
+        return FleetSnapshot(
+            tuple(
+                DeviceInfo(d.device_id, d.num_train_samples, d.online and d.device_id in allowed)
+                for d in fleet.devices
+            )
+        )
+
+    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
+        """Count the round's selected devices against their per-tree limit."""
+        if self.limit is not None:
+            self.limit.count(round_number, device_ids)
+
+
+def mechanism(settings: PrivacySettings, reproducible_seed: int | None) -> Mechanism:
+    """The run's mechanism; a simulation's seed makes the tree's noise reproducible."""
+    generator = noise_generator(reproducible_seed)
+    if settings.mechanism == "ftrl-tree":
+        return TreeMechanism(settings, secrets_seed(reproducible_seed))
+    return Mechanism(settings, generator)
+
+
 @dataclass(frozen=True)
 class RoundNoise:
     """What one round's privacy was planned with."""
@@ -147,7 +224,8 @@ class PrivacyEngine:
         self.settings = settings
         self.participation = participation
         self.clip_norm = settings.clip_norm
-        self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
+        self.mechanism = mechanism(settings, reproducible_seed)
+        self.accountant = self.mechanism.accountant
         self.spent = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
         self._generator = noise_generator(reproducible_seed)
@@ -156,7 +234,7 @@ class PrivacyEngine:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
         if self.settings.sampling == "poisson":
             return poisson_cohort(fleet, self.participation, rng)
-        return fleet
+        return self.mechanism.cohort(fleet, len(self.accountant.rounds) + 1)
 
     def releases_empty(self, fleet: FleetSnapshot) -> bool:
         """Whether a round that sampled nobody from `fleet` still runs (Poisson: it does).
@@ -192,6 +270,7 @@ class PrivacyEngine:
             indicator_std=indicator_std * share,
         )
         self._round = RoundNoise(device, population, cohort, update_z, indicator_std)
+        self.mechanism.selected(len(self.accountant.rounds) + 1, selected)
         return device
 
     def over_budget(self, population: int) -> str:
@@ -227,9 +306,7 @@ class PrivacyEngine:
         k = len(updates)
         central = self.settings.placement == "coordinator" or not k
         std = noise.update_multiplier * noise.device.clip_norm if central else 0.0
-        xi = add_gaussian_noise(
-            {n: torch.zeros_like(t) for n, t in shared.items()}, std, self._generator
-        )
+        xi = self.mechanism.noise.increment(shared, std)
         if not k:
             nothing = {n: (t.double() / noise.cohort).to(t.dtype) for n, t in xi.items()}
             return [ReceivedUpdate(NOBODY, 1, 0.0, nothing)]
@@ -306,7 +383,15 @@ class PrivacyEngine:
             "target_epsilon": self.settings.target_epsilon,
             "clip_norm": self.clip_norm,
             **self.settings.model_dump(
-                include={"noise_multiplier", "placement", "sampling", "adaptive_clipping"}
+                include={
+                    "noise_multiplier",
+                    "placement",
+                    "sampling",
+                    "adaptive_clipping",
+                    "mechanism",
+                    "tree_restart",
+                    "tree_participations",
+                }
             ),
         }
 

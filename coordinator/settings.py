@@ -20,7 +20,7 @@ from coordinator.staleness import StalenessRule
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
-from protocols.privacy import Placement, PrivacySettings, Sampling
+from protocols.privacy import Mechanism, Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
 from protocols.secure_aggregation import SecureAggregationSettings
 
@@ -70,7 +70,10 @@ class RunSettings(TomlSettings):
     )
     dp_clip: float = Field(1.0, gt=0, description="DP: clip norm of each shared delta")
     dp_placement: Placement = Field("coordinator", description="DP: who adds the noise")
-    dp_sampling: Sampling = Field("poisson", description="DP: how each round's cohort is drawn")
+    dp_sampling: Sampling | None = Field(
+        None, description="DP: how each round's cohort is drawn (unset: poisson for dp-fedavg)"
+    )
+    dp_mechanism: Mechanism = Field("dp-fedavg", description="DP: fresh noise or DP-FTRL's tree")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="DP: the delta epsilon is reported at")
     dp_epsilon: float | None = Field(None, gt=0, description="DP: the epsilon budget")
     dp_on_budget: Literal["stop", "warn"] = Field("stop", description="DP: at the budget")
@@ -165,7 +168,9 @@ class RunSettings(TomlSettings):
             noise_multiplier=self.dp_noise,
             clip_norm=self.dp_clip,
             placement=self.dp_placement,
-            sampling=self.dp_sampling,
+            sampling=self.dp_sampling
+            or ("poisson" if self.dp_mechanism == "dp-fedavg" else "fixed"),
+            mechanism=self.dp_mechanism,
             delta=self.dp_delta,
             target_epsilon=self.dp_epsilon,
             on_budget=self.dp_on_budget,
