@@ -13,6 +13,8 @@ from coordinator.serve import ServeResult, run_serve
 from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import run_simulation
 from coordinator.tree_accountant import TreeAccountant
+from tests.conftest import Mosquitto
+from tests.e2e.conftest import Processes
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
 RUN = {
@@ -25,7 +27,7 @@ RUN = {
 }
 
 
-def _serve(url: str, processes, tmp_path: Path, **options: object) -> ServeResult:
+def _serve(url: str, processes: Processes, tmp_path: Path, **options: object) -> ServeResult:
     for index in range(3):
         processes.agent(url, index, shards=3)
     return run_serve(
@@ -43,7 +45,7 @@ def _serve(url: str, processes, tmp_path: Path, **options: object) -> ServeResul
 
 
 def test_three_agents_serve_ftrl_tree_and_report_its_epsilon(
-    mosquitto, processes, tmp_path: Path
+    mosquitto: Mosquitto, processes: Processes, tmp_path: Path
 ) -> None:
     # Execute
     _serve(mosquitto.url, processes, tmp_path, dp_noise=3.0)
@@ -63,7 +65,7 @@ def test_three_agents_serve_ftrl_tree_and_report_its_epsilon(
 
 
 def test_without_noise_serving_ftrl_tree_gives_the_simulations_model(
-    mosquitto, processes, tmp_path: Path
+    mosquitto: Mosquitto, processes: Processes, tmp_path: Path
 ) -> None:
     """At z = 0 the tree adds nothing: the real fleet's model is the simulated one, bit for bit."""
     # Execute
