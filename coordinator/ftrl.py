@@ -96,6 +96,8 @@ class TreeNoise:
         self.seed = seed
         self.restart = restart
         self.rounds = 0
+        self.resumed_at: list[int] = []
+        """The round counts a run resumed at: a node ending after one is drawn anew."""
         self._cache: dict[tuple[int, int, int], Tensors] = {}
 
     def position(self, round_number: int) -> tuple[int, int]:
@@ -129,23 +131,42 @@ class TreeNoise:
         self._forget(tree)
         return {n: v * std for n, v in now.items()}
 
-    def state_dict(self) -> dict[str, int | None]:
+    def state_dict(self) -> dict[str, object]:
         """All a resumed run needs: the noise of every node follows from the seed."""
-        return {"seed": self.seed, "restart": self.restart, "rounds": self.rounds}
+        return {
+            "seed": self.seed,
+            "restart": self.restart,
+            "rounds": self.rounds,
+            "resumed_at": list(self.resumed_at),
+        }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, int | None]) -> TreeNoise:
+    def resume(cls, state: Mapping[str, object]) -> TreeNoise:
         """The tree `state_dict` described, continuing with its next round.
+
+        The nodes complete by then keep their noise (the model holds them); every node that
+        ends later is drawn anew, since a round released after the checkpoint and lost with the
+        coordinator may have used it with another cohort's sum (the same noise on two sums
+        would give away their difference).
 
         Raises:
             ValueError: a state without an integer seed or round count.
         """
-        seed, rounds = state.get("seed"), state.get("rounds")
-        if not isinstance(seed, int) or not isinstance(rounds, int) or rounds < 0:
+        seed, rounds, restart = state.get("seed"), state.get("rounds"), state.get("restart")
+        resumed_at = state.get("resumed_at", [])
+        if (
+            not isinstance(seed, int)
+            or not isinstance(rounds, int)
+            or rounds < 0
+            or not (restart is None or isinstance(restart, int))
+            or not isinstance(resumed_at, list)
+            or not all(isinstance(r, int) for r in resumed_at)
+        ):
             msg = f"not a tree's state: {dict(state)}"
             raise ValueError(msg)
-        tree = cls(seed, state.get("restart"))
+        tree = cls(seed, restart)
         tree.rounds = rounds
+        tree.resumed_at = [*resumed_at, rounds]
         return tree
 
     def _node(
@@ -153,8 +174,11 @@ class TreeNoise:
     ) -> Tensors:
         key = (tree, level, index)
         if key not in self._cache:
+            first = 0 if self.restart is None else tree * self.restart  # the tree's first round
+            last = first + ((index + 1) << level)  # 1-based: the node is complete after it
+            generation = sum(last > resumed for resumed in self.resumed_at)
             digest = hashlib.blake2b(
-                f"{self.seed}/{tree}/{level}/{index}".encode(), digest_size=8
+                f"{self.seed}/{generation}/{tree}/{level}/{index}".encode(), digest_size=8
             ).digest()
             generator = torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
             zeros = {n: torch.zeros(t.shape, dtype=torch.float64) for n, t in shapes.items()}
@@ -187,6 +211,11 @@ class ParticipationLimit:
         self._enter(round_number)
         for device_id in selected:
             self.joined[device_id] = self.joined.get(device_id, 0) + 1
+
+    def restore(self, joined: Mapping[str, int], rounds: int) -> None:
+        """Continue after `rounds` rounds with these counts of the current tree."""
+        self._enter(max(rounds, 1))
+        self.joined = {str(d): int(n) for d, n in joined.items()}
 
     def _enter(self, round_number: int) -> None:
         tree = 0 if self.restart is None else (round_number - 1) // self.restart

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import torch
@@ -164,13 +164,20 @@ class Mechanism:
     def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
         """Note a round's selected devices (nothing to note here)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs beyond the rounds accounted (nothing: noise is fresh)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state_dict`'s output."""
+
 
 class TreeMechanism(Mechanism):
     """DP-FTRL: tree noise (coordinator/ftrl.py), its accountant, the per-tree participation."""
 
     def __init__(self, settings: PrivacySettings, seed: int) -> None:
         restart = settings.tree_restart
-        self.noise = TreeNoise(seed, restart)
+        self.noise: TreeNoise = TreeNoise(seed, restart)
         self.accountant = TreeAccountant(settings.delta, restart, settings.tree_participations)
         self.limit = (
             None
@@ -194,6 +201,17 @@ class TreeMechanism(Mechanism):
         """Count the round's selected devices against their per-tree limit."""
         if self.limit is not None:
             self.limit.count(round_number, device_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tree's seed and rounds, and the current tree's participation counts."""
+        joined = {} if self.limit is None else dict(self.limit.joined)
+        return {"tree": self.noise.state_dict(), "joined": joined}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the same tree (`TreeNoise.resume`: nodes a lost round used drawn anew)."""
+        self.noise = TreeNoise.resume(state["tree"])
+        if self.limit is not None:
+            self.limit.restore(state["joined"], self.noise.rounds)
 
 
 def mechanism(settings: PrivacySettings, reproducible_seed: int | None) -> Mechanism:
@@ -366,6 +384,37 @@ class PrivacyEngine:
             )
             scalars["dp_within_clip"] = fraction
         return scalars
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism."""
+        return {
+            "rounds": [
+                [r.noise_multiplier, r.population, r.cohort] for r in self.accountant.rounds
+            ],
+            "clip_norm": self.clip_norm,
+            "mechanism": self.settings.mechanism,
+            **self.mechanism.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state_dict`'s output: the epsilon spent, the clip, the same tree.
+
+        Raises:
+            ValueError: a state of another mechanism, or not an engine's state.
+        """
+        if state.get("mechanism", "dp-fedavg") != self.settings.mechanism:
+            msg = f"the checkpoint's DP state is of mechanism {state.get('mechanism')!r}"
+            raise ValueError(msg)
+        try:
+            rounds = [DpRound(float(z), int(n), float(m)) for z, n, m in state["rounds"]]
+            clip_norm = float(state["clip_norm"])
+            self.mechanism.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as error:
+            msg = f"not a DP engine's state: {error}"
+            raise ValueError(msg) from error
+        for spent in rounds:
+            self.spent = self.accountant.record(spent)
+        self.clip_norm = clip_norm
 
     @property
     def epsilon(self) -> float:

@@ -70,18 +70,30 @@ def test_a_prefix_noise_variance_is_its_node_count_times_sigma_squared(t: int) -
     assert float(total.var()) == pytest.approx(expected, rel=0.04)  # 40k samples: ~0.7% s.e.
 
 
-def test_a_resumed_tree_continues_the_same_noise() -> None:
-    straight = TreeNoise(seed=11, restart=4)
-    first = [straight.increment(SHAPES, 1.0) for _ in range(10)]
-    stopped = TreeNoise(seed=11, restart=4)
+def test_a_resumed_tree_keeps_the_released_nodes_and_draws_the_later_ones_anew() -> None:
+    """The model's noise goes on from where it was; no node a lost round used is used again."""
+    straight, stopped = TreeNoise(seed=11), TreeNoise(seed=11)
+    first = [straight.increment(SHAPES, 1.0) for _ in range(8)]
+    carried = {n: torch.zeros(t.shape, dtype=torch.float64) for n, t in SHAPES.items()}
     for _ in range(6):
-        stopped.increment(SHAPES, 1.0)
-    resumed = TreeNoise.from_state(stopped.state_dict())
-    for expected in first[6:]:
-        got = resumed.increment(SHAPES, 1.0)
-        assert all(torch.equal(got[n], expected[n]) for n in SHAPES)
+        for name, value in stopped.increment(SHAPES, 1.0).items():
+            carried[name] += value
+    resumed = TreeNoise.resume(stopped.state_dict())
+    assert resumed.rounds == 6
+    for t in (7, 8):
+        step = resumed.increment(SHAPES, 1.0)
+        carried = {n: carried[n] + step[n] for n in carried}
+        assert not torch.equal(step["w"], first[t - 1]["w"])  # later nodes drawn anew
+        for name, value in resumed.prefix_noise(t, SHAPES).items():
+            torch.testing.assert_close(carried[name], value)
+    for t in (4, 6):  # nodes complete by the checkpoint keep their noise
+        for name, value in straight.prefix_noise(t, SHAPES).items():
+            assert torch.equal(resumed.prefix_noise(t, SHAPES)[name], value)
+    assert not torch.equal(
+        resumed.prefix_noise(8, SHAPES)["w"], straight.prefix_noise(8, SHAPES)["w"]
+    )
     with pytest.raises(ValueError, match="not a tree's state"):
-        TreeNoise.from_state({"seed": None, "rounds": 1})
+        TreeNoise.resume({"seed": None, "rounds": 1})
 
 
 def _brute_sensitivity(leaves: int, participations: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from coordinator.settings import ServeSettings, SimulationSettings
 from coordinator.simulate import run_simulation
 from coordinator.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes
+from tests.e2e.conftest import Processes, kill_after_checkpoint
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
 RUN = {
@@ -78,3 +79,50 @@ def test_without_noise_serving_ftrl_tree_gives_the_simulations_model(
     for name, tensor in simulated.final_shared.items():
         assert torch.equal(served.final_shared[name], tensor), name
     assert served.summary.metrics == simulated.summary.metrics
+
+
+def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
+    mosquitto: Mosquitto, processes: Processes, tmp_path: Path
+) -> None:
+    """The CLI run is killed after a checkpoint; the resumed one continues the same accounting."""
+    # Prepare
+    for index in range(3):
+        processes.agent(mosquitto.url, index, shards=3)
+    flags = [
+        "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedavg", "--rounds", "5",
+        "--min-devices", "3", "--round-timeout", "20", "--dp-noise", "3", "--dp-clip", "0.5",
+        "--dp-mechanism", "ftrl-tree", "--out", str(tmp_path / "run"),
+        "--checkpoint-dir", str(tmp_path / "checkpoint"),
+    ]  # fmt: skip
+    coordinator = processes.start(
+        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+    )
+    # Execute: kill it once round 2 is checkpointed, then resume in-process
+    killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)
+    state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["privacy_state"]
+    resumed = run_serve(
+        ServeSettings.load(
+            None,
+            **{**RUN, "rounds": 5},
+            dp_noise=3.0,
+            broker=mosquitto.url,
+            min_devices=3,
+            round_timeout=20.0,
+            out=tmp_path / "run",
+            checkpoint_dir=tmp_path / "checkpoint",
+            resume=True,
+        )
+    )
+    # Assert: rounds 1..5 once each, every epsilon that of its round count in one tree
+    assert 2 <= killed_at < 5, processes.log("coordinator")
+    assert state["tree"]["rounds"] == killed_at
+    assert resumed.records[0].round_id == killed_at + 1
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round_id"] for line in lines] == [1, 2, 3, 4, 5]
+    independent = TreeAccountant(1e-5, None, None)
+    for line in lines:
+        assert line["scalars"]["dp_epsilon"] == pytest.approx(
+            independent.record(DpRound(3.0, 3, 3.0)).tighter
+        )
+    assert resumed.summary.privacy is not None
+    assert resumed.summary.privacy["rounds_released"] == 5
