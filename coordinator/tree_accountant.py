@@ -11,13 +11,14 @@ contributes, not whether it took part). The tighter figure is reported, as for D
 from __future__ import annotations
 
 import functools
+import math
 
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from coordinator.accountant import PLD_INTERVAL, RDP_ORDERS, DpRound, Epsilons
-from coordinator.ftrl import effective_multiplier
+from coordinator.ftrl import effective_multiplier, run_sensitivity
 
 
 @functools.lru_cache(maxsize=512)
@@ -70,3 +71,31 @@ class TreeAccountant:
         self.epsilons(spent)  # refuses a round of another multiplier before counting it
         self.rounds.append(spent)
         return self.epsilons()
+
+
+def tree_noise_for_epsilon(
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    restart: int | None,
+    participations: int | None,
+) -> float:
+    """The smallest z (to 0.1%) whose tree releases over `rounds` rounds spend at most the target.
+
+    Raises:
+        ValueError: a target or round count out of range.
+    """
+    if not (target_epsilon > 0 and rounds >= 1):
+        msg = f"need epsilon > 0 and rounds >= 1 (got {target_epsilon}, {rounds})"
+        raise ValueError(msg)
+    low, high = 0.0, 1.0
+    while gaussian_epsilons(high, delta).tighter > target_epsilon:
+        low, high = high, high * 2
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        low, high = (
+            (middle, high)
+            if gaussian_epsilons(middle, delta).tighter > target_epsilon
+            else (low, middle)
+        )
+    return high * math.sqrt(run_sensitivity(rounds, restart, participations))

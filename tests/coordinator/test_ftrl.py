@@ -20,7 +20,7 @@ from coordinator.ftrl import (
     tree_sensitivity,
 )
 from coordinator.settings import SimulationSettings
-from coordinator.tree_accountant import TreeAccountant
+from coordinator.tree_accountant import TreeAccountant, tree_noise_for_epsilon
 
 SHAPES = {"b": torch.zeros(3), "w": torch.zeros(2, 2)}
 
@@ -208,3 +208,15 @@ def test_tree_options_need_the_tree_and_the_tree_takes_the_cohort_as_selected() 
     assert fedavg.sampling == "poisson"
     tree = SimulationSettings.load(None, task="digits", dp_noise=1.0, dp_mechanism="ftrl-tree")
     assert (tree.privacy() or fedavg).sampling == "fixed"
+
+
+def test_the_planned_tree_noise_spends_the_target_and_no_less_noise_would() -> None:
+    z = tree_noise_for_epsilon(4.0, 1e-5, 30, 10, 1)
+    accountant = TreeAccountant(1e-5, 10, 1)
+    for _ in range(30):
+        spent = accountant.record(DpRound(z, 100, 10.0))
+    assert spent.tighter <= 4.0
+    less = TreeAccountant(1e-5, 10, 1)
+    for _ in range(30):
+        tighter = less.record(DpRound(z * 0.99, 100, 10.0))
+    assert tighter.tighter > 4.0
