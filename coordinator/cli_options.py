@@ -100,7 +100,7 @@ DpSamplingOption = Annotated[
     str | None,
     typer.Option(
         help="DP: poisson (each device joins with probability --participation) or fixed "
-        "(default: poisson)"
+        "(default: poisson; ftrl-tree takes the cohort as the strategy selects it)"
     ),
 ]
 DpMechanismOption = Annotated[
