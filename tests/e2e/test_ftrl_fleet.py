@@ -28,21 +28,23 @@ RUN = {
 }
 
 
+def _settings(url: str, tmp_path: Path, **options: object) -> ServeSettings:
+    return ServeSettings.load(
+        None,
+        **{**RUN, **options},
+        broker=url,
+        min_devices=3,
+        round_timeout=30.0,
+        join_timeout=60.0,
+        out=tmp_path / "run",
+        checkpoint_dir=tmp_path / "checkpoint",
+    )
+
+
 def _serve(url: str, processes: Processes, tmp_path: Path, **options: object) -> ServeResult:
     for index in range(3):
         processes.agent(url, index, shards=3)
-    return run_serve(
-        ServeSettings.load(
-            None,
-            **{**RUN, **options},
-            broker=url,
-            min_devices=3,
-            round_timeout=30.0,
-            join_timeout=60.0,
-            out=tmp_path / "run",
-            checkpoint_dir=tmp_path / "checkpoint",
-        )
-    )
+    return run_serve(_settings(url, tmp_path, **options))
 
 
 def test_three_agents_serve_ftrl_tree_and_report_its_epsilon(
@@ -100,19 +102,7 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)
     state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["privacy_state"]
-    resumed = run_serve(
-        ServeSettings.load(
-            None,
-            **{**RUN, "rounds": 5},
-            dp_noise=3.0,
-            broker=mosquitto.url,
-            min_devices=3,
-            round_timeout=20.0,
-            out=tmp_path / "run",
-            checkpoint_dir=tmp_path / "checkpoint",
-            resume=True,
-        )
-    )
+    resumed = run_serve(_settings(mosquitto.url, tmp_path, rounds=5, dp_noise=3.0, resume=True))
     # Assert: rounds 1..5 once each, every epsilon that of its round count in one tree
     assert 2 <= killed_at < 5, processes.log("coordinator")
     assert state["tree"]["rounds"] == killed_at
