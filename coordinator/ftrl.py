@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from protocols.codec import Tensors
-from protocols.privacy import add_gaussian_noise
 
 
 def prefix_nodes(t: int) -> list[tuple[int, int]]:
@@ -108,11 +107,15 @@ class TreeNoise:
         return tree, before + 1
 
     def prefix_noise(self, round_number: int, shapes: Mapping[str, torch.Tensor]) -> Tensors:
-        """The noise (at std 1) of the current tree's prefix ending at `round_number`."""
+        """The noise (at std 1) of the current tree's prefix ending at `round_number`.
+
+        Integer tensors (counters) get none, as with DP-FedAvg's noise.
+        """
         tree, leaves = self.position(round_number)
         total = {n: torch.zeros(t.shape, dtype=torch.float64) for n, t in shapes.items()}
+        floating = {n: t for n, t in shapes.items() if t.is_floating_point()}  # not counters
         for level, index in prefix_nodes(leaves):
-            for name, value in self._node(tree, level, index, shapes).items():
+            for name, value in self._node(tree, level, index, floating).items():
                 total[name] += value
         return total
 
@@ -172,18 +175,26 @@ class TreeNoise:
     def _node(
         self, tree: int, level: int, index: int, shapes: Mapping[str, torch.Tensor]
     ) -> Tensors:
+        """A node's noise at std 1 for each of `shapes`' tensors.
+
+        Each tensor's noise has its own generator, so it does not depend on which other tensors
+        are shared: a stage that shares fewer (pretraining, then FedAlt) goes on with the same
+        node noise for those it keeps, and no node is ever released with two draws.
+        """
         key = (tree, level, index)
-        if key not in self._cache:
-            first = 0 if self.restart is None else tree * self.restart  # the tree's first round
-            last = first + ((index + 1) << level)  # 1-based: the node is complete after it
-            generation = sum(last > resumed for resumed in self.resumed_at)
-            digest = hashlib.blake2b(
-                f"{self.seed}/{generation}/{tree}/{level}/{index}".encode(), digest_size=8
-            ).digest()
-            generator = torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
-            zeros = {n: torch.zeros(t.shape, dtype=torch.float64) for n, t in shapes.items()}
-            self._cache[key] = add_gaussian_noise(zeros, 1.0, generator)
-        return self._cache[key]
+        node = self._cache.setdefault(key, {})
+        first = 0 if self.restart is None else tree * self.restart  # the tree's first round
+        last = first + ((index + 1) << level)  # 1-based: the node is complete after it
+        generation = sum(last > resumed for resumed in self.resumed_at)
+        for name, tensor in shapes.items():
+            if name not in node or node[name].shape != tensor.shape:
+                digest = hashlib.blake2b(
+                    f"{self.seed}/{generation}/{tree}/{level}/{index}/{name}".encode(),
+                    digest_size=8,
+                ).digest()
+                generator = torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
+                node[name] = torch.randn(tensor.shape, generator=generator, dtype=torch.float64)
+        return {name: node[name] for name in shapes}
 
     def _forget(self, tree: int) -> None:
         """Keep only the nodes the next prefix may reuse (those of this tree's current one)."""

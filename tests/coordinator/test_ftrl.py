@@ -220,3 +220,13 @@ def test_the_planned_tree_noise_spends_the_target_and_no_less_noise_would() -> N
     for _ in range(30):
         tighter = less.record(DpRound(z * 0.99, 100, 10.0))
     assert tighter.tighter > 4.0
+
+
+def test_a_tensors_node_noise_does_not_depend_on_the_other_tensors_shared() -> None:
+    """A stage that shares fewer tensors (pretraining, then FedAlt) keeps each node's draw."""
+    both, one = TreeNoise(seed=4), TreeNoise(seed=4)
+    wide = {"a": torch.zeros(3), "b": torch.zeros(2), "n": torch.zeros(1, dtype=torch.long)}
+    for t in (1, 2, 3):
+        drawn = both.prefix_noise(t, wide)
+        assert torch.equal(drawn["a"], one.prefix_noise(t, {"a": torch.zeros(3)})["a"])
+        assert torch.equal(drawn["n"], torch.zeros(1, dtype=torch.float64))  # counters: none

@@ -65,16 +65,9 @@ def test_a_device_at_its_limit_sits_out_the_rest_of_its_tree() -> None:
 
 
 def _simulate(**options: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    base = {"task": "digits", "devices": 8, "rounds": 5, "workers": 1, "seed": 3}
     settings = SimulationSettings.load(
-        None,
-        task="digits",
-        devices=8,
-        rounds=5,
-        workers=1,
-        seed=3,
-        dp_noise=2.0,
-        dp_mechanism="ftrl-tree",
-        **options,
+        None, **{**base, **options}, dp_noise=2.0, dp_mechanism="ftrl-tree"
     )
     result = run_simulation(settings)
     assert result.summary.privacy is not None
@@ -102,3 +95,13 @@ def test_a_simulation_reports_the_tree_accountants_epsilon_every_round() -> None
     assert privacy["mechanism"] == "ftrl-tree"
     assert privacy["rounds_released"] == 5
     assert privacy["sampling"] == "fixed"
+
+
+@pytest.mark.slow
+def test_fedalt_after_pretraining_keeps_the_tree_when_fewer_tensors_are_shared() -> None:
+    """Pretraining shares every tensor, FedAlt then only the global part: the tree goes on."""
+    privacy, records = _simulate(
+        algorithm="fedalt", rounds=2, pretrain_rounds=2, personal_preset="output"
+    )
+    assert privacy["rounds_released"] == 4
+    assert all(r["scalars"]["dp_epsilon"] > 0 for r in records)
