@@ -214,9 +214,14 @@ class TreeMechanism(Mechanism):
             self.limit.restore(state["joined"], self.noise.rounds)
 
 
-def mechanism(settings: PrivacySettings, reproducible_seed: int | None) -> Mechanism:
-    """The run's mechanism; a simulation's seed makes the tree's noise reproducible."""
-    generator = noise_generator(reproducible_seed)
+def mechanism(
+    settings: PrivacySettings, generator: torch.Generator, reproducible_seed: int | None
+) -> Mechanism:
+    """The run's mechanism; a simulation's seed makes the tree's noise reproducible.
+
+    DP-FedAvg draws from the engine's `generator`, the stream its adaptive clipping's count
+    noise also comes from: one stream, as before, never two seeded alike.
+    """
     if settings.mechanism == "ftrl-tree":
         return TreeMechanism(settings, secrets_seed(reproducible_seed))
     return Mechanism(settings, generator)
@@ -242,11 +247,11 @@ class PrivacyEngine:
         self.settings = settings
         self.participation = participation
         self.clip_norm = settings.clip_norm
-        self.mechanism = mechanism(settings, reproducible_seed)
+        self._generator = noise_generator(reproducible_seed)
+        self.mechanism = mechanism(settings, self._generator, reproducible_seed)
         self.accountant = self.mechanism.accountant
         self.spent = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
-        self._generator = noise_generator(reproducible_seed)
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""

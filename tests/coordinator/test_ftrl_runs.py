@@ -16,7 +16,7 @@ from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from coordinator.tree_accountant import TreeAccountant
 from protocols.algorithms import parse_algorithm_config
-from protocols.privacy import PrivacySettings, clip_to_norm
+from protocols.privacy import PrivacySettings, clip_to_norm, noise_generator
 
 TREE = {"mechanism": "ftrl-tree", "sampling": "fixed"}
 
@@ -105,3 +105,24 @@ def test_fedalt_after_pretraining_keeps_the_tree_when_fewer_tensors_are_shared()
     )
     assert privacy["rounds_released"] == 4
     assert all(r["scalars"]["dp_epsilon"] > 0 for r in records)
+
+
+def test_dp_fedavg_draws_its_update_and_count_noise_from_one_stream() -> None:
+    """The update's noise then the adaptive count's, from one seeded generator.
+
+    Never two generators seeded alike, whose count noise would repeat the update's first draw.
+    """
+    settings = PrivacySettings(
+        noise_multiplier=1.0, sampling="fixed", adaptive_clipping=True, quantile_noise=0.5
+    )
+    engine = PrivacyEngine(settings, participation=1.0, reproducible_seed=7)
+    device = engine.plan(_fleet(2), ["dev-0", "dev-1"])
+    shared = {"w": torch.zeros(5)}
+    updates = [ReceivedUpdate(f"dev-{i}", 1, 0.0, {"w": torch.zeros(5)}) for i in range(2)]
+    engine.privatize(updates, shared)
+    fraction = engine.finish([0.5, 0.5])["dp_within_clip"]
+    stream = noise_generator(7)
+    torch.randn(5, generator=stream, dtype=torch.float64)  # the update's noise, drawn first
+    count = 1.0 + 0.5 * 2 * float(torch.randn((), generator=stream, dtype=torch.float64))
+    assert device.indicator_std == 0.0  # coordinator placement: the count noise is added here
+    assert fraction == pytest.approx(count / 2 + 0.5)
