@@ -9,6 +9,12 @@ stages and the accountant counts all 30 rounds. The distributed discrete Gaussia
 FedAvg with devices adding the noise inside secure aggregation's ring (`DISTRIBUTED_DG`), at the
 noise its own accountant needs for the same epsilon. Writes the table into docs/results.md.
 
+Each finite epsilon also runs DP-FTRL's tree aggregation (`--dp-mechanism ftrl-tree`), which
+needs no secret sampling: a tree restarts every 1/participation rounds (10 on synthetic, 4 on
+digits), each device joins at most one round per tree (the strategy selects the same fraction
+of the devices that have not joined the current tree yet, so cohorts shrink towards a tree's
+end), and z is calibrated by the tree's accountant (`tree_noise_for_epsilon`).
+
     OMP_NUM_THREADS=1 python -m benchmarks.privacy_accuracy [--seeds 3] [--epsilons 1,4,8,inf]
         [--distributed-only]
 """
@@ -28,11 +34,15 @@ from benchmarks.common import markdown_table, mean_std, write_section
 from coordinator.accountant import RDP_ORDERS, noise_for_epsilon
 from coordinator.compare import plan_runs, run_comparison
 from coordinator.discrete_accountant import ring_noise_for_epsilon
+from coordinator.tree_accountant import tree_noise_for_epsilon
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-accuracy -->"
 DELTA: Final = 1e-5
 ROUNDS: Final = 30
+ARMS: Final = (("fedavg", "dp-fedavg"), ("fedalt", "dp-fedavg"), ("fedavg", "ftrl-tree"),
+               ("fedalt", "ftrl-tree"), ("fedavg", "distributed-discrete-gaussian"))  # fmt: skip
+"""(algorithm, DP mechanism) pairs, a row group each."""
 
 
 @dataclass(frozen=True)
@@ -54,65 +64,49 @@ WORKLOADS: Final = (
 )  # fmt: skip
 
 
-DISTRIBUTED_DG: Final = {
-    "secagg": True,
-    "secagg_neighbors": 8,
-    "dp_placement": "device",
-    "dp_distribution": "discrete-gaussian",
-}
-"""The distributed discrete Gaussian's rows: FedAvg under secure aggregation (SecAgg+, 8
-neighbours), each device adding its N_Z share in the ring, the noise calibrated by its own
-accountant (`ring_noise_for_epsilon`: Zhu and Wang's general subsampling bound)."""
-DISTRIBUTED_DG_ROW: Final = "fedavg, distributed discrete Gaussian"
+DISTRIBUTED_DG: Final = "distributed-discrete-gaussian"
+"""FedAvg under secure aggregation (SecAgg+, 8 neighbours), each device adding its N_Z share in
+the ring, the noise calibrated by its own accountant (`ring_noise_for_epsilon`: Zhu and Wang's
+general subsampling bound)."""
 
 
-def distributed_overrides(workload: Workload, epsilon: float) -> dict[str, Any]:
-    """One distributed-discrete-Gaussian cell's settings (`epsilon` finite)."""
-    values = {**overrides(workload, "fedavg", math.inf), **DISTRIBUTED_DG}
-    rate = workload.settings["participation"]
-    values.update(
-        dp_noise=ring_noise_for_epsilon(epsilon, DELTA, rate, ROUNDS, RDP_ORDERS),
-        dp_clip=workload.clip,
-        dp_delta=DELTA,
-    )
-    return values
-
-
-def distributed_cells(workload: Workload, epsilons: list[float], seeds: list[int]) -> dict:
-    """The distributed discrete Gaussian's cells at the finite `epsilons`."""
-    cells = {}
-    for epsilon in (e for e in epsilons if math.isfinite(e)):
-        values = distributed_overrides(workload, epsilon)
-        cells[str(epsilon)] = cell = run_cell(workload, "fedavg", epsilon, seeds, values)
-        print(workload.task, DISTRIBUTED_DG_ROW, epsilon, cell, flush=True)
-    return cells
-
-
-def overrides(workload: Workload, algorithm: str, epsilon: float) -> dict[str, Any]:
+def overrides(
+    workload: Workload, algorithm: str, epsilon: float, mechanism: str = "dp-fedavg"
+) -> dict[str, Any]:
     """Simulate's settings for one cell; the noise multiplier calibrated to `epsilon`."""
     values: dict[str, Any] = {**workload.settings, "task": workload.task, "rounds": ROUNDS}
     values["eval_every"] = ROUNDS
     if algorithm == "fedalt":
         values.update(rounds=ROUNDS // 2, pretrain_rounds=ROUNDS // 2, personal_preset="output")
-    if math.isfinite(epsilon):
-        rate = workload.settings["participation"]
+    if not math.isfinite(epsilon):
+        return values
+    rate = workload.settings["participation"]
+    values.update(dp_clip=workload.clip, dp_delta=DELTA)
+    if mechanism == DISTRIBUTED_DG:
         values.update(
-            dp_noise=noise_for_epsilon(epsilon, DELTA, "poisson", rate, ROUNDS),
-            dp_clip=workload.clip,
-            dp_delta=DELTA,
+            secagg=True,
+            secagg_neighbors=8,
+            dp_placement="device",
+            dp_distribution="discrete-gaussian",
+            dp_noise=ring_noise_for_epsilon(epsilon, DELTA, rate, ROUNDS, RDP_ORDERS),
         )
+    elif mechanism == "ftrl-tree":
+        restart = round(1 / rate)
+        values.update(
+            dp_mechanism=mechanism,
+            dp_options={"tree_restart": restart, "tree_participations": 1},
+            dp_noise=tree_noise_for_epsilon(epsilon, DELTA, ROUNDS, restart, 1),
+        )
+    else:
+        values.update(dp_noise=noise_for_epsilon(epsilon, DELTA, "poisson", rate, ROUNDS))
     return values
 
 
 def run_cell(
-    workload: Workload,
-    algorithm: str,
-    epsilon: float,
-    seeds: list[int],
-    values: dict[str, Any] | None = None,
-) -> dict:
+    workload: Workload, algorithm: str, epsilon: float, seeds: list[int], mechanism: str
+) -> dict[str, Any]:
     """Mean and std over seeds of the personalized and global accuracy, and epsilon spent."""
-    values = overrides(workload, algorithm, epsilon) if values is None else values
+    values = overrides(workload, algorithm, epsilon, mechanism)
     with tempfile.TemporaryDirectory() as out:
         specs = plan_runs([algorithm], seeds, Path(out), overrides=values)
         runs = run_comparison(specs, Path(out)).runs
@@ -129,20 +123,26 @@ def _cell(stats: tuple[float, float] | None) -> str:
     return "n/a" if stats is None else f"{stats[0]:.3f} ± {stats[1]:.3f}"
 
 
-def render(results: dict[str, dict[str, dict[str, dict]]], epsilons: list[float]) -> list[str]:
+def render(
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]], epsilons: list[float]
+) -> list[str]:
     """The markdown section: one table per workload, a row per (algorithm, epsilon)."""
     lines = []
     for workload in WORKLOADS:
         lines += [f"**{workload.task}**: {workload.title}; clip {workload.clip:g}.", ""]
         rows = []
-        for algorithm, cells in results[workload.task].items():
+        for arm, cells in results[workload.task].items():
+            algorithm, mechanism = arm.split(" ")
             for epsilon in epsilons:
-                cell = cells[str(epsilon)]
+                cell = cells.get(str(epsilon))
+                if cell is None:  # the tree has no row without DP: it is the plain run's
+                    continue
                 noise = "none" if cell["noise"] is None else f"{cell['noise']:.3f}"
                 spent = "inf" if cell["spent"] is None else f"{cell['spent']:.2f}"
-                rows.append([algorithm, f"{epsilon:g}", noise, spent,
+                shown = mechanism if math.isfinite(epsilon) else "none"
+                rows.append([algorithm, shown, f"{epsilon:g}", noise, spent,
                              _cell(cell["personalized"]), _cell(cell["global"])])  # fmt: skip
-        header = ["algorithm", "target epsilon", "noise z", "epsilon spent",
+        header = ["algorithm", "DP mechanism", "target epsilon", "noise z", "epsilon spent",
                   "personalized accuracy", "global accuracy"]  # fmt: skip
         lines += [*markdown_table(header, rows), ""]
     return lines
@@ -162,23 +162,22 @@ def main() -> None:
     args = parser.parse_args()
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = list(range(args.seeds))
-    if args.distributed_only:
-        for workload in WORKLOADS:
-            distributed_cells(workload, epsilons, seeds)
-        return
+    arms = [arm for arm in ARMS if not args.distributed_only or arm[1] == DISTRIBUTED_DG]
     started = time.perf_counter()
-    results: dict[str, dict[str, dict[str, dict]]] = {}
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for workload in WORKLOADS:
-        for algorithm in ("fedavg", "fedalt"):
+        for algorithm, mechanism in arms:
             for epsilon in epsilons:
-                cell = run_cell(workload, algorithm, epsilon, seeds)
-                results.setdefault(workload.task, {}).setdefault(algorithm, {})[str(epsilon)] = cell
-                print(workload.task, algorithm, epsilon, cell, flush=True)
-        distributed = distributed_cells(workload, epsilons, seeds)
-        for epsilon in epsilons:  # without DP there is no noise to place: FedAvg's own row
-            if not math.isfinite(epsilon):
-                distributed[str(epsilon)] = results[workload.task]["fedavg"][str(epsilon)]
-        results[workload.task][DISTRIBUTED_DG_ROW] = distributed
+                if mechanism != "dp-fedavg" and not math.isfinite(epsilon):
+                    continue  # without DP there is no noise: the plain run's row
+                cell = run_cell(workload, algorithm, epsilon, seeds, mechanism)
+                arm = results.setdefault(workload.task, {}).setdefault(
+                    f"{algorithm} {mechanism}", {}
+                )
+                arm[str(epsilon)] = cell
+                print(workload.task, algorithm, mechanism, epsilon, cell, flush=True)
+    if args.distributed_only:
+        return  # printed only
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     minutes = (time.perf_counter() - started) / 60

@@ -373,10 +373,22 @@ class FleetAccountant:
         for device in cohort:
             counts = self.taken.setdefault(device, {})
             counts[noise_multiplier] = counts.get(noise_multiplier, 0) + 1
-            load = exposure(counts)
-            if self._worst is None or load > self._worst_exposure:
-                self._worst, self._worst_exposure = device, load
+            self._weigh(device)
         return self.epsilons()
+
+    def restore(self, taken: dict[str, dict[float, int]]) -> Epsilons:
+        """Continue from a checkpoint's `taken`; the worst device's epsilons."""
+        self.taken = {device: dict(counts) for device, counts in taken.items()}
+        self._worst, self._worst_exposure = None, 0.0
+        for device in self.taken:
+            self._weigh(device)
+        return self.epsilons()
+
+    def _weigh(self, device: str) -> None:
+        """Make `device` the worst if its rounds now expose it more than the worst's."""
+        load = exposure(self.taken[device])
+        if self._worst is None or load > self._worst_exposure:
+            self._worst, self._worst_exposure = device, load
 
     def epsilons(self) -> Epsilons:
         """Epsilon against cohort-aware observers so far (see `fleet_epsilons`)."""

@@ -56,6 +56,8 @@ class CheckpointRecord(BaseModel):
     rng_state: dict[str, Any]
     bytes_up: int = 0
     bytes_down: int = 0
+    privacy_state: dict[str, Any] | None = None
+    """A DP run's engine state (`PrivacyEngine.state_dict`): the epsilon spent, DP-FTRL's tree."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
         rng_state=dict(coordinator.rng.bit_generator.state),
         bytes_up=coordinator.bytes_up,
         bytes_down=coordinator.bytes_down,
+        privacy_state=None if coordinator.privacy is None else coordinator.privacy.state_dict(),
     )
     path = directory / RECORD_FILE
     write_atomically(path, record.model_dump_json(indent=2).encode())
@@ -152,6 +155,15 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
     if expected != found or record.shared_names != coordinator.shared_names:
         msg = "the checkpoint's tensors do not match this task, algorithm and stage"
         raise StateError(msg)
+    if coordinator.privacy is not None:  # the epsilon spent goes on, never starts again
+        if record.privacy_state is None:
+            msg = "the checkpoint holds no differential privacy state: it cannot resume a DP run"
+            raise StateError(msg)
+        try:
+            coordinator.privacy.load_state_dict(record.privacy_state)
+        except ValueError as error:
+            msg = f"the checkpoint's differential privacy state: {error}"
+            raise StateError(msg) from error
     coordinator.model = dict(checkpoint.model)
     coordinator.round_id = record.round_id
     coordinator.run_id = record.run_id or coordinator.run_id

@@ -117,7 +117,15 @@ DpSamplingOption = Annotated[
     str | None,
     typer.Option(
         help="DP: poisson (each device joins with probability --participation) or fixed "
-        "(default: poisson)"
+        "(default: poisson; ftrl-tree takes the cohort as the strategy selects it)"
+    ),
+]
+DpMechanismOption = Annotated[
+    str | None,
+    typer.Option(
+        help="DP: dp-fedavg (fresh noise on each round's sum, amplified by --dp-sampling) or "
+        "ftrl-tree (DP-FTRL's tree aggregation, no sampling needed; [dp_options] tree_restart, "
+        "tree_participations) (default: dp-fedavg)"
     ),
 ]
 DpDeltaOption = Annotated[float | None, typer.Option(help="DP: delta (default: 1e-5)")]

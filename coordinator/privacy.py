@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import torch
 
 from coordinator.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
 from coordinator.discrete_accountant import RingRound
+from coordinator.ftrl import ParticipationLimit, TreeNoise
 from coordinator.selection import poisson_sample
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -28,7 +29,9 @@ from coordinator.strategies.base import (
     RelayStrategy,
     Strategy,
 )
+from coordinator.tree_accountant import TreeAccountant
 from protocols import secure_aggregation as sa
+from protocols.codec import Tensors
 from protocols.messages import DevicePrivacy, SecureRound
 from protocols.privacy import (
     PrivacySettings,
@@ -36,6 +39,7 @@ from protocols.privacy import (
     clip_to_norm,
     next_clip_norm,
     noise_generator,
+    secrets_seed,
     update_noise_multiplier,
     within_fraction,
 )
@@ -129,6 +133,108 @@ def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) 
     )
 
 
+class FreshNoise:
+    """DP-FedAvg's noise: a new N(0, std^2) on every round's sum."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def increment(self, shapes: Mapping[str, torch.Tensor], std: float) -> Tensors:
+        """N(0, std^2) in `shapes`' dtypes, drawn in name order."""
+        return add_gaussian_noise(
+            {n: torch.zeros_like(t) for n, t in shapes.items()}, std, self.generator
+        )
+
+
+class Mechanism:
+    """How a run's rounds are noised and accounted: DP-FedAvg's fresh noise (this null stage).
+
+    DP-FTRL's tree is `TreeMechanism`.
+    """
+
+    secret_sampling = True
+    """Its accountant amplifies by a sample kept secret (devices see the cohorts: see
+    `FleetAccountant` for the figure against them)."""
+
+    def __init__(self, settings: PrivacySettings, generator: torch.Generator) -> None:
+        self.noise: FreshNoise | TreeNoise = FreshNoise(generator)
+        self.accountant: PrivacyAccountant | TreeAccountant = PrivacyAccountant(
+            settings.sampling, settings.delta
+        )
+
+    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
+        """The fleet a round's strategy may select from (unchanged: no rule limits it)."""
+        del round_number
+        return fleet
+
+    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
+        """Note a round's selected devices (nothing to note here)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs beyond the rounds accounted (nothing: noise is fresh)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state_dict`'s output."""
+
+
+class TreeMechanism(Mechanism):
+    """DP-FTRL: tree noise (coordinator/ftrl.py), its accountant, the per-tree participation."""
+
+    secret_sampling = False
+
+    def __init__(self, settings: PrivacySettings, seed: int) -> None:
+        restart = settings.tree_restart
+        self.noise: TreeNoise = TreeNoise(seed, restart)
+        self.accountant = TreeAccountant(settings.delta, restart, settings.tree_participations)
+        self.limit = (
+            None
+            if settings.tree_participations is None
+            else ParticipationLimit(settings.tree_participations, restart)
+        )
+
+    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
+        """The fleet with the devices at their per-tree limit offline for this round."""
+        if self.limit is None:
+            return fleet
+        allowed = self.limit.allowed(round_number, [d.device_id for d in fleet.devices])
+        return FleetSnapshot(
+            tuple(
+                DeviceInfo(d.device_id, d.num_train_samples, d.online and d.device_id in allowed)
+                for d in fleet.devices
+            )
+        )
+
+    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
+        """Count the round's selected devices against their per-tree limit."""
+        if self.limit is not None:
+            self.limit.count(round_number, device_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tree's seed and rounds, and the current tree's participation counts."""
+        joined = {} if self.limit is None else dict(self.limit.joined)
+        return {"tree": self.noise.state_dict(), "joined": joined}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the same tree (`TreeNoise.resume`: nodes a lost round used drawn anew)."""
+        self.noise = TreeNoise.resume(state["tree"])
+        if self.limit is not None:
+            self.limit.restore(state["joined"], self.noise.rounds)
+
+
+def mechanism(
+    settings: PrivacySettings, generator: torch.Generator, reproducible_seed: int | None
+) -> Mechanism:
+    """The run's mechanism; a simulation's seed makes the tree's noise reproducible.
+
+    DP-FedAvg draws from the engine's `generator`, the stream its adaptive clipping's count
+    noise also comes from: one stream, as before, never two seeded alike.
+    """
+    if settings.mechanism == "ftrl-tree":
+        return TreeMechanism(settings, secrets_seed(reproducible_seed))
+    return Mechanism(settings, generator)
+
+
 @dataclass(frozen=True)
 class RoundNoise:
     """What one round's privacy was planned with."""
@@ -149,13 +255,14 @@ class PrivacyEngine:
         self.settings = settings
         self.participation = participation
         self.clip_norm = settings.clip_norm
-        self.accountant = PrivacyAccountant(settings.sampling, settings.delta)
+        self._generator = noise_generator(reproducible_seed)
+        self.mechanism = mechanism(settings, self._generator, reproducible_seed)
+        self.accountant = self.mechanism.accountant
         self.spent = Epsilons(0.0, 0.0)
         self.fleet = FleetAccountant(settings.sampling, settings.delta)
         self.spent_vs_fleet = Epsilons(0.0, 0.0)
         self._round: RoundNoise | None = None
         self._announced: tuple[str, ...] = ()
-        self._generator = noise_generator(reproducible_seed)
         self._ring: tuple[float, int] | None = None
         """The discrete Gaussian's grid: the last secure round's delta scale and coordinates."""
 
@@ -163,7 +270,7 @@ class PrivacyEngine:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
         if self.settings.sampling == "poisson":
             return poisson_cohort(fleet, self.participation, rng)
-        return fleet
+        return self.mechanism.cohort(fleet, len(self.accountant.rounds) + 1)
 
     def releases_empty(self, fleet: FleetSnapshot) -> bool:
         """Whether a round that sampled nobody from `fleet` still runs (Poisson: it does).
@@ -201,6 +308,7 @@ class PrivacyEngine:
         )
         self._round = RoundNoise(device, population, cohort, update_z, indicator_std)
         self._announced = tuple(selected)
+        self.mechanism.selected(len(self.accountant.rounds) + 1, selected)
         return device
 
     def over_budget(self, population: int) -> str:
@@ -238,9 +346,7 @@ class PrivacyEngine:
         k = len(updates)
         central = self.settings.placement == "coordinator" or not k
         std = noise.update_multiplier * noise.device.clip_norm if central else 0.0
-        xi = add_gaussian_noise(
-            {n: torch.zeros_like(t) for n, t in shared.items()}, std, self._generator
-        )
+        xi = self.mechanism.noise.increment(shared, std)
         if not k:
             nothing = {n: (t.double() / noise.cohort).to(t.dtype) for n, t in xi.items()}
             return [ReceivedUpdate(NOBODY, 1, 0.0, nothing)]
@@ -325,7 +431,10 @@ class PrivacyEngine:
         that did not answer too: an upper bound), at the round's multiplier.
         """
         self.spent = self.accountant.record(spent)
-        self.spent_vs_fleet = self.fleet.record(self._announced, spent.noise_multiplier)
+        if self.mechanism.secret_sampling:
+            self.spent_vs_fleet = self.fleet.record(self._announced, spent.noise_multiplier)
+        else:  # nothing was amplified by a sample the fleet could see through
+            self.spent_vs_fleet = self.spent
         self._announced = ()
         scalars = {
             "dp_epsilon": self.epsilon,
@@ -336,6 +445,63 @@ class PrivacyEngine:
         if self.spent.pld is not None:
             scalars["dp_epsilon_pld"] = self.spent.pld
         return scalars
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism."""
+        return {
+            "rounds": [
+                [
+                    r.noise_multiplier,
+                    r.population,
+                    r.cohort,
+                    None
+                    if r.ring is None
+                    else [r.ring.sensitivity, r.ring.device_std, r.ring.devices, r.ring.dimension],
+                ]
+                for r in self.accountant.rounds
+            ],
+            "fleet": {d: sorted(counts.items()) for d, counts in self.fleet.taken.items()},
+            "clip_norm": self.clip_norm,
+            "mechanism": self.settings.mechanism,
+            **self.mechanism.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state_dict`'s output: the epsilons spent, the clip, the same tree.
+
+        Raises:
+            ValueError: a state of another mechanism, or not an engine's state.
+        """
+        if state.get("mechanism", "dp-fedavg") != self.settings.mechanism:
+            msg = f"the checkpoint's DP state is of mechanism {state.get('mechanism')!r}"
+            raise ValueError(msg)
+        try:
+            rounds = [
+                DpRound(
+                    float(z),
+                    int(n),
+                    float(m),
+                    None
+                    if ring is None
+                    else RingRound(float(ring[0]), float(ring[1]), int(ring[2]), int(ring[3])),
+                )
+                for z, n, m, ring in state["rounds"]
+            ]
+            taken = {
+                str(d): {float(z): int(c) for z, c in counts}
+                for d, counts in state["fleet"].items()
+            }
+            clip_norm = float(state["clip_norm"])
+            self.mechanism.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as error:
+            msg = f"not a DP engine's state: {error}"
+            raise ValueError(msg) from error
+        for spent in rounds:
+            self.spent = self.accountant.record(spent)
+        self.spent_vs_fleet = (
+            self.fleet.restore(taken) if self.mechanism.secret_sampling else self.spent
+        )
+        self.clip_norm = clip_norm
 
     @property
     def epsilon(self) -> float:
@@ -354,7 +520,16 @@ class PrivacyEngine:
             "target_epsilon": self.settings.target_epsilon,
             "clip_norm": self.clip_norm,
             **self.settings.model_dump(
-                include={"noise_multiplier", "placement", "sampling", "adaptive_clipping"}
+                include={
+                    "noise_multiplier",
+                    "placement",
+                    "sampling",
+                    "adaptive_clipping",
+                    "distribution",
+                    "mechanism",
+                    "tree_restart",
+                    "tree_participations",
+                }
             ),
         }
 

@@ -62,6 +62,12 @@ _SAME_RUN_KEYS: Final = (
     "personal",
     "personal_preset",
     "pretrain_rounds",
+    "dp_noise",
+    "dp_clip",
+    "dp_mechanism",
+    "dp_sampling",
+    "dp_placement",
+    "dp_options",
 )
 
 
@@ -218,12 +224,6 @@ def refuse_overwrite(settings: ServeSettings) -> None:
         ValueError: they exist and neither --resume (continue them) nor --fresh (replace them)
             was given, or both were.
     """
-    if settings.resume and settings.privacy() is not None:
-        msg = (
-            "--resume of a differentially private run is not supported yet: its checkpoint "
-            "does not hold the epsilon already spent; start over with --fresh"
-        )
-        raise ValueError(msg)
     if settings.resume and settings.fresh:
         msg = "--resume continues the earlier run and --fresh replaces it: give one of them"
         raise ValueError(msg)

@@ -20,7 +20,7 @@ from coordinator.staleness import StalenessRule
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
-from protocols.privacy import Distribution, Placement, PrivacySettings, Sampling
+from protocols.privacy import Distribution, Mechanism, Placement, PrivacySettings, Sampling
 from protocols.program_settings import BrokerAccess, TomlSettings
 from protocols.secure_aggregation import SecureAggregationSettings
 
@@ -79,7 +79,10 @@ class RunSettings(TomlSettings):
     dp_distribution: Distribution = Field(
         "gaussian", description="DP: gaussian, or discrete-gaussian in the secagg ring (device)"
     )
-    dp_sampling: Sampling = Field("poisson", description="DP: how each round's cohort is drawn")
+    dp_sampling: Sampling | None = Field(
+        None, description="DP: how each round's cohort is drawn (unset: poisson for dp-fedavg)"
+    )
+    dp_mechanism: Mechanism = Field("dp-fedavg", description="DP: fresh noise or DP-FTRL's tree")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="DP: the delta epsilon is reported at")
     dp_epsilon: float | None = Field(None, gt=0, description="DP: the epsilon budget")
     dp_on_budget: Literal["stop", "warn"] = Field("stop", description="DP: at the budget")
@@ -178,7 +181,9 @@ class RunSettings(TomlSettings):
             clip_norm=self.dp_clip,
             placement=self.dp_placement,
             distribution=self.dp_distribution,
-            sampling=self.dp_sampling,
+            sampling=self.dp_sampling
+            or ("poisson" if self.dp_mechanism == "dp-fedavg" else "fixed"),
+            mechanism=self.dp_mechanism,
             delta=self.dp_delta,
             target_epsilon=self.dp_epsilon,
             on_budget=self.dp_on_budget,

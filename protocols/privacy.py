@@ -28,6 +28,7 @@ from protocols.codec import Tensors
 Placement = Literal["coordinator", "device"]
 Distribution = Literal["gaussian", "discrete-gaussian"]
 Sampling = Literal["poisson", "fixed"]
+Mechanism = Literal["dp-fedavg", "ftrl-tree"]
 
 
 class PrivacySettings(BaseModel):
@@ -55,12 +56,22 @@ class PrivacySettings(BaseModel):
     distribution: Distribution = "gaussian"
     """gaussian: real-valued noise; discrete-gaussian: devices add integer noise inside secure
     aggregation's ring (`protocols.discrete_gaussian`; device placement only)."""
+    mechanism: Mechanism = "dp-fedavg"
+    """dp-fedavg: fresh noise on each round's sum; ftrl-tree: DP-FTRL's tree aggregation
+    (coordinator/ftrl.py), the cohort taken as selected and accounted with no amplification."""
+    tree_restart: Annotated[int, Field(ge=1)] | None = None
+    """ftrl-tree: rounds per tree (None: one tree for the whole run)."""
+    tree_participations: Annotated[int, Field(ge=1)] | None = None
+    """ftrl-tree: the most rounds of one tree a device joins (None: every round)."""
 
     @model_validator(mode="after")
     def _adaptive_needs_noise(self) -> PrivacySettings:
         if self.adaptive_clipping and self.noise_multiplier == 0:
             msg = "adaptive clipping spends part of the noise: it needs a noise_multiplier above 0"
             raise ValueError(msg)
+        problem = tree_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -78,6 +89,33 @@ class PrivacySettings(BaseModel):
             )
             raise ValueError(msg)
         return self
+
+
+FTRL_REFUSES: dict[str, str] = {
+    "sampling": "ftrl-tree draws no secret sample (its guarantee does not rest on one): "
+    "the cohort is taken as the strategy selects it; leave --dp-sampling unset",
+    "placement": "ftrl-tree's tree noise is added by the coordinator: --dp-placement device "
+    "would need every device to hold the tree",
+    "adaptive_clipping": "ftrl-tree keeps one clip norm (every tree node carries the same "
+    "noise): --dp-adaptive-clip is not supported with it",
+}
+
+
+def tree_problem(settings: PrivacySettings) -> str:
+    """Why these settings cannot run DP-FTRL's tree aggregation ("" when they can, or dp-fedavg).
+
+    Tree-only options without the tree are refused too: they would be ignored.
+    """
+    if settings.mechanism != "ftrl-tree":
+        if settings.tree_restart is not None or settings.tree_participations is not None:
+            return "tree_restart and tree_participations need --dp-mechanism ftrl-tree"
+        return ""
+    offending = {
+        "sampling": settings.sampling != "fixed",
+        "placement": settings.placement != "coordinator",
+        "adaptive_clipping": settings.adaptive_clipping,
+    }
+    return "; ".join(FTRL_REFUSES[name] for name, bad in offending.items() if bad)
 
 
 def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
@@ -145,8 +183,12 @@ def noise_generator(reproducible_seed: int | None) -> torch.Generator:
     simulation passes a seed derived from the run so that its results do not depend on the
     number of workers.
     """
-    seed = secrets.randbits(63) if reproducible_seed is None else reproducible_seed
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(secrets_seed(reproducible_seed))
+
+
+def secrets_seed(reproducible_seed: int | None) -> int:
+    """A seed for DP noise: from the OS's entropy unless a simulation gives its own."""
+    return secrets.randbits(63) if reproducible_seed is None else reproducible_seed
 
 
 def within_clip_bit(norm: float, clip_norm: float) -> float:

@@ -98,11 +98,3 @@ def test_refused_algorithms_fail_before_any_round(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "differential privacy: selffl" in done.stdout + done.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
-
-
-def test_resuming_a_private_serve_run_is_refused_rather_than_restarting_epsilon() -> None:
-    from coordinator.serve import refuse_overwrite
-    from coordinator.settings import ServeSettings
-
-    with pytest.raises(ValueError, match="epsilon already spent"):
-        refuse_overwrite(ServeSettings.load(None, dp_noise=1.0, resume=True))

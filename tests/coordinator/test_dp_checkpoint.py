@@ -1,0 +1,119 @@
+"""A DP run's checkpoint holds its engine: the epsilon spent goes on, DP-FTRL's tree continues."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from coordinator.ftrl import TreeNoise
+from coordinator.privacy import PrivacyEngine
+from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.strategies import build_strategy
+from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
+from protocols.algorithms import parse_algorithm_config
+from protocols.errors import StateError
+from protocols.privacy import PrivacySettings
+from protocols.transport.inprocess import InProcessBroker
+
+TREE = PrivacySettings(
+    mechanism="ftrl-tree", sampling="fixed", tree_restart=4, tree_participations=2
+)
+FLEET = FleetSnapshot(tuple(DeviceInfo(f"dev-{i}", 10, True) for i in range(3)))
+
+
+def _coordinator(privacy: PrivacyEngine | None) -> Coordinator:
+    coordinator = Coordinator(
+        InProcessBroker().connect("coord"),
+        build_strategy(parse_algorithm_config("fedavg", {}), 1.0),
+        {"w": torch.zeros(4)},
+        EngineSettings(seed=1),
+    )
+    coordinator.privacy = privacy
+    return coordinator
+
+
+def _rounds(engine: PrivacyEngine, count: int) -> None:
+    shared = {"w": torch.zeros(4)}
+    for _ in range(count):
+        engine.plan(FLEET, ["dev-0", "dev-1"])
+        updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(4)}) for d in ("dev-0", "dev-1")]
+        engine.privatize(updates, shared)
+        engine.finish([None, None])
+
+
+@pytest.mark.parametrize("settings", [TREE, PrivacySettings(sampling="fixed")])
+def test_a_resumed_dp_run_goes_on_from_the_epsilon_it_spent(
+    tmp_path: Path, settings: PrivacySettings
+) -> None:
+    # Prepare: 5 rounds; the serve engine's noise is unseeded, so the tree's seed must be kept
+    original = PrivacyEngine(settings, 1.0, None)
+    _rounds(original, 5)
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    # Execute
+    resumed = PrivacyEngine(settings, 1.0, None)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    # Assert
+    assert resumed.accountant.rounds == original.accountant.rounds
+    assert resumed.epsilon == original.epsilon > 0
+    _rounds(resumed, 1)
+    _rounds(original, 1)
+    assert resumed.epsilon == pytest.approx(original.epsilon)
+    assert resumed.spent_vs_fleet == original.spent_vs_fleet  # the devices' rounds came back
+
+
+def test_a_resumed_discrete_gaussian_run_keeps_its_ring_rounds(tmp_path: Path) -> None:
+    # the ring's accountant is not the Gaussian's: a ring round read back as a plain multiplier
+    # would be amplified by Poisson sampling as a Gaussian, and spend less than it did
+    settings = PrivacySettings(placement="device", distribution="discrete-gaussian")
+    original = PrivacyEngine(settings, 0.5, None)
+    for _ in range(3):
+        original.plan(FLEET, ["dev-0", "dev-1"])
+        original.finish([None], reporters=2)
+    assert all(r.ring is not None for r in original.accountant.rounds)
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    resumed = PrivacyEngine(settings, 0.5, None)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    assert resumed.accountant.rounds == original.accountant.rounds
+    assert resumed.epsilon == original.epsilon > 0
+    assert resumed.spent_vs_fleet == original.spent_vs_fleet
+
+
+def test_a_resumed_tree_continues_the_same_tree_and_participation_counts(tmp_path: Path) -> None:
+    original = PrivacyEngine(TREE, 1.0, None)
+    _rounds(original, 5)  # round 5 opened the second tree, where dev-0 and dev-1 joined once
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    resumed = PrivacyEngine(TREE, 1.0, None)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    before, after = original.mechanism.noise, resumed.mechanism.noise
+    assert isinstance(before, TreeNoise)
+    assert isinstance(after, TreeNoise)
+    assert after.rounds == before.rounds == 5
+    shapes = {"w": torch.zeros(4)}
+    for t in (4, 5):  # the nodes released before the checkpoint keep their noise
+        assert torch.equal(after.prefix_noise(t, shapes)["w"], before.prefix_noise(t, shapes)["w"])
+    _rounds(resumed, 1)  # dev-0 and dev-1 reach their limit of 2 in this tree
+    assert resumed.cohort(FLEET, rng=None).online() == ["dev-2"]  # type: ignore[arg-type]
+
+
+def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, _coordinator(None), {})
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    with pytest.raises(StateError, match="no differential privacy state"):
+        restore_checkpoint(_coordinator(PrivacyEngine(TREE, 1.0, None)), checkpoint)
+    original = PrivacyEngine(TREE, 1.0, None)
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    other = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
+    with pytest.raises(StateError, match="of mechanism 'ftrl-tree'"):
+        restore_checkpoint(_coordinator(other), checkpoint)
