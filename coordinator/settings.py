@@ -131,6 +131,14 @@ class RunSettings(TomlSettings):
     def _known_staleness(cls, value: str) -> str:
         return str(StalenessRule.parse(value))
 
+    @field_validator("fair_share")
+    @classmethod
+    def _fair_share_off_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            msg = "fair_share: 0 (off) or at least 1 (a multiple of the fair share)"
+            raise ValueError(msg)
+        return value
+
     def async_settings(self) -> AsyncSettings | None:
         """Buffered asynchronous aggregation's settings (None for synchronous rounds)."""
         if self.mode != "async":

@@ -123,3 +123,17 @@ def test_a_fast_sign_flip_liar_collapses_async_buffer_2_and_the_fair_share_holds
     assert undefended < clean - 0.3
     assert defended > undefended + 0.25
     assert defended > clean - 0.1
+
+
+def test_async_runs_get_the_fair_share_by_default_and_zero_turns_it_off() -> None:
+    base = {"task": "digits", "mode": "async", "buffer": 2}
+    stage = SimulationSettings.load(None, **base).async_settings()
+    assert stage is not None
+    made = stage.fair_share_stage()
+    assert isinstance(made, FairShare)
+    assert (made.slack, made.history.maxlen, made.buffer) == (2.0, 20, 2)
+    off = SimulationSettings.load(None, **base, fair_share=0).async_settings()
+    assert off is not None
+    assert off.fair_share_stage() is NO_FAIR_SHARE
+    with pytest.raises(ValueError, match="0 \\(off\\) or at least 1"):
+        SimulationSettings.load(None, **base, fair_share=0.5)
