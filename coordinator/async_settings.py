@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from coordinator.fair_share import NO_FAIR_SHARE, FairShare, FairShareStage
 from coordinator.staleness import StalenessRule
 
 _GLOBAL_STEP = (
@@ -39,6 +40,16 @@ class AsyncSettings:
     staleness: StalenessRule = field(default_factory=StalenessRule)
     concurrency: int = 0
     """Devices training at once (0: the run's participation of the fleet, at least `buffer`)."""
+    fair_share: float = 2.0
+    """No device's updates weigh more than this x its fair share of recent buffers (0: off)."""
+    fair_share_window: int = 20
+    """The aggregations `fair_share` counts over."""
+
+    def fair_share_stage(self) -> FairShareStage:
+        """The stage weighing down over-represented devices (`coordinator.fair_share`)."""
+        if self.fair_share == 0:
+            return NO_FAIR_SHARE
+        return FairShare(self.fair_share, self.fair_share_window, self.buffer)
 
 
 def check_async(

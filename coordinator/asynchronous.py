@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from coordinator.async_settings import AsyncSettings
 from coordinator.availability import SimulatedClock
+from coordinator.fair_share import NO_FAIR_SHARE
 from coordinator.intake import Collector
 from coordinator.round_types import RoundRecord
 from coordinator.rounds import Coordinator
@@ -137,6 +138,7 @@ class _Tally:
     lost: int = 0
     stale: int = 0
     late: int = 0
+    over_share: int = 0
 
 
 class BufferedRounds:
@@ -166,6 +168,7 @@ class BufferedRounds:
         self.in_flight: dict[str, Dispatch] = {}
         self.buffer: dict[str, tuple[ReceivedUpdate, int]] = {}
         self._asked_for: dict[str, int] = {}
+        self.fair_share = NO_FAIR_SHARE if settings is None else settings.fair_share_stage()
         coordinator.open_inbox(self.inbox)
 
     @property
@@ -194,6 +197,7 @@ class BufferedRounds:
         else:
             self._fill_buffer(round_id, self.settings, tally)
         entries = [self.buffer[d] for d in sorted(self.buffer)]
+        self.fair_share.record(self.buffer)
         self.buffer.clear()
         updates = [update for update, _ in entries]
         staleness = [s for _, s in entries]
@@ -224,6 +228,7 @@ class BufferedRounds:
         out = {"lost": float(tally.lost), "late": float(tally.late)}
         if self.settings is not None:
             out["stale_dropped"] = float(tally.stale)
+            out["over_fair_share"] = float(tally.over_share)
             out["in_flight"] = float(len(self.in_flight))
             out["staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
             out["staleness_max"] = float(max(staleness, default=0))
@@ -263,22 +268,28 @@ class BufferedRounds:
         known = len(self.coordinator.registry.records())
         return max(settings.buffer, math.ceil(self.participation * known))
 
-    def _askable(self, round_id: int) -> list[str]:
-        """Online devices not working now and not yet asked for this aggregation."""
+    def _active(self) -> list[str]:
+        """Online devices that may be asked, working or not (a fair share is counted among them)."""
         c = self.coordinator
         held = c.quarantine.held()
         return [
             d
             for d in sorted(c.registry.online_ids())
-            if d not in self.in_flight
-            and self._asked_for.get(d) != round_id
-            and d not in held
-            and (self.clock is None or self.clock.online(d))
+            if d not in held and (self.clock is None or self.clock.online(d))
+        ]
+
+    def _askable(self, round_id: int) -> list[str]:
+        """Online devices not working now and not yet asked for this aggregation."""
+        return [
+            d
+            for d in self._active()
+            if d not in self.in_flight and self._asked_for.get(d) != round_id
         ]
 
     def _ask(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
         free = self._concurrency(settings) - len(self.in_flight)
         candidates = self._askable(round_id) if free > 0 else []
+        candidates = self.fair_share.admit(candidates, len(self._active()), idle=not self.in_flight)
         if not candidates:
             return
         c = self.coordinator
@@ -357,7 +368,11 @@ class BufferedRounds:
             tally.stale += 1
             logger.info("device %s: update %d rounds stale, dropped", device_id, staleness)
             return
-        weight = settings.staleness.weight(staleness)
+        fair = self.fair_share.weight(device_id, len(self._active()))
+        if fair < 1.0:
+            tally.over_share += 1
+            logger.info("device %s: over its fair share of buffers, weighed %.2f", device_id, fair)
+        weight = settings.staleness.weight(staleness) * fair
         self.buffer[device_id] = (weigh_update(update, weight), staleness)
 
     def _wait_for_answers(self, device_ids: list[str]) -> None:

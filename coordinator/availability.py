@@ -66,6 +66,19 @@ def lognormal_speeds(count: int, ratio: float, rng: np.random.Generator) -> np.n
     return np.exp(rng.normal(0.0, sigma, size=count))
 
 
+def fastest_first(speeds: dict[str, float], fastest: frozenset[str]) -> dict[str, float]:
+    """The same speeds handed out again so the devices in `fastest` hold the top ones.
+
+    Simulation gives its liars the fleet's top speeds this way (`--attack-speed fastest`): a
+    device that answers first lands in the most asynchronous buffers. The others keep their
+    order; the multiset of speeds is unchanged.
+    """
+    ranked = sorted(speeds.values(), reverse=True)
+    chosen = sorted(d for d in speeds if d in fastest)
+    others = sorted((d for d in speeds if d not in fastest), key=lambda d: (-speeds[d], d))
+    return dict(zip([*chosen, *others], ranked, strict=True))
+
+
 @dataclass(frozen=True)
 class AvailabilitySpec:
     """Which sessions devices are online in.
@@ -267,10 +280,13 @@ class SimulatedClock:
         availability: AvailabilitySpec | None = None,
         timing: DeviceTiming | None = None,
         deadline_s: float = 0.0,
+        fastest: frozenset[str] = frozenset(),
     ) -> None:
         ordered = sorted(device_ids)
         speeds = lognormal_speeds(len(ordered), speed_ratio, np.random.default_rng([seed, 71]))
-        self.speeds = dict(zip(ordered, (float(s) for s in speeds), strict=True))
+        self.speeds = fastest_first(
+            dict(zip(ordered, (float(s) for s in speeds), strict=True)), fastest
+        )
         spec = availability or AvailabilitySpec()
         self.sessions = {
             device: DeviceSessions(spec, device, np.random.default_rng([seed, 72, index]))

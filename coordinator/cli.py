@@ -42,6 +42,8 @@ from coordinator.cli_options import (
     DpPlacementOption,
     DpSamplingOption,
     EvalEveryOption,
+    FairShareOption,
+    FairShareWindowOption,
     FleetOption,
     InsecureOption,
     KeyOption,
@@ -150,6 +152,8 @@ def simulate(
     max_staleness: MaxStalenessOption = None,
     staleness: StalenessOption = None,
     concurrency: ConcurrencyOption = None,
+    fair_share: FairShareOption = None,
+    fair_share_window: FairShareWindowOption = None,
     transport: Annotated[
         str | None, typer.Option(help="inprocess or mqtt (default: inprocess)")
     ] = None,
@@ -232,6 +236,13 @@ def simulate(
     attack_strength: Annotated[
         float | None,
         typer.Option(help="scaling factor (100), ALIE z (the paper's z_max) or IPM epsilon (0.1)"),
+    ] = None,
+    attack_speed: Annotated[
+        str | None,
+        typer.Option(
+            help="with --attack: seed (liars' speeds drawn like any device's) or fastest (the "
+            "liars get the fleet's top --sim-speeds) (default: seed)"
+        ),
     ] = None,
     config: ConfigOption = None,
     verbose: VerboseOption = False,
@@ -358,6 +369,8 @@ def serve(
     max_staleness: MaxStalenessOption = None,
     staleness: StalenessOption = None,
     concurrency: ConcurrencyOption = None,
+    fair_share: FairShareOption = None,
+    fair_share_window: FairShareWindowOption = None,
     fleet: FleetOption = None,
     out: OutOption = None,
     broker: Annotated[

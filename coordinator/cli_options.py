@@ -190,6 +190,17 @@ ConcurrencyOption = Annotated[
     int | None,
     typer.Option(help="async: devices training at once, 0 = participation x fleet (default: 0)"),
 ]
+FairShareOption = Annotated[
+    float | None,
+    typer.Option(
+        help="async: a device above this x its fair share of the recent buffers is asked later, "
+        "and above its fair share weighed down; 0 = off (default: 2)"
+    ),
+]
+FairShareWindowOption = Annotated[
+    int | None,
+    typer.Option(help="async: aggregations the fair share is counted over (default: 20)"),
+]
 FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
 ConfigOption = Annotated[
     Path | None,

@@ -111,6 +111,14 @@ class RunSettings(TomlSettings):
     concurrency: int = Field(
         0, ge=0, description="async: devices training at once (0: participation x fleet)"
     )
+    fair_share: float = Field(
+        2.0,
+        ge=0,
+        description="async: no device weighs over this x its fair share of buffers (0: off)",
+    )
+    fair_share_window: int = Field(
+        20, ge=1, description="async: aggregations the fair share is counted over"
+    )
     fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
@@ -126,6 +134,14 @@ class RunSettings(TomlSettings):
     def _known_staleness(cls, value: str) -> str:
         return str(StalenessRule.parse(value))
 
+    @field_validator("fair_share")
+    @classmethod
+    def _fair_share_off_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            msg = "fair_share: 0 (off) or at least 1 (a multiple of the fair share)"
+            raise ValueError(msg)
+        return value
+
     def async_settings(self) -> AsyncSettings | None:
         """Buffered asynchronous aggregation's settings (None for synchronous rounds)."""
         if self.mode != "async":
@@ -135,6 +151,8 @@ class RunSettings(TomlSettings):
             max_staleness=self.max_staleness,
             staleness=StalenessRule.parse(self.staleness),
             concurrency=self.concurrency,
+            fair_share=self.fair_share,
+            fair_share_window=self.fair_share_window,
         )
 
     def uplink(self) -> Compression:
@@ -254,6 +272,9 @@ class SimulationSettings(RunSettings, PartitionSettings):
     attack_strength: float | None = Field(
         None, gt=0, description="scaling factor, ALIE z or IPM epsilon (default per attack)"
     )
+    attack_speed: Literal["seed", "fastest"] = Field(
+        "seed", description="with attack: liars' speeds from the seed, or the fleet's fastest"
+    )
 
     @field_validator("sim_speeds")
     @classmethod
@@ -261,8 +282,12 @@ class SimulationSettings(RunSettings, PartitionSettings):
         parse_speeds(value)
         return value
 
-    def simulated_clock(self, device_ids: list[str]) -> SimulatedClock | None:
+    def simulated_clock(
+        self, device_ids: list[str], fastest: frozenset[str] = frozenset()
+    ) -> SimulatedClock | None:
         """The simulated clock asynchronous runs, and sync runs with any `sim_*` setting, use.
+
+        `fastest` (the liars, with `attack_speed` fastest) get the fleet's top speeds.
 
         Raises:
             ValueError: an availability that does not parse (FileNotFoundError: no trace file).
@@ -284,6 +309,7 @@ class SimulationSettings(RunSettings, PartitionSettings):
             ),
             timing=DeviceTiming(self.sim_seconds_per_sample, self.sim_latency),
             deadline_s=self.sim_deadline,
+            fastest=fastest,
         )
 
 

@@ -287,6 +287,7 @@ def _run(
         task,
         privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )
+    attack = attack_plan(settings)
     fleet = VirtualFleet.create(
         fleet=settings.fleet,
         task=task,
@@ -294,10 +295,14 @@ def _run(
         partition=settings.partition_spec(),
         seed=settings.seed,
         stateful=not settings.stateless,
-        attack=attack_plan(settings),
+        attack=attack,
     )
     devices = wiring.host(fleet, fleet.step_macs(stages.final.config.batch_size))
-    clock = settings.simulated_clock([device_name(i) for i in range(settings.devices)])
+    fastest = frozenset(
+        device_name(i)
+        for i in (attack.malicious if attack and settings.attack_speed == "fastest" else ())
+    )
+    clock = settings.simulated_clock([device_name(i) for i in range(settings.devices)], fastest)
     buffered = None if clock is None else buffered_rounds(coordinator, settings, clock)
     coordinator.start()
     if not coordinator.wait_for_devices(settings.devices, timeout_s=join_timeout(settings.devices)):

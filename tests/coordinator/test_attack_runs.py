@@ -100,8 +100,12 @@ DIGITS_ASYNC: dict[str, Any] = {
     "mode": "async",
     "buffer": 5,
     "sim_speeds": "lognormal:10",
+    "fair_share": 0.0,
 }
-"""The robustness table's runs (benchmarks/robustness.py): 20 devices, 10% liars are 2."""
+"""The robustness table's runs (benchmarks/robustness.py): 20 devices, 10% liars are 2.
+
+Async without the fair share, as the table was measured: these tests are of the guard's bounds
+(with the fair share the old bounds' scaling run keeps 0.24, the guarded one 0.72)."""
 
 
 @pytest.mark.parametrize(
