@@ -36,7 +36,7 @@ from benchmarks.privacy_audit import (
     audit,
     dp,
 )
-from protocols.privacy import Sampling
+from protocols.privacy import PrivacySettings, Sampling
 
 
 def theorem_3(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -162,3 +162,20 @@ def test_the_audit_follows_the_noise() -> None:
     high = audit(EngineRun(dp(3.0), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
     assert high.lower_bound < low.lower_bound
     assert high.estimate < low.estimate
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dp(0.2, mechanism="ftrl-tree", sampling="fixed", tree_participations=2),
+        dp(0.0, placement="device", distribution="discrete-gaussian"),
+    ],
+    ids=["ftrl-tree", "discrete-gaussian"],
+)
+def test_the_audit_has_power_over_the_tree_and_the_ring(settings: PrivacySettings) -> None:
+    """Near no noise the tree's releases and the ring's decoded sums give the canaries away."""
+    participation = 0.2 if settings.mechanism == "ftrl-tree" else 0.5
+    run = EngineRun(settings, participation, 10, others=20)
+    result = audit(run, canaries=200, dimension=2000, seed=1)
+    assert result.lower_bound > 3.0
+    assert result.estimate > 5.0
