@@ -24,7 +24,9 @@ the audit takes the sum exactly, without the protocol's fixed-point rounding).
 DP-FTRL's tree (`mechanism="ftrl-tree"`) is an `EngineRun` too: it is accounted for removing
 a device's contributions, so an "out" canary takes part and sends nothing; each round releases
 the difference of consecutive noisy prefix sums. Its cohorts are not secret (no amplification
-is claimed), so the auditor scores a canary over the rounds it was announced in only. The
+is claimed), so the auditor knows which rounds a canary was in, and knows the tree: it weighs
+the model after each round by the inverse of the tree noise's covariance (`tree_covariance`),
+the Gaussian likelihood ratio's statistic, rather than taking the last prefix alone. The
 distributed discrete Gaussian runs each device's ring encoding (`noised_ring_values`: the grid
 of the coordinator's secure round, conditional rounding, N_Z noise); the audit sums the
 integers exactly (the masks cancel) and decodes by the same scale. A mechanism outside the
@@ -47,6 +49,7 @@ import torch
 from benchmarks.audit_bounds import audit_lower_bound, one_shot_estimate
 from benchmarks.common import markdown_table, write_section
 from coordinator.accountant import DpRound, epsilon_of
+from coordinator.ftrl import TreeNoise, prefix_nodes
 from coordinator.privacy import PrivacyEngine
 from coordinator.secure_aggregation import SecureAggregator
 from coordinator.selection import select_devices
@@ -84,6 +87,9 @@ class Release:
     taken_part: np.ndarray | None = None
     """Which canaries (columns) each round (rows) was announced to take, when the mechanism
     publishes its cohorts (DP-FTRL: no secret sampling); None when they are secret."""
+    covariance: np.ndarray | None = None
+    """Rounds x rounds: how the noise of the model after each round is correlated (DP-FTRL's
+    tree: the nodes two prefixes share), when it is not fresh each round."""
 
 
 Mechanism = Callable[[Canaries, np.random.Generator], Release]
@@ -163,7 +169,9 @@ class EngineRun:
             aggregates[round_index] = np.asarray(mean)
             engine.finish(within, reporters=len(sent))
         public = None if engine.mechanism.secret_sampling else taken_part
-        return Release(aggregates, engine.epsilon, public)
+        noise = engine.mechanism.noise
+        tree = tree_covariance(noise, self.rounds) if isinstance(noise, TreeNoise) else None
+        return Release(aggregates, engine.epsilon, public, tree)
 
     def _updates(self, canaries: Canaries) -> dict[str, np.ndarray]:
         """The canaries in the fleet and the update each sends every round it is sampled."""
@@ -255,15 +263,38 @@ class AuditResult:
     estimate: float
 
 
+def tree_covariance(noise: TreeNoise, rounds: int) -> np.ndarray:
+    """The nodes the model's noise after rounds s and t share (their covariance / sigma^2).
+
+    After round t the model holds each completed tree's last prefix and the current tree's
+    prefix of t (`TreeNoise.increment` summed); every node is an independent N(0, sigma^2).
+    """
+
+    def nodes(t: int) -> set[tuple[int, int, int]]:
+        tree, leaves = noise.position(t)
+        done = prefix_nodes(noise.restart) if noise.restart is not None else []
+        return {(k, *n) for k in range(tree) for n in done} | {
+            (tree, *n) for n in prefix_nodes(leaves)
+        }
+
+    held = [nodes(t) for t in range(1, rounds + 1)]
+    return np.array([[len(a & b) for b in held] for a in held], dtype=np.float64)
+
+
 def scores(release: Release, canaries: Canaries) -> np.ndarray:
     """Each canary's score: the inner product of its direction with each release, summed.
 
     Over every round, or, where the cohorts are published, over the rounds it took part in.
+    Under correlated noise (`Release.covariance`) the score is the Gaussian likelihood ratio's
+    statistic instead: the canary's projected model after each round, weighted by K^-1 m, m its
+    contribution to the model after each round and K the noise's covariance.
     """
     each = canaries.directions @ release.aggregates.T  # canaries x rounds
-    if release.taken_part is not None:
-        each = each * release.taken_part.T
-    return np.asarray(each.sum(axis=1))
+    taken = np.ones(each.shape, dtype=bool) if release.taken_part is None else release.taken_part.T
+    if release.covariance is None:
+        return np.asarray((each * taken).sum(axis=1))
+    weights = np.linalg.solve(release.covariance, np.cumsum(taken, axis=1).T).T
+    return np.asarray((weights * np.cumsum(each, axis=1)).sum(axis=1))
 
 
 def audit(
