@@ -8,8 +8,8 @@ replace-one (fixed-size sampling) every canary is in the fleet, sending +norm * 
 direction; the norm is far above the clip, so the mechanism's own clipping gives every canary
 the largest contribution it allows. Beside the canaries, ordinary devices send random updates.
 The auditor sees only what the mechanism releases each round, scores canary i by the inner
-product of u_i with the sum of the releases, guesses "in" for the highest scores and "out" for
-the lowest, and turns its correct guesses into an epsilon lower bound at 95%
+product of u_i with each release, summed (`scores`), guesses "in" for the highest scores and
+"out" for the lowest, and turns its correct guesses into an epsilon lower bound at 95%
 (`benchmarks.audit_bounds`).
 
 A mechanism is a callable, `Mechanism`: given the canaries and a generator it runs its rounds and
@@ -21,12 +21,16 @@ privatizes and accounts what arrives: each update (coordinator placement), or th
 (device placement, which runs only under secure aggregation: the masks cancel in the sum, and
 the audit takes the sum exactly, without the protocol's fixed-point rounding).
 
-DP-FTRL plugs in the same way. If its tree noise and accountant sit behind the engine (selected
-by the run's settings), it is an `EngineRun` of those settings with `out="zero"`: a tree without
-sampling is accounted for removing a device's contributions, so an "out" canary takes part and
-sends nothing; each round's release is then the difference of consecutive noisy prefix sums,
-and the scores (their sum: the last prefix) and the bound are unchanged. A mechanism outside the
-engine is any callable returning those per-round releases and its epsilon.
+DP-FTRL's tree (`mechanism="ftrl-tree"`) is an `EngineRun` too: it is accounted for removing
+a device's contributions, so an "out" canary takes part and sends nothing; each round releases
+the difference of consecutive noisy prefix sums. Its cohorts are not secret (no amplification
+is claimed), so the auditor knows which rounds a canary was in, and knows the tree: it weighs
+the model after each round by the inverse of the tree noise's covariance (`tree_covariance`),
+the Gaussian likelihood ratio's statistic, rather than taking the last prefix alone. The
+distributed discrete Gaussian runs each device's ring encoding (`noised_ring_values`: the grid
+of the coordinator's secure round, conditional rounding, N_Z noise); the audit sums the
+integers exactly (the masks cancel) and decodes by the same scale. A mechanism outside the
+engine is any callable returning its per-round releases and its epsilon.
 
     python -m benchmarks.privacy_audit
 """
@@ -37,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 import numpy as np
 import torch
@@ -45,13 +49,18 @@ import torch
 from benchmarks.audit_bounds import audit_lower_bound, one_shot_estimate
 from benchmarks.common import markdown_table, write_section
 from coordinator.accountant import DpRound, epsilon_of
+from coordinator.ftrl import TreeNoise, prefix_nodes
 from coordinator.privacy import PrivacyEngine
+from coordinator.secure_aggregation import SecureAggregator
 from coordinator.selection import select_devices
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize
+from protocols.discrete_gaussian import noised_ring_values
 from protocols.messages import DevicePrivacy
 from protocols.privacy import PrivacySettings, noise_generator
+from protocols.secure_aggregation import SecureAggregationSettings, delta_scale
+from protocols.transport.base import Transport
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-audit -->"
@@ -75,6 +84,12 @@ class Release:
 
     aggregates: np.ndarray
     epsilon: float
+    taken_part: np.ndarray | None = None
+    """Which canaries (columns) each round (rows) was announced to take, when the mechanism
+    publishes its cohorts (DP-FTRL: no secret sampling); None when they are secret."""
+    covariance: np.ndarray | None = None
+    """Rounds x rounds: how the noise of the model after each round is correlated (DP-FTRL's
+    tree: the nodes two prefixes share), when it is not fresh each round."""
 
 
 Mechanism = Callable[[Canaries, np.random.Generator], Release]
@@ -107,14 +122,16 @@ class EngineRun:
     others: int = 100
     """Ordinary devices, each sending a random update of norm between C/2 and 2C each round."""
     out: OutCanary | None = None
-    """The neighbour relation audited; by default the one the sampling is accounted under
-    (Poisson: absent; fixed size: opposite)."""
+    """The neighbour relation audited; by default the one the run is accounted under
+    (Poisson: absent; fixed size: opposite; DP-FTRL's tree: zero)."""
 
     @property
     def out_canary(self) -> OutCanary:
         """What an "out" canary does in this run."""
         if self.out is not None:
             return self.out
+        if self.settings.mechanism == "ftrl-tree":
+            return "zero"
         return "absent" if self.settings.sampling == "poisson" else "opposite"
 
     def __call__(self, canaries: Canaries, rng: np.random.Generator) -> Release:
@@ -127,9 +144,13 @@ class EngineRun:
         dimension = canaries.directions.shape[1]
         shared = {"w": torch.zeros(dimension, dtype=torch.float64)}
         aggregates = np.zeros((self.rounds, dimension))
+        canary_index = {canary_id(i): i for i in range(len(canaries.included))}
+        taken_part = np.zeros((self.rounds, len(canaries.included)), dtype=bool)
         for round_index in range(self.rounds):
             selected = self._select(engine, fleet, rng)
             planned = engine.plan(fleet, selected)
+            taken_part[round_index, [canary_index[d] for d in selected if d in canary_index]] = True
+            scale = self._ring(engine, selected, planned, dimension)
             sent = [
                 self._device(
                     d,
@@ -139,7 +160,7 @@ class EngineRun:
                 )
                 for d in selected
             ]
-            received, within = self._received(sent)
+            received, within = self._received(sent, planned, scale, rng)
             released = engine.privatize(
                 received, shared, presummed=self.settings.placement == "device" and bool(sent)
             )
@@ -147,7 +168,10 @@ class EngineRun:
             mean = sum(u.shared_delta["w"].double() * u.num_samples for u in released) / weight
             aggregates[round_index] = np.asarray(mean)
             engine.finish(within, reporters=len(sent))
-        return Release(aggregates, engine.epsilon)
+        public = None if engine.mechanism.secret_sampling else taken_part
+        noise = engine.mechanism.noise
+        tree = tree_covariance(noise, self.rounds) if isinstance(noise, TreeNoise) else None
+        return Release(aggregates, engine.epsilon, public, tree)
 
     def _updates(self, canaries: Canaries) -> dict[str, np.ndarray]:
         """The canaries in the fleet and the update each sends every round it is sampled."""
@@ -178,6 +202,20 @@ class EngineRun:
         return list(select_devices(candidates, self.participation, rng))
 
     @staticmethod
+    def _ring(
+        engine: PrivacyEngine, selected: Sequence[str], planned: DevicePrivacy, dimension: int
+    ) -> float | None:
+        """The discrete Gaussian's grid: the coordinator's secure round, told to the engine."""
+        if not planned.discrete:
+            return None
+        aggregator = SecureAggregator(
+            SecureAggregationSettings(), cast("Transport", None), "audit", lambda *_: None
+        )
+        secure = aggregator.plan(selected, planned, 1, len(selected))
+        engine.ring(secure, dimension)
+        return delta_scale(secure)
+
+    @staticmethod
     def _device(
         device: str, update: np.ndarray, planned: DevicePrivacy, noise: torch.Generator
     ) -> tuple[str, LocalResult, float | None]:
@@ -187,13 +225,28 @@ class EngineRun:
         return device, private, bit
 
     def _received(
-        self, sent: Sequence[tuple[str, LocalResult, float | None]]
+        self,
+        sent: Sequence[tuple[str, LocalResult, float | None]],
+        planned: DevicePrivacy,
+        scale: float | None,
+        rng: np.random.Generator,
     ) -> tuple[list[ReceivedUpdate], list[float | None]]:
-        """What reaches the engine: each update, or (device placement) their secure sum."""
+        """What reaches the engine: each update, or (device placement) their secure sum.
+
+        Under the discrete Gaussian each device sends its ring integers (scaled, rounded, noised
+        as `SecureClient.mask` does); their exact sum is decoded by the coordinator's scale.
+        """
         if self.settings.placement == "coordinator" or not sent:
             updates = [ReceivedUpdate(d, 1, 0.0, r.shared_delta, within_clip=b) for d, r, b in sent]
             return updates, [u.within_clip for u in updates]
-        total = torch.stack([r.shared_delta["w"] for _, r, _ in sent]).sum(dim=0)
+        deltas = [r.shared_delta["w"] for _, r, _ in sent]
+        if scale is not None:
+            rings = [
+                noised_ring_values(d.numpy(), planned.clip_norm, scale, planned.noise_std, rng)
+                for d in deltas
+            ]
+            deltas = [torch.from_numpy(np.sum(rings, axis=0) / scale)]
+        total = torch.stack(deltas).sum(dim=0)
         bits = [b for _, _, b in sent if b is not None]
         within = math.fsum(bits) if self.settings.adaptive_clipping else None
         return [ReceivedUpdate("secure-sum", len(sent), 0.0, {"w": total})], [within]
@@ -210,9 +263,38 @@ class AuditResult:
     estimate: float
 
 
+def tree_covariance(noise: TreeNoise, rounds: int) -> np.ndarray:
+    """The nodes the model's noise after rounds s and t share (their covariance / sigma^2).
+
+    After round t the model holds each completed tree's last prefix and the current tree's
+    prefix of t (`TreeNoise.increment` summed); every node is an independent N(0, sigma^2).
+    """
+
+    def nodes(t: int) -> set[tuple[int, int, int]]:
+        tree, leaves = noise.position(t)
+        done = prefix_nodes(noise.restart) if noise.restart is not None else []
+        return {(k, *n) for k in range(tree) for n in done} | {
+            (tree, *n) for n in prefix_nodes(leaves)
+        }
+
+    held = [nodes(t) for t in range(1, rounds + 1)]
+    return np.array([[len(a & b) for b in held] for a in held], dtype=np.float64)
+
+
 def scores(release: Release, canaries: Canaries) -> np.ndarray:
-    """Each canary's score: the inner product of its direction with the sum of the releases."""
-    return np.asarray(canaries.directions @ release.aggregates.sum(axis=0))
+    """Each canary's score: the inner product of its direction with each release, summed.
+
+    Over every round, or, where the cohorts are published, over the rounds it took part in.
+    Under correlated noise (`Release.covariance`) the score is the Gaussian likelihood ratio's
+    statistic instead: the canary's projected model after each round, weighted by K^-1 m, m its
+    contribution to the model after each round and K the noise's covariance.
+    """
+    each = canaries.directions @ release.aggregates.T  # canaries x rounds
+    taken = np.ones(each.shape, dtype=bool) if release.taken_part is None else release.taken_part.T
+    if release.covariance is None:
+        return np.asarray((each * taken).sum(axis=1))
+    weights = np.linalg.solve(release.covariance, np.cumsum(taken, axis=1).T).T
+    return np.asarray((weights * np.cumsum(each, axis=1)).sum(axis=1))
 
 
 def audit(
@@ -269,6 +351,8 @@ class Config:
             if settings.sampling == "poisson"
             else f"fixed, {run.participation:.0%} of the fleet"
         )
+        if settings.tree_participations is not None:
+            drawn += f", at most {settings.tree_participations} rounds a device"
         z = f"{settings.noise_multiplier:g}"
         if self.claimed is not None:
             z += f" (reports z={self.claimed:g})"
@@ -281,6 +365,9 @@ def dp(z: float, **options: object) -> PrivacySettings:
 
 
 COORDINATOR: Final = "DP-FedAvg, coordinator noise"
+FTRL: Final = "DP-FTRL, tree aggregation"
+DISCRETE: Final = "DP-FedAvg, distributed discrete Gaussian (secure sum)"
+TREE: Final = {"mechanism": "ftrl-tree", "sampling": "fixed"}
 CONFIGS: Final = (
     Config(COORDINATOR, EngineRun(dp(2.5), 0.5, 10)),
     Config(COORDINATOR, EngineRun(dp(3.0), 1.0, 5)),
@@ -289,7 +376,15 @@ CONFIGS: Final = (
     Config(COORDINATOR, EngineRun(dp(6.0, sampling="fixed"), 1.0, 5)),
     Config("DP-FedAvg, device noise (secure sum)", EngineRun(dp(2.5, placement="device"), 0.5, 10)),
     Config("DP-FedAvg, adaptive clipping", EngineRun(dp(2.5, adaptive_clipping=True), 0.5, 10)),
+    Config(FTRL, EngineRun(dp(14.0, **TREE), 1.0, 10)),
+    Config(FTRL, EngineRun(dp(5.0, **TREE, tree_participations=2), 0.2, 10)),
+    Config(
+        DISCRETE, EngineRun(dp(3.5, placement="device", distribution="discrete-gaussian"), 0.5, 10)
+    ),
     Config("sanity: tiny noise", EngineRun(dp(0.2), 0.5, 10)),
+    Config(
+        "sanity: tiny noise, DP-FTRL", EngineRun(dp(0.2, **TREE, tree_participations=2), 0.2, 10)
+    ),
     Config("sanity: no noise", EngineRun(dp(0.0), 0.5, 10)),
     Config("check: under-reported", EngineRun(dp(0.5), 0.5, 10), claimed=8.0),
 )

@@ -4,8 +4,9 @@ The bound is checked against closed forms (delta = 0: the binomial tail; all gue
 p^r) and against Theorem 3 of Steinke, Nasr and Jagielski 2023 written out directly; the
 one-shot estimate's Gaussian epsilon against dp-accounting's PLD of the Gaussian mechanism.
 Each mechanism runs once through the project's privacy code with 200 canaries: the lower bound
-stays below the epsilon it reports; with no noise the audit finds a large one, and a run that
-reports less than its noise gives fails it.
+stays below the epsilon it reports; with no noise (DP-FTRL's tree, the discrete Gaussian's
+ring: near none) the audit finds a large one, and a run that reports less than its noise gives
+fails it. The tree's noise covariance the auditor whitens by is checked against the tree's draws.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from dp_accounting.pld import privacy_loss_mechanism
 from scipy import stats
 
@@ -35,8 +37,10 @@ from benchmarks.privacy_audit import (
     OutCanary,
     audit,
     dp,
+    tree_covariance,
 )
-from protocols.privacy import Sampling
+from coordinator.ftrl import TreeNoise
+from protocols.privacy import PrivacySettings, Sampling
 
 
 def theorem_3(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -162,3 +166,30 @@ def test_the_audit_follows_the_noise() -> None:
     high = audit(EngineRun(dp(3.0), 0.5, 5, others=20), canaries=200, dimension=2000, seed=2)
     assert high.lower_bound < low.lower_bound
     assert high.estimate < low.estimate
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dp(0.2, mechanism="ftrl-tree", sampling="fixed", tree_participations=2),
+        dp(0.0, placement="device", distribution="discrete-gaussian"),
+    ],
+    ids=["ftrl-tree", "discrete-gaussian"],
+)
+def test_the_audit_has_power_over_the_tree_and_the_ring(settings: PrivacySettings) -> None:
+    """Near no noise the tree's releases and the ring's decoded sums give the canaries away."""
+    participation = 0.2 if settings.mechanism == "ftrl-tree" else 0.5
+    run = EngineRun(settings, participation, 10, others=20)
+    result = audit(run, canaries=200, dimension=2000, seed=1)
+    assert result.lower_bound > 3.0
+    assert result.estimate > 5.0
+
+
+@pytest.mark.parametrize("restart", [None, 3])
+def test_tree_covariance_is_the_models_noise(restart: int | None) -> None:
+    """The covariance the auditor whitens by is that of the tree's own increments, summed."""
+    tree = TreeNoise(7, restart)
+    shapes = {"w": torch.zeros(40_000)}
+    increments = np.stack([tree.increment(shapes, 1.0)["w"].numpy() for _ in range(7)])
+    measured = np.cov(np.cumsum(increments, axis=0))
+    assert np.abs(measured - tree_covariance(TreeNoise(7, restart), 7)).max() < 0.1
