@@ -163,15 +163,17 @@ class RunSettings(TomlSettings):
         """The bounds on one device's influence (coordinator/aggregate_guard.py).
 
         Under DP every update is clipped and weighs the same, and the screen's norm cut (which
-        depends on the other devices' norms) would break the accountant's sensitivity bound.
+        depends on the other devices' norms) would break the accountant's sensitivity bound; an
+        algorithm whose updates move different models has no norm cut either.
         """
         private = self.privacy() is not None or self.secagg  # secagg: the sum is one update
+        comparable = self.algorithm_config().comparable_update_norms
         return GuardSettings(
             max_samples=self.max_samples,
             max_count_ratio=0.0 if private else self.max_count_ratio,
             count_spread_power=self.count_spread_power,
             max_weight_share=1.0 if private else self.max_weight_share,
-            norm_bound=0.0 if private else self.norm_bound,
+            norm_bound=self.norm_bound if comparable and not private else 0.0,
             quarantine_after=self.quarantine_after,
         )
 

@@ -36,6 +36,9 @@ class AlgorithmConfig(WireModel):
     default_personal: ClassVar[PersonalDefault] = "none"
     stateful_only: ClassVar[bool] = False
     """Whether devices must keep state between rounds (no --stateless)."""
+    comparable_update_norms: ClassVar[bool] = True
+    """Whether every device's update moves the same model, so that one update's norm can be
+    judged against the round's others (the guard's norm screen)."""
 
     local_epochs: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 10
@@ -337,6 +340,10 @@ class FedericoConfig(AlgorithmConfig):
     """
 
     name: ClassVar[str] = "federico"
+    comparable_update_norms: ClassVar[bool] = False
+    """Each update moves the models its device evaluated, by its own collaborator weights, and
+    each owner's Adam scales its model's step: norms of different devices' updates say nothing
+    of each other (a 4x cut changed honest runs)."""
     stateful_only: ClassVar[bool] = True
     lr: PositiveFloat = 0.03  # the paper's Adam 0.01 loses to local training on sine
     batch_size: Annotated[int, Field(ge=1)] = 50
