@@ -36,7 +36,9 @@ MODES: Final[dict[str, dict[str, Any]]] = {
     "async": {"mode": "async", "rounds": 40, "buffer": 5, "sim_speeds": "lognormal:10"},
 }
 """Async: 40 aggregations of 5 updates (10 updates per device on average), devices whose speeds
-span 10x between the fastest and the slowest 5%: a fast liar lands in many buffers."""
+span 10x between the fastest and the slowest 5%: a fast liar would land in many buffers. The
+default fair share (`fair_share` 2, window 20) asks a device again only while it holds under
+twice its share of the last 20 buffers' slots."""
 AGGREGATORS: Final[dict[str, dict[str, Any]]] = {
     "mean (guard defaults)": {},
     "median": {"robust_aggregation": "median"},
@@ -116,7 +118,8 @@ def render_section(
         "`pfl-coord simulate --attack NAME --malicious-fraction F`). Each cell: final accuracy",
         "over the honest devices, personalized / global, and in brackets their change from the",
         "clean run with the defaults (the mean), in points. Sync: 20 rounds of",
-        "every device. Async: 40 aggregations of 5 updates, device speeds lognormal over 10x.",
+        "every device. Async: 40 aggregations of 5 updates, device speeds lognormal over 10x,",
+        "the default fair share (`--fair-share 2`, window 20).",
         "Attacks: sign-flip sends -x; scaling 100x; ALIE mean - z std of the attackers' honest",
         "updates (z the paper's z_max); IPM -0.1 x their mean; label-flip trains on y -> 9 - y;",
         "free-rider sends zeros declaring 1,000,000 samples.",

@@ -104,8 +104,8 @@ DIGITS_ASYNC: dict[str, Any] = {
 }
 """The robustness table's runs (benchmarks/robustness.py): 20 devices, 10% liars are 2.
 
-Async without the fair share, as the table was measured: these tests are of the guard's bounds
-(with the fair share the old bounds' scaling run keeps 0.24, the guarded one 0.72)."""
+Async without the fair share (the table runs with it): these tests are of the guard's bounds
+alone (with the fair share the old bounds' scaling run keeps 0.24, the guarded one 0.72)."""
 
 
 @pytest.mark.parametrize(
