@@ -16,9 +16,12 @@ heads may overfit. Every row is the mean and std over seeds of the personalized 
 devices helped and hurt by personalization, and the payload bytes per round (stage b, median).
 
     OMP_NUM_THREADS=1 python -m benchmarks.personalization [--seeds 3] [--quick] [--jobs 2]
+        [--tables synthetic]
 
 The tables are written between markers in docs/results.md (the readings around them are kept);
-`--quick` (one seed, 10 rounds, two tasks' main rows only) prints without writing.
+`--quick` (one seed, 10 rounds, two tasks' main rows only) prints without writing. `--tables`
+runs and rewrites only the named tables (digits, synthetic, digits-100); the timing line is
+rewritten only by a full run.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import init_worker, mean_std, mean_std_cell, write_section
+from benchmarks.common import choose, init_worker, mean_std, mean_std_cell, write_section
 
 ROUNDS = 30
 PRETRAIN = 15
@@ -294,7 +297,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 seed, 10 rounds, print only")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    keys = [setting.key for setting in SETTINGS]
+    parser.add_argument("--tables", help=f"comma-separated, of {', '.join(keys)} (default: all)")
     args = parser.parse_args()
+    tables = choose(args.tables, keys, "table")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     seeds = 1 if args.quick else args.seeds
     small_seeds = seeds if args.small_seeds is None else args.small_seeds
@@ -305,6 +311,7 @@ def main() -> None:
     ]
     if not args.quick:
         plan.append((SETTINGS[2], small_device_rows(), small_seeds))
+    plan = [entry for entry in plan if entry[0].key in tables]
     started = time.perf_counter()
     with ProcessPoolExecutor(
         args.jobs, mp_context=get_context("spawn"), initializer=init_worker
@@ -337,7 +344,7 @@ def main() -> None:
         f"{args.jobs} worker processes, one torch thread each.\n<!-- personalization-timing -->"
     )
     print(timing)
-    if not args.quick:
+    if not args.quick and len(plan) == len(SETTINGS):
         write_section(args.out, timing, "<!-- personalization-timing -->")
 
 

@@ -10,7 +10,9 @@ Every algorithm of the registry runs on every workload for several seeds through
 machinery (`coordinator.compare.plan_runs` / `run_comparison`), and each finished cell (task,
 setting, algorithm, seed) is cached as JSON under benchmarks/results/. A rerun computes only
 the missing cells (a new algorithm, a new seed), and `--from-cache` rewrites the doc section and
-the plots (docs/img/results-<task>-<setting>-{accuracy,gain}.png) without simulating.
+the plots (docs/img/results-<task>-<setting>-{accuracy,gain}.png) without simulating. Each cell
+records the aggregate guard's bounds it ran under: a rerun recomputes cells run under other
+bounds (a changed default), and the doc marks them until then.
 
     OMP_NUM_THREADS=1 nice -n 5 python -m benchmarks.results_matrix [--seeds 3]
         [--tasks digits,sine] [--settings few] [--algorithms fedavg,ditto] [--from-cache]
@@ -27,7 +29,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -61,6 +63,10 @@ ALGORITHMS: Final = (
 PARTIAL: Final = ("fedalt", "fedsim")  # FedPer-style: shared body, personal output layer
 PROXIMAL: Final = ("pfedme", "pfedbred")  # their own step sizes and R local iterations
 SETTINGS: Final = ("few", "many")
+STALE: Final = (
+    "measured under other aggregate guard bounds than today's defaults (the cache files hold "
+    "no or another `guard`); a rerun of this table recomputes them"
+)
 # The table's columns, a subset of compare's COLUMNS, in this order.
 TABLE_KEYS: Final = (
     "personalized_mean", "personalized_worst10", "global", "helped", "hurt",
@@ -140,6 +146,13 @@ class Cell:
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
     devices: list[dict[str, Any]]
+    guard: dict[str, Any] | None = None
+    """The aggregate guard's bounds it ran under (None: recorded before cells kept them)."""
+
+    @property
+    def current(self) -> bool:
+        """Whether it ran under today's guard bounds (a stale cell is rerun, shown as stale)."""
+        return self.guard == guard_fingerprint(self.spec)
 
 
 @dataclass
@@ -186,15 +199,25 @@ def not_applicable(workload: Workload, algorithm: str) -> str | None:
     return None
 
 
+def guard_fingerprint(spec: RunSpec) -> dict[str, Any]:
+    """The aggregate guard's bounds in effect for `spec`, as JSON values.
+
+    The request holds only what the matrix asks for, so a changed guard default would otherwise
+    reuse cells measured under the old bounds: a cell records them, reused only while they match.
+    """
+    bounds: dict[str, Any] = json.loads(json.dumps(asdict(spec.settings.guard_settings())))
+    return bounds
+
+
 def load_cell(path: Path, spec: RunSpec, request: dict[str, Any]) -> Cell | None:
-    """The cached cell at `path` if it was run with `request`, else None."""
+    """The cached cell at `path` if it was run with `request` (under any guard), else None."""
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
     if data.get("version") != CACHE_VERSION or data.get("request") != request:
         logger.warning("%s was run with other settings; it will be recomputed", path)
         return None
-    return Cell(spec, data["summary"], data["rounds"], data["devices"])
+    return Cell(spec, data["summary"], data["rounds"], data["devices"], data.get("guard"))
 
 
 def run_cell(path: Path, spec: RunSpec, request: dict[str, Any]) -> Cell:
@@ -204,10 +227,11 @@ def run_cell(path: Path, spec: RunSpec, request: dict[str, Any]) -> Cell:
         local = RunSpec(spec.algorithm, spec.seed, spec.settings.model_copy(update={"out": out}))
         run_comparison([local], Path(tmp))
         run = load_run(out)
-    cell = Cell(spec, run.summary, run.rounds, run.devices)
+    cell = Cell(spec, run.summary, run.rounds, run.devices, guard_fingerprint(spec))
     document = {
         "version": CACHE_VERSION,
         "request": request,
+        "guard": cell.guard,
         "settings": spec.settings.model_dump(mode="json", exclude={"out"}),
         "summary": cell.summary,
         "rounds": cell.rounds,
@@ -237,9 +261,12 @@ def compute(
             for spec in specs:
                 path = cell_path(cache_dir, workload, algorithm, spec.seed)
                 request = cell_request(workload, algorithm, spec.seed)
-                if load_cell(path, spec, request) is not None:
+                cached = load_cell(path, spec, request)
+                if cached is not None and cached.current:
                     progress.reused += 1
                     continue
+                if cached is not None:
+                    logger.warning("%s ran under other guard bounds; it will be recomputed", path)
                 cell = run_cell(path, spec, request)
                 progress.computed += 1
                 logger.info(
@@ -252,7 +279,7 @@ def compute(
 
 
 def cached_cells(workload: Workload, algorithm: str, cache_dir: Path) -> list[Cell]:
-    """Every cached seed of one workload and algorithm that matches today's settings."""
+    """Every cached seed of one workload and algorithm run with today's request (any guard)."""
     folder = cache_dir / workload.key / algorithm
     seeds = sorted(int(p.stem.removeprefix("seed-")) for p in folder.glob("seed-*.json"))
     if not seeds:
@@ -300,6 +327,8 @@ def render_table(workload: Workload, algorithms: Sequence[str], cache_dir: Path)
             if reason:
                 notes.setdefault(f"n/a, {reason}", []).append(algorithm)
             continue
+        if not all(cell.current for cell in cells):
+            notes.setdefault(STALE, []).append(algorithm)
         metric = cells[0].summary.get("metric_name", metric)
         (row,) = aggregate([RunOutcome(c.spec, c.summary, run_values(c.summary)) for c in cells])
         text = format_cells(row)

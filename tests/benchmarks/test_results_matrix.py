@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from benchmarks import results_matrix
 from benchmarks.results_matrix import Output, Workload, cell_path, run_matrix
+from coordinator.aggregate_guard import GuardSettings
+from coordinator.settings import SimulationSettings
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +79,32 @@ def test_changed_settings_invalidate_a_cached_cell(tmp_path) -> None:
     rerun = _run(tmp_path)
     # Assert: only the stale cell ran again
     assert (rerun.computed, rerun.reused) == (1, 1)
+
+
+def test_a_changed_guard_default_marks_then_recomputes_every_cached_cell(
+    tmp_path, monkeypatch
+) -> None:
+    # Prepare: cells cached under today's guard, then a guard default changes (the request,
+    # which holds only what the matrix asks for, stays the same)
+    _run(tmp_path)
+    today = SimulationSettings.guard_settings
+
+    def old_norm_bound(settings: SimulationSettings) -> GuardSettings:
+        return replace(today(settings), norm_bound=10.0)
+
+    monkeypatch.setattr(SimulationSettings, "guard_settings", old_norm_bound)
+    # Execute: the doc from the cache, then a rerun
+    _run(tmp_path, from_cache=True)
+    marked = (tmp_path / "results.md").read_text()
+    rerun = _run(tmp_path)
+    # Assert: the stale rows keep their figures but say so; the rerun reuses none of them, and
+    # the new cells record their bounds
+    assert f"- local, fedavg: {results_matrix.STALE}" in marked
+    assert "| fedavg | 1 | 0." in marked
+    assert (rerun.computed, rerun.reused) == (2, 0)
+    assert results_matrix.STALE not in (tmp_path / "results.md").read_text()
+    cached = json.loads(cell_path(tmp_path / "cache", TINY, "fedavg", 0).read_text())
+    assert cached["guard"]["norm_bound"] == 10.0
 
 
 def test_partial_methods_are_not_applicable_without_a_shared_part() -> None:
