@@ -22,7 +22,7 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from benchmarks.common import markdown_table, write_section
+from benchmarks.common import write_table_section
 from coordinator.privacy import PrivacyEngine
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
@@ -208,14 +208,8 @@ def main() -> None:
     header = ["configuration", "relation", "project RDP", "project PLD", "project reports",
               "dp-accounting RDP", "dp-accounting PLD", "Opacus PRV", "RDP vs RDP",
               "reported vs tightest"]  # fmt: skip
-    lines = [
-        MARKER,
-        *markdown_table(header, rows),
-        "",
-        f"delta {DELTA:g}; `python -m benchmarks.accountant_table`.",
-        MARKER,
-    ]
-    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+    footer = f"delta {DELTA:g}; `python -m benchmarks.accountant_table`."
+    write_table_section(REPO / "docs/benchmarks.md", MARKER, header, rows, footer)
 
 
 if __name__ == "__main__":

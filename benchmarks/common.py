@@ -69,6 +69,14 @@ def write_section(path: Path, section: str, marker: str) -> None:
     write_atomically(path, text.encode("utf-8"))
 
 
+def write_table_section(
+    path: Path, marker: str, header: Sequence[str], rows: Sequence[Sequence[str]], footer: str
+) -> None:
+    """One benchmark's section of `path` that is a table and a line under it (`write_section`)."""
+    lines = [marker, *markdown_table(header, rows), "", footer, marker]
+    write_section(path, "\n".join(lines), marker)
+
+
 def choose(text: str | None, valid: Sequence[str], what: str) -> list[str]:
     """The comma-separated names of `text` (all of `valid` when None), each checked.
 

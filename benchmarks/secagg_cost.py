@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.common import markdown_table, write_section
+from benchmarks.common import write_table_section
 from coordinator.settings import SimulationSettings
 from coordinator.simulate import run_simulation
 
@@ -70,14 +70,8 @@ def main() -> None:
     header = ["devices", "aggregation", "s / round", "time", "MB up / round", "up",
               "MB down / round", "down"]  # fmt: skip
     command = "OMP_NUM_THREADS=1 python -m benchmarks.secagg_cost"
-    lines = [
-        MARKER,
-        *markdown_table(header, rows),
-        "",
-        f"{args.rounds} rounds each, first round's time left out; `{command}`.",
-        MARKER,
-    ]
-    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+    footer = f"{args.rounds} rounds each, first round's time left out; `{command}`."
+    write_table_section(REPO / "docs/benchmarks.md", MARKER, header, rows, footer)
 
 
 if __name__ == "__main__":
