@@ -23,7 +23,7 @@ from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from benchmarks.common import write_table_section
-from coordinator.privacy import PrivacyEngine
+from coordinator.stages.privacy import PrivacyEngine
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize

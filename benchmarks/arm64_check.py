@@ -108,7 +108,7 @@ def fleet(chroot: Chroot, work: Path, timeout: float) -> FleetRun:
         started = time.monotonic()
         with serve_log.open("wb") as log:
             serve = subprocess.run(
-                [sys.executable, "-m", "coordinator.cli", "serve", "--broker", url,
+                [sys.executable, "-m", "coordinator.cli.app", "serve", "--broker", url,
                  "--task", "digits", "--algorithm", "fedalt", "--pretrain-rounds", "2",
                  "--rounds", "1", "--min-devices", "2", "--quorum", "1.0",
                  "--round-timeout", str(timeout), "--join-timeout", str(timeout),

@@ -56,8 +56,8 @@ ALGORITHMS = ("fedavg", "fedalt")
 def run_one(task: str, algorithm: str, config: str, seed: int) -> dict[str, Any]:
     """One simulation: its accuracy curve against simulated seconds."""
     init_worker()
-    from coordinator.settings import SimulationSettings
-    from coordinator.simulate import run_simulation
+    from coordinator.run.settings import SimulationSettings
+    from coordinator.run.simulate import run_simulation
 
     values = {**FLEET, **TASKS[task], **CONFIGS[config], "algorithm": algorithm, "seed": seed}
     result = run_simulation(SimulationSettings.load(None, **values))

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from benchmarks.common import init_worker, markdown_table, mean_std_cell, write_section
-from coordinator.rounds import RoundRecord
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.rounds import RoundRecord
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import encode_frame, pack_tensors

@@ -24,7 +24,7 @@ from typing import Final
 from benchmarks.common import markdown_table, write_section
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import RunHistoryLog
-from coordinator.round_types import RoundRecord
+from coordinator.engine.round_types import RoundRecord
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import (

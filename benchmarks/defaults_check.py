@@ -83,7 +83,7 @@ def examples(pages: Path) -> list[Example]:
 def simulate(words: list[str], seed: int, toml: str | None) -> tuple[float, str]:
     """One run in a fresh process; (personalized mean, metric name)."""
     with tempfile.TemporaryDirectory() as scratch:
-        command = [sys.executable, "-m", "coordinator.cli", *words[1:]]
+        command = [sys.executable, "-m", "coordinator.cli.app", *words[1:]]
         if "--config" in words:
             config = Path(scratch) / "options.toml"
             config.write_text(toml or "")

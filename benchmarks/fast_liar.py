@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.common import markdown_table, one_thread, write_section
-from coordinator.metrics import summarize_evaluations
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import device_name, run_simulation
+from coordinator.engine.metrics import summarize_evaluations
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import device_name, run_simulation
 from device_agent.attacks import AttackPlan
 
 REPO: Final = Path(__file__).resolve().parents[1]

@@ -130,9 +130,9 @@ NOTES = """Notes on the setting:
 
 def simulate(kwargs: dict[str, Any]) -> dict[str, float]:
     """One simulation's final personalized metric, bytes per round and wall seconds."""
-    from coordinator.compare import run_values
-    from coordinator.settings import SimulationSettings
-    from coordinator.simulate import run_simulation
+    from coordinator.run.compare import run_values
+    from coordinator.run.settings import SimulationSettings
+    from coordinator.run.simulate import run_simulation
 
     values = run_values(run_simulation(SimulationSettings.load(None, **kwargs)).summary)
     return {

@@ -61,7 +61,7 @@ def main() -> None:
         url = f"mqtt://127.0.0.1:{port}"
         time.sleep(0.5)
         serve = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--broker", url,
+            [sys.executable, "-m", "coordinator.cli.app", "serve", "--broker", url,
              "--task", "digits", "--algorithm", "fedavg", "--rounds", str(args.rounds),
              "--min-devices", str(args.agents),
              "--round-timeout", "120", "--out", str(root / "run"),

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import write_section
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols.transport.broker import free_port
 
 MARKER = "<!-- fleet-rounds -->"

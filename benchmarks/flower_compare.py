@@ -31,8 +31,8 @@ import torch
 
 from benchmarks.common import write_section
 from benchmarks.simulation_overhead import WORKLOAD, local_sgd, mean_test_metric
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.registry import load_task
 

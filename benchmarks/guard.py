@@ -15,8 +15,8 @@ import copy
 import statistics
 
 from benchmarks.common import one_thread
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from device_agent.training import evaluate
 from export import choose_model
 

@@ -128,14 +128,14 @@ def small_device_rows() -> list[Row]:
 
 
 RUN_COLUMNS = ("personalized_mean", "personalized_worst10", "global", "helped", "hurt")
-"""The columns of `coordinator.compare.run_values` a cell keeps."""
+"""The columns of `coordinator.run.compare.run_values` a cell keeps."""
 
 
 def run_one(base: dict[str, Any], row: Row, seed: int, rounds: int) -> dict[str, Any]:
     """One simulation; the numbers a table cell needs."""
-    from coordinator.compare import run_values
-    from coordinator.settings import SimulationSettings
-    from coordinator.simulate import run_simulation
+    from coordinator.run.compare import run_values
+    from coordinator.run.settings import SimulationSettings
+    from coordinator.run.simulate import run_simulation
 
     stage_b = rounds - rounds // 2 if row.pipeline else rounds
     kwargs: dict[str, Any] = {

@@ -79,9 +79,9 @@ READINGS = """Readings of the 3-seed, T = 60 run (what reproduced, what did not)
 
 def run_one(task: str, algorithm: str, options: dict[str, Any], seed: int, rounds: int) -> dict:
     """One simulation's final personalized and global accuracy (device means)."""
-    from coordinator.compare import run_values
-    from coordinator.settings import SimulationSettings
-    from coordinator.simulate import run_simulation
+    from coordinator.run.compare import run_values
+    from coordinator.run.settings import SimulationSettings
+    from coordinator.run.simulate import run_simulation
 
     settings = SimulationSettings.load(
         None,

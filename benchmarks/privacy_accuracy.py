@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.common import markdown_table, mean_std, write_section
-from coordinator.accountant import RDP_ORDERS, noise_for_epsilon
-from coordinator.compare import plan_runs, run_comparison
-from coordinator.discrete_accountant import ring_noise_for_epsilon
-from coordinator.tree_accountant import tree_noise_for_epsilon
+from coordinator.run.compare import plan_runs, run_comparison
+from coordinator.stages.accountant import RDP_ORDERS, noise_for_epsilon
+from coordinator.stages.discrete_accountant import ring_noise_for_epsilon
+from coordinator.stages.tree_accountant import tree_noise_for_epsilon
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-accuracy -->"

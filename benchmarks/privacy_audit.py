@@ -48,11 +48,11 @@ import torch
 
 from benchmarks.audit_bounds import audit_lower_bound, one_shot_estimate
 from benchmarks.common import markdown_table, write_section
-from coordinator.accountant import DpRound, epsilon_of
-from coordinator.ftrl import TreeNoise, prefix_nodes
-from coordinator.privacy import PrivacyEngine
-from coordinator.secure_aggregation import SecureAggregator
-from coordinator.selection import select_devices
+from coordinator.engine.selection import select_devices
+from coordinator.stages.accountant import DpRound, epsilon_of
+from coordinator.stages.ftrl import TreeNoise, prefix_nodes
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.secure_aggregation import SecureAggregator
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize

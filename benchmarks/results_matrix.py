@@ -7,7 +7,7 @@ method wins depends on how much data a device holds:
 * many: 20 devices with plenty of samples each.
 
 Every algorithm of the registry runs on every workload for several seeds through the compare
-machinery (`coordinator.compare.plan_runs` / `run_comparison`), and each finished cell (task,
+machinery (`coordinator.run.compare.plan_runs` / `run_comparison`), and each finished cell (task,
 setting, algorithm, seed) is cached as JSON under benchmarks/results/. A rerun computes only
 the missing cells (a new algorithm, a new seed), and `--from-cache` rewrites the doc section and
 the plots (docs/img/results-<task>-<setting>-{accuracy,gain}.png) without simulating. Each cell
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.common import choose, write_section
-from coordinator.compare import (
+from coordinator.ops.report import RunData, load_run, plot_accuracy, plot_gain_vs_samples
+from coordinator.run.compare import (
     COLUMNS,
     RunOutcome,
     RunSpec,
@@ -45,7 +46,6 @@ from coordinator.compare import (
     run_comparison,
     run_values,
 )
-from coordinator.report import RunData, load_run, plot_accuracy, plot_gain_vs_samples
 from pfl_tasks.presets import resolve_preset
 from pfl_tasks.registry import load_task
 from pfl_tasks.split import ParamSplit

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.common import write_table_section
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- secagg-cost -->"

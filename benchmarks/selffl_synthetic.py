@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import one_thread, write_section
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 MARKER = "<!-- selffl -->"
 CASES = {1: (0.001, 10, 20), 2: (1.0, 10, 200)}  # sigma_0^2, N_min, N_max (selffl.md §5.1)

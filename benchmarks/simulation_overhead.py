@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_section
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
-from coordinator.simulation_workers import threads_per_worker, worker_count
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
+from coordinator.run.simulation_workers import threads_per_worker, worker_count
 from device_agent.compute_threads import available_cores, largest_step_macs, torch_threads
 from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task

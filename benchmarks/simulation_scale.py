@@ -34,7 +34,7 @@ BIG = {"task": "synthetic", "algorithm": "fedavg", "participation": 0.1, "device
 
 def _command(workload: dict[str, object], workers: int, out: str) -> list[str]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
-    command = [sys.executable, "-m", "coordinator.cli", "simulate", *flags]
+    command = [sys.executable, "-m", "coordinator.cli.app", "simulate", *flags]
     return [*command, f"--workers={workers}", f"--out={out}"]
 
 
@@ -78,8 +78,8 @@ def idle_device_bytes(devices: int) -> float:
     """Memory one idle virtual device adds: RSS of a fleet built and joined, per device."""
     code = (
         "import resource, sys\n"
-        "from coordinator.settings import SimulationSettings\n"
-        "from coordinator.simulate import run_simulation\n"
+        "from coordinator.run.settings import SimulationSettings\n"
+        "from coordinator.run.simulate import run_simulation\n"
         "n = int(sys.argv[1])\n"
         "run_simulation(SimulationSettings(task='synthetic', devices=n, rounds=1, workers=1,"
         " participation=1 / n, out=None))\n"

@@ -85,7 +85,7 @@ class FedAvgConfig(AlgorithmConfig):
     `robust_aggregation` "median" or "trimmed-mean" (dropping `trim_fraction` of the values at
     each end, per coordinate) or "centered-clipping" (Karimireddy et al. 2021: `cc_iterations`
     steps of clipped differences to radius `cc_tau` around the previous round's aggregate; None:
-    the lower median distance) replaces the weighted mean (coordinator/aggregate.py).
+    the lower median distance) replaces the weighted mean (coordinator/strategies/aggregate.py).
     """
 
     name: ClassVar[str] = "fedavg"

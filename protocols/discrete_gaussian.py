@@ -23,7 +23,7 @@ No random rotation is applied: the norm bound after rounding is the paper's boun
 flattening, (g C + sqrt(d))^2 or g^2 C^2 + d/4 + sqrt(2 ln(1/beta)) (g C + sqrt(d)/2), whichever
 is smaller: about g C + 1/2 + d / (8 g C). A 32-bit ring's grid makes that small: for a cohort
 of 10^4 at Z = 1, g C is about 2 10^5 and d = 10^6 adds under 1e-5 of it. The accounting of
-the sum is `coordinator.discrete_accountant`.
+the sum is `coordinator.stages.discrete_accountant`.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ class PrivacySettings(BaseModel):
     aggregation's ring (`protocols.discrete_gaussian`; device placement only)."""
     mechanism: Mechanism = "dp-fedavg"
     """dp-fedavg: fresh noise on each round's sum; ftrl-tree: DP-FTRL's tree aggregation
-    (coordinator/ftrl.py), the cohort taken as selected and accounted with no amplification."""
+    (coordinator/stages/ftrl.py), the cohort taken as selected and accounted with no
+    amplification."""
     tree_restart: Annotated[int, Field(ge=1)] | None = None
     """ftrl-tree: rounds per tree (None: one tree for the whole run)."""
     tree_participations: Annotated[int, Field(ge=1)] | None = None

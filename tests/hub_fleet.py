@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import DeviceAgent
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore

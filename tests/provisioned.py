@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.provision import Credential, ProvisionResult, provision
+from coordinator.ops.provision import Credential, ProvisionResult, provision
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port, mosquitto_binary, wait_for_port
 

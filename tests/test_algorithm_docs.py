@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.doc_commands import fenced_commands
-from coordinator.cli import app as coord_app
+from coordinator.cli.app import app as coord_app
 from protocols.algorithms import ALGORITHM_CONFIGS
 from tests.test_docs import APPS, parses, tiny
 

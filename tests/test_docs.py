@@ -13,8 +13,8 @@ import typer
 from typer.testing import CliRunner
 
 from benchmarks.doc_commands import fenced_commands
-from coordinator.cli import app as coord_app
-from coordinator.cli_docs import CLI_MD, render_cli_docs
+from coordinator.cli.app import app as coord_app
+from coordinator.cli.docs import CLI_MD, render_cli_docs
 from device_agent.cli import app as agent_app
 from tests.conftest import free_port, wait_for_port
 from tests.e2e.conftest import child_env, sourced, with_sourced_files
@@ -46,7 +46,7 @@ def parses(words: list[str]) -> None:
 
 def test_cli_md_is_current() -> None:
     assert CLI_MD.read_text() == render_cli_docs(), (
-        "docs/cli.md is out of date: run `python -m coordinator.cli_docs`"
+        "docs/cli.md is out of date: run `python -m coordinator.cli.docs`"
     )
 
 

@@ -19,9 +19,9 @@ ALLOWED = {
     "coordinator": {"protocols", "pfl_tasks", "export", "device_agent"},
 }
 COORDINATOR_USES_OF_THE_AGENT = {
-    "coordinator.simulate",
-    "coordinator.simulation_workers",  # runs the virtual devices in its worker processes
-    "coordinator.cli_docs",
+    "coordinator.run.simulate",
+    "coordinator.run.simulation_workers",  # runs the virtual devices in its worker processes
+    "coordinator.cli.docs",
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.doc_commands import fenced_commands
-from coordinator.cli import app as coord_app
+from coordinator.cli.app import app as coord_app
 from tests.conftest import free_port, wait_for_port
 from tests.e2e.conftest import child_env, sourced, with_sourced_files
 from tests.test_docs import tiny

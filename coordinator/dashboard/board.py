@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from coordinator.status import MAX_SHOWN_DEVICES, FleetView
+from coordinator.ops.status import MAX_SHOWN_DEVICES, FleetView
 from protocols.messages import CoordinatorStatus, FleetStatus, Message, RunHistory
 
 

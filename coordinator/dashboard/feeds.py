@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import flatten_settings, round_summary
-from coordinator.status import watch_fleet
-from coordinator.view_intake import check_view_message, view_topic
+from coordinator.ops.status import watch_fleet
+from coordinator.ops.view_intake import check_view_message, view_topic
 from protocols.errors import PflError
 from protocols.messages import (
     RUN_HISTORY_ROUNDS,

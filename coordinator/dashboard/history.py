@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from coordinator.round_types import RoundRecord
+from coordinator.engine.round_types import RoundRecord
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import (
@@ -20,7 +20,7 @@ from protocols.messages import (
 )
 
 if TYPE_CHECKING:
-    from coordinator.rounds import Coordinator
+    from coordinator.engine.rounds import Coordinator
 
 SettingValue = str | float | bool | None
 MAX_SETTING_CHARS = 256

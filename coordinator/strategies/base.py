@@ -1,7 +1,7 @@
 """The strategy interface: an algorithm's coordinator half, pure and synchronous.
 
 A strategy picks devices and aggregates their updates. It never waits, publishes or reads the
-clock; `coordinator.rounds` owns deadlines, quorum, stale rounds and checkpoint timing.
+clock; `coordinator.engine.rounds` owns deadlines, quorum, stale rounds and checkpoint timing.
 """
 
 from __future__ import annotations

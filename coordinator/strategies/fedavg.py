@@ -7,10 +7,10 @@ from typing import ClassVar, Final
 
 import torch
 
-from coordinator.aggregate import robust_combine
-from coordinator.server_optimizer import ServerOptimizer, build_server_optimizer
+from coordinator.strategies.aggregate import robust_combine
 from coordinator.strategies.base import Aggregate, ReceivedUpdate
 from coordinator.strategies.sampled import SampledStrategy
+from coordinator.strategies.server_optimizer import ServerOptimizer, build_server_optimizer
 from protocols.algorithms import AlgorithmConfig, FedAvgConfig
 from protocols.codec import Tensors
 

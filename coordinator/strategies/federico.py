@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from coordinator.selection import select_devices
+from coordinator.engine.selection import select_devices
 from coordinator.strategies.base import (
     Aggregate,
     FleetSnapshot,

@@ -8,8 +8,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from coordinator.aggregate import apply_delta, weighted_mean
-from coordinator.selection import select_devices
+from coordinator.engine.selection import select_devices
+from coordinator.strategies.aggregate import apply_delta, weighted_mean
 from coordinator.strategies.base import (
     Aggregate,
     FleetSnapshot,

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from coordinator.selection import select_devices
+from coordinator.engine.selection import select_devices
 from coordinator.strategies.base import Aggregate, FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.algorithms import AlgorithmConfig
 from protocols.codec import Tensors

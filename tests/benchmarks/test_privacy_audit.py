@@ -39,7 +39,7 @@ from benchmarks.privacy_audit import (
     dp,
     tree_covariance,
 )
-from coordinator.ftrl import TreeNoise
+from coordinator.stages.ftrl import TreeNoise
 from protocols.privacy import PrivacySettings, Sampling
 
 

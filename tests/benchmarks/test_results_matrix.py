@@ -10,8 +10,8 @@ import pytest
 
 from benchmarks import results_matrix
 from benchmarks.results_matrix import Output, Workload, cell_path, run_matrix
-from coordinator.aggregate_guard import GuardSettings
-from coordinator.settings import SimulationSettings
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.aggregate_guard import GuardSettings
 
 pytestmark = pytest.mark.slow
 

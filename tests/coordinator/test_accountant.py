@@ -22,7 +22,7 @@ from benchmarks.accountant_table import (
     released_multiplier,
     run_engine,
 )
-from coordinator.accountant import DpRound, epsilons_of, noise_for_epsilon
+from coordinator.stages.accountant import DpRound, epsilons_of, noise_for_epsilon
 from protocols.privacy import Sampling, within_fraction
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregate import apply_delta, weighted_mean
+from coordinator.strategies.aggregate import apply_delta, weighted_mean
 
 
 def test_weighted_mean_matches_an_independent_numpy_computation() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.aggregate_guard import (
+from coordinator.stages.aggregate_guard import (
     GuardSettings,
     aggregate_problem,
     cap_counts,

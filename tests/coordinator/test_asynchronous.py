@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.asynchronous import BufferedRounds, DispatchInbox
-from coordinator.rounds import Coordinator
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import SimulationResult, run_simulation
+from coordinator.engine.rounds import Coordinator
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import SimulationResult, run_simulation
+from coordinator.scheduling.asynchronous import BufferedRounds, DispatchInbox
 from coordinator.strategies.base import ReceivedUpdate
 
 pytestmark = pytest.mark.slow
@@ -192,7 +192,7 @@ def test_async_over_the_embedded_mqtt_broker_from_the_command_line(tmp_path: Pat
     import sys
 
     command = [
-        sys.executable, "-m", "coordinator.cli", "simulate", "--transport", "mqtt",
+        sys.executable, "-m", "coordinator.cli.app", "simulate", "--transport", "mqtt",
         "--devices", "4", "--rounds", "3", "--mode", "async", "--buffer", "2",
         "--concurrency", "3", "--sim-speeds", "lognormal:5", "--out", str(tmp_path),
     ]  # fmt: skip
@@ -227,7 +227,7 @@ def test_in_real_time_an_aggregation_takes_k_updates_even_when_more_arrive_at_on
 ) -> None:
     # Prepare: real-time buffered rounds (as `serve` runs them) over the in-process hub, and a
     # coordinator that wakes only once three answers are in, as one busy aggregating would
-    import coordinator.simulate as simulate_module
+    import coordinator.run.simulate as simulate_module
 
     def real_time(coordinator: Coordinator, settings: Any, clock: Any) -> BufferedRounds:
         return BufferedRounds(coordinator, settings.async_settings(), None, 1.0)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.metrics import summarize_evaluations
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.metrics import summarize_evaluations
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from device_agent.attacks import AttackName, AttackPlan
 from device_agent.virtual_fleet import device_name
 

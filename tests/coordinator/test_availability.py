@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.availability import (
+from coordinator.scheduling.availability import (
     AvailabilitySpec,
     DeviceTiming,
     SimulatedClock,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
-from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from coordinator.strategies import build_strategy
 from device_agent.capabilities import probe_capabilities
 from protocols.algorithms import parse_algorithm_config
@@ -77,7 +77,7 @@ def test_a_crash_during_a_checkpoint_write_leaves_the_previous_checkpoint(
     tmp_path, monkeypatch
 ) -> None:
     # Prepare: round 2 checkpointed; round 3's write dies after its tensors file, before the record
-    import coordinator.checkpoint as checkpoint_module
+    import coordinator.run.checkpoint as checkpoint_module
 
     coordinator = _coordinator()
     coordinator.round_id = 2

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coordinator.cli import app
-from coordinator.compare import parse_algorithms, parse_seeds, plan_runs
-from coordinator.report import build_report
+from coordinator.cli.app import app
+from coordinator.ops.report import build_report
+from coordinator.run.compare import parse_algorithms, parse_seeds, plan_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["--task", "digits", "--devices", "4", "--rounds", "2"]

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import Coordinator
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import Coordinator
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.privacy import privacy_engine
 from device_agent.context import RESIDUAL_PREFIX
 from device_agent.state_store import MemoryStateStore
 from protocols import topics

@@ -11,8 +11,8 @@ from coordinator.dashboard.board import Board
 from coordinator.dashboard.feeds import RunDirectoryFeed, read_run_directory
 from coordinator.dashboard.history import RunHistoryLog, flatten_settings
 from coordinator.dashboard.server import Listen
-from coordinator.registry import FleetRegistry
-from coordinator.round_types import RoundRecord
+from coordinator.engine.registry import FleetRegistry
+from coordinator.engine.round_types import RoundRecord
 from device_agent.capabilities import probe_capabilities
 from protocols.codec import decode_frame, encode_frame
 from protocols.messages import (

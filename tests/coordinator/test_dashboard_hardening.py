@@ -25,7 +25,7 @@ from coordinator.dashboard.gate import HostCheck
 from coordinator.dashboard.launch import run_directory_dashboard
 from coordinator.dashboard.server import DashboardServer, Listen
 from coordinator.dashboard.settings import DashboardSettings
-from coordinator.settings import ServeSettings
+from coordinator.run.settings import ServeSettings
 
 LOOPBACK = Listen("127.0.0.1", 0)
 REPO = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from coordinator.dashboard.board import Board
 from coordinator.dashboard.launch import run_directory_dashboard
 from coordinator.dashboard.server import DashboardServer, Listen
 from coordinator.dashboard.settings import DashboardSettings
-from coordinator.provision import provision
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.ops.provision import provision
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols.messages import CoordinatorStatus, DeviceStatus
 
 LOOPBACK = Listen("127.0.0.1", 0)

@@ -10,15 +10,15 @@ import pytest
 import torch
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from coordinator.accountant import RDP_ORDERS, DpRound, epsilons_of, noise_for_epsilon
-from coordinator.discrete_accountant import (
+from coordinator.stages.accountant import RDP_ORDERS, DpRound, epsilons_of, noise_for_epsilon
+from coordinator.stages.discrete_accountant import (
     RingRound,
     poisson_subsampled,
     ring_noise_for_epsilon,
     ring_rdp,
 )
-from coordinator.privacy import PrivacyEngine
-from coordinator.secure_retry import SkippedRound, account_skipped
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.secure_retry import SkippedRound, account_skipped
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
-from coordinator.ftrl import TreeNoise
-from coordinator.privacy import PrivacyEngine
-from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from coordinator.stages.ftrl import TreeNoise
+from coordinator.stages.privacy import PrivacyEngine
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from protocols.algorithms import parse_algorithm_config

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from coordinator.intake import check_evaluation
+from coordinator.engine.intake import check_evaluation
 from protocols import topics
 from protocols.errors import ProtocolError
 from protocols.messages import EvaluationReport, RoundAnnouncement

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.availability import SimulatedClock, fastest_first
-from coordinator.fair_share import NO_FAIR_SHARE, FairShare, allowance, fair_weight
-from coordinator.metrics import summarize_evaluations
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.metrics import summarize_evaluations
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
+from coordinator.scheduling.availability import SimulatedClock, fastest_first
+from coordinator.scheduling.fair_share import NO_FAIR_SHARE, FairShare, allowance, fair_weight
 from device_agent.attacks import AttackPlan
 from device_agent.virtual_fleet import device_name
 

@@ -4,9 +4,9 @@ import dataclasses
 
 import torch
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec

@@ -13,8 +13,8 @@ import onnx
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from coordinator.strategies.federico import owner_seed
 from device_agent.algorithms.federico import Collaborators
 from pfl_tasks.registry import load_task

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from coordinator.flapping import FlapWatch
-from coordinator.registry import FleetRegistry
+from coordinator.engine.flapping import FlapWatch
+from coordinator.engine.registry import FleetRegistry
 from device_agent.capabilities import probe_capabilities
 from protocols.messages import DeviceHello, DeviceStatus
 

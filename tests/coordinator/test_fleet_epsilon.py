@@ -20,15 +20,15 @@ from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 from typer.testing import CliRunner
 
-from coordinator.accountant import (
+from coordinator.cli.app import app
+from coordinator.engine.rounds import Coordinator
+from coordinator.stages.accountant import (
     PLD_INTERVAL,
     RDP_ORDERS,
     FleetAccountant,
     fleet_epsilons,
     relation,
 )
-from coordinator.cli import app
-from coordinator.rounds import Coordinator
 from protocols.privacy import Sampling
 from tests.coordinator.test_accountant import gaussian_epsilon
 

@@ -10,8 +10,9 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from coordinator.accountant import DpRound
-from coordinator.ftrl import (
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.accountant import DpRound
+from coordinator.stages.ftrl import (
     ParticipationLimit,
     TreeNoise,
     effective_multiplier,
@@ -19,8 +20,7 @@ from coordinator.ftrl import (
     run_sensitivity,
     tree_sensitivity,
 )
-from coordinator.settings import SimulationSettings
-from coordinator.tree_accountant import TreeAccountant, tree_noise_for_epsilon
+from coordinator.stages.tree_accountant import TreeAccountant, tree_noise_for_epsilon
 
 SHAPES = {"b": torch.zeros(3), "w": torch.zeros(2, 2)}
 

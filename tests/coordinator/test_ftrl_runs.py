@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.accountant import DpRound
-from coordinator.ftrl import TreeNoise
-from coordinator.privacy import PrivacyEngine
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
+from coordinator.stages.accountant import DpRound
+from coordinator.stages.ftrl import TreeNoise
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.tree_accountant import TreeAccountant
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
-from coordinator.tree_accountant import TreeAccountant
 from protocols.algorithms import parse_algorithm_config
 from protocols.privacy import PrivacySettings, clip_to_norm, noise_generator
 

@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore

@@ -1,6 +1,6 @@
 import pytest
 
-from coordinator.metrics import summarize_evaluations
+from coordinator.engine.metrics import summarize_evaluations
 from protocols.messages import EvaluationReport
 
 

@@ -13,10 +13,10 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from coordinator.cli import app
+from coordinator.cli.app import app
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.feeds import ViewTap
-from coordinator.status import MAX_SHOWN_DEVICES, FleetView
+from coordinator.ops.status import MAX_SHOWN_DEVICES, FleetView
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import (

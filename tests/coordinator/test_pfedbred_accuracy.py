@@ -5,8 +5,8 @@ import statistics
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
-from coordinator.privacy import PrivacyEngine, poisson_cohort, privacy_problem
+from coordinator.stages.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
+from coordinator.stages.privacy import PrivacyEngine, poisson_cohort, privacy_problem
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult

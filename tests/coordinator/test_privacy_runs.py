@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 pytestmark = pytest.mark.slow
 DP = {"task": "digits", "devices": 30, "participation": 0.5, "dp_noise": 1.0, "seed": 3}
@@ -77,7 +77,7 @@ def test_device_noise_and_adaptive_clipping_do_not_depend_on_the_worker_count() 
 
 def test_cli_over_the_embedded_mqtt_broker_prints_epsilon(tmp_path: Path) -> None:
     command = [
-        sys.executable, "-m", "coordinator.cli", "simulate", "--transport", "mqtt",
+        sys.executable, "-m", "coordinator.cli.app", "simulate", "--transport", "mqtt",
         "--devices", "6", "--rounds", "2", "--dp-noise", "1.5", "--dp-placement", "device",
         "--secagg", "--out", str(tmp_path), "--workers", "1",
     ]  # fmt: skip
@@ -91,7 +91,7 @@ def test_cli_over_the_embedded_mqtt_broker_prints_epsilon(tmp_path: Path) -> Non
 
 def test_refused_algorithms_fail_before_any_round(tmp_path: Path) -> None:
     command = [
-        sys.executable, "-m", "coordinator.cli", "simulate", "--algorithm", "selffl",
+        sys.executable, "-m", "coordinator.cli.app", "simulate", "--algorithm", "selffl",
         "--dp-noise", "1", "--devices", "4", "--out", str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

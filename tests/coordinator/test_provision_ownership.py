@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.provision import BROKER_FILES, hand_to_broker_user, provision
+from coordinator.ops.provision import BROKER_FILES, hand_to_broker_user, provision
 
 
 def test_broker_files_go_to_the_broker_user_or_the_command_is_given(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import torch
 
-from coordinator.aggregate_guard import GuardSettings
-from coordinator.quarantine import Quarantine
-from coordinator.rounds import Coordinator, EngineSettings
+from coordinator.engine.quarantine import Quarantine
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.stages.aggregate_guard import GuardSettings
 from coordinator.strategies import build_strategy
 from coordinator.strategies.fedavg import FedAvgConfig
 from protocols import topics

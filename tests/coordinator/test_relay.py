@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.relay import ModelRelay, NoRelay, relay_for
+from coordinator.stages.relay import ModelRelay, NoRelay, relay_for
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
 from coordinator.strategies.fedavg import FedAvgStrategy
 from coordinator.strategies.federico import FedericoStrategy

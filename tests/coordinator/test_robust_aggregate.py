@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregate import (
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.strategies import build_strategy
+from coordinator.strategies.aggregate import (
     centered_clipping,
     coordinate_median,
     robust_combine,
     trimmed_mean,
     weighted_mean,
 )
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.strategies import build_strategy
 from coordinator.strategies.base import ReceivedUpdate
 from protocols import topics
 from protocols.algorithms import FedAltConfig, FedAvgConfig

@@ -5,7 +5,7 @@ Nobody is left once each asked device answered, declined or went offline.
 
 from __future__ import annotations
 
-from coordinator.intake import Collector
+from coordinator.engine.intake import Collector
 
 
 def test_a_round_waits_only_for_online_devices_that_have_not_answered() -> None:

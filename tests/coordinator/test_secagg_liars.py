@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.settings import SimulationSettings
-from coordinator.silence import GRACE_SHARE
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.engine.silence import GRACE_SHARE
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient

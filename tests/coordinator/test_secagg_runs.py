@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import SimulationResult, run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import SimulationResult, run_simulation
 
 pytestmark = pytest.mark.slow
 BASE = {"task": "digits", "devices": 12, "rounds": 3, "seed": 2, "workers": 1}
@@ -77,7 +77,7 @@ def test_what_secure_aggregation_cannot_do_is_refused_before_any_round(
 
 def test_cli_over_the_embedded_mqtt_broker(tmp_path: Path) -> None:
     command = [
-        sys.executable, "-m", "coordinator.cli", "simulate", "--transport", "mqtt",
+        sys.executable, "-m", "coordinator.cli.app", "simulate", "--transport", "mqtt",
         "--devices", "5", "--rounds", "2", "--secagg", "--out", str(tmp_path), "--workers", "1",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 OBS_VAR = 0.1
 
@@ -110,8 +110,8 @@ def test_estimated_variances_and_client_sampling_run_clean() -> None:
 
 def test_the_fleet_scalars_reach_the_retained_fleet_status() -> None:
     # Prepare: a wiretap keeps the last retained fleet summary
-    from coordinator.settings import SimulationSettings as Settings
-    from coordinator.simulate import run_simulation as simulate
+    from coordinator.run.settings import SimulationSettings as Settings
+    from coordinator.run.simulate import run_simulation as simulate
     from protocols.codec import decode_frame
     from protocols.messages import FleetStatus
     from protocols.transport.inprocess import InProcessBroker

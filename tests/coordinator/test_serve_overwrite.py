@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.serve import refuse_overwrite
-from coordinator.settings import ServeSettings
+from coordinator.run.serve import refuse_overwrite
+from coordinator.run.settings import ServeSettings
 
 
 def _settings(tmp_path: Path, **flags: bool) -> ServeSettings:

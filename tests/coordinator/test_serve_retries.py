@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.serve import retry_pause_s
+from coordinator.run.serve import retry_pause_s
 
 
 @pytest.mark.parametrize(

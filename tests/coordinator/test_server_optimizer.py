@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from coordinator.server_optimizer import (
+from coordinator.strategies.server_optimizer import (
     AdamState,
     ServerAdam,
     ServerSgd,

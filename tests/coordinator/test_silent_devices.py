@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.settings import SimulationSettings
-from coordinator.silence import GRACE_SHARE
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.engine.silence import GRACE_SHARE
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import encode_frame, pack_tensors

@@ -1,7 +1,7 @@
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols.algorithms import ALGORITHM_CONFIGS
 from protocols.codec import decode_frame
 from protocols.messages import DeviceUpdate

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import SimulationResult, run_simulation
-from coordinator.simulation_workers import (
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import SimulationResult, run_simulation
+from coordinator.run.simulation_workers import (
     balanced_shares,
     merge_exports,
     threads_per_worker,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.staleness import StalenessRule, weigh_update
+from coordinator.scheduling.staleness import StalenessRule, weigh_update
 from coordinator.strategies.base import ReceivedUpdate
 
 

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import replace
 
-from coordinator.summary import RunSummary
+from coordinator.run.summary import RunSummary
 
 SERVE_KEYS = {
     "algorithm",

@@ -8,8 +8,8 @@ from typing import get_args
 import pytest
 import torch
 
-from coordinator.settings import SimulatedAttack, SimulationSettings
-from coordinator.simulate import attack_plan
+from coordinator.run.settings import SimulatedAttack, SimulationSettings
+from coordinator.run.simulate import attack_plan
 from device_agent.algorithms.base import LocalResult
 from device_agent.attacks import (
     ATTACKS,

@@ -1,9 +1,9 @@
 import os
 from pathlib import Path
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.eligibility import EligibilityPolicy, on_battery
 from device_agent.state_store import MemoryStateStore

@@ -4,10 +4,10 @@ import os
 import pytest
 import torch
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import PartitionSpec

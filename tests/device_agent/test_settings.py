@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
+from coordinator.run.settings import SimulationSettings
 from device_agent.compute_threads import available_cores
 from device_agent.runner import load_data
 from device_agent.settings import AgentSettings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.simulate import device_name
+from coordinator.run.simulate import device_name
 
 E2E_DIR = Path(__file__).resolve().parent
 REPO = E2E_DIR.parent.parent

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregate_guard import GuardSettings
-from coordinator.broker_config import BrokerLimits
-from coordinator.pipeline import RunResult
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import device_name, run_simulation
-from coordinator.status import collect_fleet_view
+from coordinator.ops.broker_config import BrokerLimits
+from coordinator.ops.status import collect_fleet_view
+from coordinator.run.pipeline import RunResult
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import device_name, run_simulation
+from coordinator.stages.aggregate_guard import GuardSettings
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient

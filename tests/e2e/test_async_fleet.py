@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings
 from tests.e2e.conftest import kill_after_checkpoint
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(150)]
@@ -34,7 +34,7 @@ def test_agents_train_asynchronously_and_a_killed_coordinator_resumes(
         "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
     coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
     )
     # Execute: kill the coordinator once aggregation 3 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 3)

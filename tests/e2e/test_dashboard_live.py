@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.rounds import RoundRecord
-from coordinator.serve import ServeResult, run_serve
-from coordinator.settings import ServeSettings
+from coordinator.engine.rounds import RoundRecord
+from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.settings import ServeSettings
 from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
 from tests.e2e.conftest import Processes

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.serve import ServeResult, run_serve
-from coordinator.settings import ServeSettings
-from coordinator.simulate import device_name
+from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.settings import ServeSettings
+from coordinator.run.simulate import device_name
 from tests.e2e.conftest import Processes
 from tests.provisioned import start_provisioned
 

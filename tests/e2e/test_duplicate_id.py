@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import coordinator.serve as serve_module
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
-from coordinator.status import collect_fleet_view
+import coordinator.run.serve as serve_module
+from coordinator.ops.status import collect_fleet_view
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings
 from protocols.errors import RoundError
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto, free_port, wait_for_port

@@ -18,9 +18,9 @@ import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from typer.testing import CliRunner
 
-from coordinator.cli import app as coord_app
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
+from coordinator.cli.app import app as coord_app
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
 from export import read_metadata
@@ -103,7 +103,7 @@ def test_export_over_mqtt_then_offline_from_the_state_dir(mosquitto, processes, 
     out_dir = tmp_path / "exports"
     # Execute: `pfl-coord export` as a process
     exported = _run(
-        [sys.executable, "-m", "coordinator.cli", "export", "--broker", mosquitto.url,
+        [sys.executable, "-m", "coordinator.cli.app", "export", "--broker", mosquitto.url,
          "--out-dir", str(out_dir), "--timeout", "60", "--json"],
         tmp_path,
     )  # fmt: skip

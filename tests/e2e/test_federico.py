@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
 from export import read_metadata
 from protocols.messages import ExportReport
 from tests.e2e.conftest import kill_after_checkpoint
@@ -59,7 +59,7 @@ def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
     simulated = _simulate(4)
     out_dir = tmp_path / "exports"
     exported = _run(
-        [sys.executable, "-m", "coordinator.cli", "export", "--broker", mosquitto.url,
+        [sys.executable, "-m", "coordinator.cli.app", "export", "--broker", mosquitto.url,
          "--out-dir", str(out_dir), "--timeout", "60", "--json"],
         tmp_path,
     )  # fmt: skip
@@ -100,7 +100,7 @@ def test_a_killed_coordinator_resumes_every_device_model(mosquitto, processes, t
         "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
     coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.rounds import RoundRecord
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
-from coordinator.status import collect_fleet_view
+from coordinator.engine.rounds import RoundRecord
+from coordinator.ops.status import collect_fleet_view
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus
@@ -129,7 +129,7 @@ def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
         "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
     coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)
@@ -154,7 +154,7 @@ def test_serve_without_broker_starts_an_embedded_one(processes, tmp_path) -> Non
         [
             sys.executable,
             "-m",
-            "coordinator.cli",
+            "coordinator.cli.app",
             "serve",
             "--port",
             str(port),

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.accountant import DpRound
-from coordinator.serve import ServeResult, run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
-from coordinator.tree_accountant import TreeAccountant
+from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
+from coordinator.stages.accountant import DpRound
+from coordinator.stages.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
 from tests.e2e.conftest import Processes, kill_after_checkpoint
 
@@ -97,7 +97,7 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
         "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
     coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli", "serve", *flags]
+        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
 from tests.e2e.conftest import Processes
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from coordinator.rounds import RoundRecord
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.rounds import RoundRecord
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus

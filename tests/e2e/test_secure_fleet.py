@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.accountant import DpRound, epsilons_of
-from coordinator.discrete_accountant import RingRound
-from coordinator.serve import ServeResult, run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import run_simulation
+from coordinator.stages.accountant import DpRound, epsilons_of
+from coordinator.stages.discrete_accountant import RingRound
 from protocols import secure_aggregation as sa
 from protocols.messages import SecureRound
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings
 from protocols.codec import decode_frame
 from protocols.messages import DeviceHello, DeviceStatus, FleetStatus
 from tests.e2e.test_export import Wiretap

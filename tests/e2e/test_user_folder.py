@@ -44,7 +44,7 @@ def _run(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_our_packages_and_the_users_modules_import_side_by_side(project: Path) -> None:
     code = (
-        "import device_agent.agent, coordinator.cli, device_agent.exporting as ex\n"
+        "import device_agent.agent, coordinator.cli.app, device_agent.exporting as ex\n"
         "import export, tasks\n"
         "assert export.WHO == 'the user', export\n"
         "assert ex.export.__file__.startswith({!r}), ex.export.__file__\n"
@@ -59,7 +59,7 @@ def test_simulate_runs_the_users_task_and_exports_from_their_folder(project: Pat
         project,
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "coordinator.cli.app",
         "simulate",
         "--task",
         "tasks:MySine",
@@ -106,7 +106,7 @@ def test_a_task_module_found_nowhere_names_the_folder_searched(project: Path) ->
         project,
         sys.executable,
         "-m",
-        "coordinator.cli",
+        "coordinator.cli.app",
         "simulate",
         "--task",
         "nowhere:Task",

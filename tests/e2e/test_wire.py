@@ -11,9 +11,9 @@ import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from safetensors.torch import load_file
 
-from coordinator.rounds import Coordinator, EngineSettings, coordinator_will
-from coordinator.serve import run_serve
-from coordinator.settings import ServeSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings, coordinator_will
+from coordinator.run.serve import run_serve
+from coordinator.run.settings import ServeSettings
 from coordinator.strategies import build_strategy
 from device_agent.capabilities import probe_capabilities
 from pfl_tasks.registry import load_task

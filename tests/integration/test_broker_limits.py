@@ -10,7 +10,7 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from coordinator.broker_config import BrokerLimits
+from coordinator.ops.broker_config import BrokerLimits
 from protocols import access, topics
 from tests.provisioned import ProvisionedBroker, start_provisioned
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from device_agent.agent import device_will
 from device_agent.eligibility import EligibilityPolicy
 from pfl_tasks.registry import load_task

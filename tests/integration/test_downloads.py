@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.rounds import Coordinator
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.engine.rounds import Coordinator
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from device_agent.agent import DeviceAgent
 from pfl_tasks.registry import load_task
 from protocols import topics

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
+from coordinator.stages.privacy import privacy_engine
 from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask, build_seeded
 from protocols import topics
 from protocols.codec import decode_frame, unpack_tensors

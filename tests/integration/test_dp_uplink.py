@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols import topics
 from protocols.codec import decode_frame, describe_tensors, unpack_tensors
 from protocols.compression import decode

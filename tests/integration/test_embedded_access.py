@@ -10,7 +10,7 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 
-from coordinator.embedded import EmbeddedRun, start_embedded
+from coordinator.run.embedded import EmbeddedRun, start_embedded
 from protocols import topics
 from protocols.access import COORDINATOR_USER, OPERATOR_USER
 from protocols.transport.broker import EmbeddedBroker

@@ -11,9 +11,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.pipeline import build_coordinator, plan_stages
-from coordinator.rounds import Coordinator, EngineSettings
-from coordinator.settings import SimulationSettings
+from coordinator.engine.rounds import Coordinator, EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.registry import FleetRegistry
+from coordinator.engine.registry import FleetRegistry
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.eligibility import EligibilityPolicy
 from protocols import topics

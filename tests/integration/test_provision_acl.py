@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from coordinator.cli import app
-from coordinator.provision import ProvisionError, provision, verify_password
+from coordinator.cli.app import app
+from coordinator.ops.provision import ProvisionError, provision, verify_password
 from device_agent.settings import AgentSettings
 from protocols import topics
 from protocols.errors import ProtocolError

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 
 
 def _settings(**values: object) -> SimulationSettings:

@@ -124,8 +124,8 @@ def test_a_pool_and_directories_are_one_or_the_other(tmp_path: Path) -> None:
 
 def test_a_task_file_in_the_working_directory_simulates_end_to_end(tmp_path, monkeypatch) -> None:
     """Through the real coordinator and agents, loaded as `--task module:attribute`."""
-    from coordinator.settings import SimulationSettings
-    from coordinator.simulate import run_simulation
+    from coordinator.run.settings import SimulationSettings
+    from coordinator.run.simulate import run_simulation
 
     # Prepare: a learnable rule (the sign of the first input)
     (tmp_path / "threshold_task.py").write_text(

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from typer.testing import CliRunner
 
-from coordinator.cli import app as coord_app
+from coordinator.cli.app import app as coord_app
 from device_agent.cli import app as agent_app
 from protocols.settings_errors import describe_settings_error
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coordinator.summary import RunSummary
+from coordinator.run.summary import RunSummary
 from protocols.atomic import write_atomically
 from protocols.messages import EvaluationReport, FleetStatus
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.broker_config import BrokerLimits, acl_text, mosquitto_conf
-from coordinator.certificates import write_test_certificates
+from coordinator.ops.broker_config import BrokerLimits, acl_text, mosquitto_conf
+from coordinator.ops.certificates import write_test_certificates
 from protocols import topics
 from protocols.access import COORDINATOR_USER, OPERATOR_USER
 from protocols.errors import PflError

@@ -12,8 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from coordinator.broker_config import BrokerLimits
-from coordinator.cli_options import (
+from coordinator.cli.options import (
     CaOption,
     CertOption,
     DashboardCertOption,
@@ -29,9 +28,10 @@ from coordinator.cli_options import (
     console,
 )
 from coordinator.dashboard.settings import DashboardSettings
-from coordinator.export_command import FleetExport, request_exports
-from coordinator.provision import provision as provision_fleet
-from coordinator.status import collect_fleet_view
+from coordinator.ops.broker_config import BrokerLimits
+from coordinator.ops.export_command import FleetExport, request_exports
+from coordinator.ops.provision import provision as provision_fleet
+from coordinator.ops.status import collect_fleet_view
 from protocols.access import DEFAULT_MAX_UPLOAD_BYTES
 from protocols.errors import PflError
 from protocols.messages import ExportArguments

@@ -4,9 +4,9 @@ Asynchronous mode (Nguyen et al. 2022, FedBuff): up to `concurrency` devices tra
 each on the model current when it was asked, and the coordinator aggregates every `buffer`
 updates. An update's staleness is how many aggregations happened since its device was asked;
 one staler than `max_staleness` is dropped, the others are scaled by the staleness rule
-(`coordinator.staleness`) before the strategy averages the buffer. A device works at most once
-for each model version, so no device fills a buffer alone; a buffer no further device can add to
-is aggregated as it is.
+(`coordinator.scheduling.staleness`) before the strategy averages the buffer. A device works at
+most once for each model version, so no device fills a buffer alone; a buffer no further device
+can add to is aggregated as it is.
 
 Time is real (`pfl-coord serve`: updates count in the order they arrive, a device's work is given
 up after the round timeout or when it goes offline) or simulated (`pfl-coord simulate`: a
@@ -28,13 +28,13 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from coordinator.async_settings import AsyncSettings
-from coordinator.availability import SimulatedClock
-from coordinator.fair_share import NO_FAIR_SHARE
-from coordinator.intake import Collector
-from coordinator.round_types import RoundRecord
-from coordinator.rounds import Coordinator
-from coordinator.staleness import weigh_update
+from coordinator.engine.intake import Collector
+from coordinator.engine.round_types import RoundRecord
+from coordinator.engine.rounds import Coordinator
+from coordinator.scheduling.async_settings import AsyncSettings
+from coordinator.scheduling.availability import SimulatedClock
+from coordinator.scheduling.fair_share import NO_FAIR_SHARE
+from coordinator.scheduling.staleness import weigh_update
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.errors import RoundError
 

@@ -15,23 +15,28 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregate_guard import guarded_aggregate
-from coordinator.device_messages import DeviceMessages
-from coordinator.downlink import ModelPublisher
-from coordinator.flapping import FlapWatch
-from coordinator.fleet_view import fleet_status
-from coordinator.intake import (
+from coordinator.engine.device_messages import DeviceMessages
+from coordinator.engine.downlink import ModelPublisher
+from coordinator.engine.flapping import FlapWatch
+from coordinator.engine.fleet_view import fleet_status
+from coordinator.engine.intake import (
     Collector,
 )
-from coordinator.metrics import summarize_evaluations
-from coordinator.privacy import PrivacyEngine
-from coordinator.quarantine import Quarantine
-from coordinator.registry import FleetRegistry
-from coordinator.relay import RelayHook, relay_for
-from coordinator.round_types import EngineSettings, RoundRecord, coordinator_will
-from coordinator.secure_aggregation import SecureAggregator, SecureSum, weight_bound
-from coordinator.secure_retry import SecureRequest, SkippedRound, account_skipped, secure_round
-from coordinator.silence import SilentDevices
+from coordinator.engine.metrics import summarize_evaluations
+from coordinator.engine.quarantine import Quarantine
+from coordinator.engine.registry import FleetRegistry
+from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.silence import SilentDevices
+from coordinator.stages.aggregate_guard import guarded_aggregate
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.relay import RelayHook, relay_for
+from coordinator.stages.secure_aggregation import SecureAggregator, SecureSum, weight_bound
+from coordinator.stages.secure_retry import (
+    SecureRequest,
+    SkippedRound,
+    account_skipped,
+    secure_round,
+)
 from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
@@ -172,7 +177,7 @@ class Coordinator(DeviceMessages):
         )
 
     def publish_model(self, *, force: bool = True) -> None:
-        """Retain the current model for the devices asked to work on it (`coordinator.downlink`).
+        """Retain the current model for the devices asked to work on it (`engine.downlink`).
 
         With force=False an unchanged model is not sent again.
         """
@@ -358,9 +363,9 @@ class Coordinator(DeviceMessages):
     def _collect_secure_sum(
         self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
     ) -> SecureSum | SkippedRound:
-        """Announce a secure round and run its phases (coordinator.secure_aggregation).
+        """Announce a secure round and run its phases (coordinator.stages.secure_aggregation).
 
-        A round that fails is retried or skipped there (coordinator.secure_retry).
+        A round that fails is retried or skipped there (coordinator.stages.secure_retry).
         """
         secure = self.secure
         assert secure is not None

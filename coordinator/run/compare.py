@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from coordinator.pipeline import RoundCallback
-from coordinator.settings import SimulationSettings
-from coordinator.simulate import run_simulation
+from coordinator.run.pipeline import RoundCallback
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from protocols.algorithms import algorithm_names
 
 logger = logging.getLogger(__name__)

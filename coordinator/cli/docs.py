@@ -1,4 +1,4 @@
-"""docs/cli.md from the typer apps: `python -m coordinator.cli_docs [--check]`."""
+"""docs/cli.md from the typer apps: `python -m coordinator.cli.docs [--check]`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any, Final
 
 import typer
 
-from coordinator.cli import app as coord_app
+from coordinator.cli.app import app as coord_app
 from device_agent.cli import app as agent_app
 
-CLI_MD: Final = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+CLI_MD: Final = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 PROGRAMS: Final = (("pfl-coord", coord_app), ("pfl-agent", agent_app))
 
 
@@ -59,7 +59,7 @@ def render_cli_docs() -> str:
     lines = [
         "# Command-line reference",
         "",
-        "Generated from the programs by `python -m coordinator.cli_docs`; do not edit by hand",
+        "Generated from the programs by `python -m coordinator.cli.docs`; do not edit by hand",
         "(`tests/test_docs.py` fails when this file is out of date). Options of `simulate`,",
         "`compare`, `serve` and `pfl-agent start`/`export` can also be set as `PFL_<NAME>`",
         "environment variables or in the `--config` TOML file; a flag wins over both. An empty",
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--check" in arguments:
         current = CLI_MD.read_text() if CLI_MD.is_file() else ""
         if current != text:
-            sys.stderr.write(f"{CLI_MD} is out of date: run python -m coordinator.cli_docs\n")
+            sys.stderr.write(f"{CLI_MD} is out of date: run python -m coordinator.cli.docs\n")
             return 1
         return 0
     CLI_MD.write_text(text)

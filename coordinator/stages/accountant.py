@@ -21,7 +21,7 @@ Neighbour relation, per sampling:
   population (no sampling at all); otherwise the RDP figure stands alone.
 
 A round of the distributed discrete Gaussian (`DpRound.ring`) is no Gaussian: its Renyi DP
-comes from `coordinator.discrete_accountant` (the sum of the devices' discrete Gaussians,
+comes from `coordinator.stages.discrete_accountant` (the sum of the devices' discrete Gaussians,
 sampled by a bound that holds for any mechanism) and it has no PLD figure.
 """
 
@@ -40,7 +40,7 @@ import numpy as np
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from coordinator.discrete_accountant import RingRound, ring_rdp
+from coordinator.stages.discrete_accountant import RingRound, ring_rdp
 from protocols.privacy import Sampling
 
 RDP_ORDERS = tuple(sorted({*rdp.DEFAULT_RDP_ORDERS, *range(2, 64), 80, 96, 128, 192, 256, 512}))
@@ -64,7 +64,7 @@ class DpRound:
     cohort: float
     """Expected cohort (Poisson: q * population) or its fixed size."""
     ring: RingRound | None = None
-    """The distributed discrete Gaussian's sum (`coordinator.discrete_accountant`), whose RDP
+    """The distributed discrete Gaussian's sum (`coordinator.stages.discrete_accountant`), whose RDP
     replaces the Gaussian's; `noise_multiplier` is then its effective multiplier 1/eps."""
 
 

@@ -10,9 +10,9 @@ a K / n of them; its allowance is
 
     A = max(1, a x K / n)
 
-A device that already holds `slack` x A slots is not asked until its oldest slot leaves the
-window (deferred: its work is not dropped), and an update that makes its device hold h > A slots
-is scaled by A / h, as a stale one is (`coordinator.staleness`). So no device fills more than
+A device that already holds `slack` x A slots is not asked until its oldest slot leaves the window
+(deferred: its work is not dropped), and an update that makes its device hold h > A slots is scaled
+by A / h, as a stale one is (`coordinator.scheduling.staleness`). So no device fills more than
 `slack` x its fair share of the slots, and its updates weigh about A slots' worth. Honest fast
 devices are held to the same bound, which costs some simulated time (the slower devices fill the
 slots they would have taken; docs/results.md measures it); the floor of one slot keeps the first

@@ -2,8 +2,8 @@
 
 Every handler runs behind `_guarded`: nothing a device sends raises out of it, a failure drops
 that one message and counts it against the sender, and a sender over its limit sits out the rest
-of the round. The round engine (`coordinator.rounds`) mixes these in; they touch only what the
-engine declares below.
+of the round. The round engine (`coordinator.engine.rounds`) mixes these in; they touch only
+what the engine declares below.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.downlink import ModelPublisher
-from coordinator.flapping import FlapWatch
-from coordinator.intake import (
+from coordinator.engine.downlink import ModelPublisher
+from coordinator.engine.flapping import FlapWatch
+from coordinator.engine.intake import (
     Collector,
     answered_collector,
     check_claims,
@@ -23,12 +23,12 @@ from coordinator.intake import (
     device_message,
     unpack_delta,
 )
-from coordinator.quarantine import Quarantine
-from coordinator.registry import FleetRegistry
-from coordinator.relay import RelayHook
-from coordinator.round_types import EngineSettings
-from coordinator.secure_aggregation import SecureAggregator
-from coordinator.silence import SilentDevices
+from coordinator.engine.quarantine import Quarantine
+from coordinator.engine.registry import FleetRegistry
+from coordinator.engine.round_types import EngineSettings
+from coordinator.engine.silence import SilentDevices
+from coordinator.stages.relay import RelayHook
+from coordinator.stages.secure_aggregation import SecureAggregator
 from coordinator.strategies.base import ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.errors import PflError, RoundError, describe

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from coordinator.fair_share import NO_FAIR_SHARE, FairShare, FairShareStage
-from coordinator.staleness import StalenessRule
+from coordinator.scheduling.fair_share import NO_FAIR_SHARE, FairShare, FairShareStage
+from coordinator.scheduling.staleness import StalenessRule
 
 _GLOBAL_STEP = (
     "its global step mixes one round's personalized models with the previous global model "
@@ -46,7 +46,7 @@ class AsyncSettings:
     """The aggregations `fair_share` counts over."""
 
     def fair_share_stage(self) -> FairShareStage:
-        """The stage weighing down over-represented devices (`coordinator.fair_share`)."""
+        """The stage weighing down over-represented devices (`scheduling.fair_share`)."""
         if self.fair_share == 0:
             return NO_FAIR_SHARE
         return FairShare(self.fair_share, self.fair_share_window, self.buffer)

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from coordinator.asynchronous import BufferedRounds
-from coordinator.availability import SimulatedClock
 from coordinator.dashboard.history import RunHistoryLog, publish_round
-from coordinator.metrics import RunRecorder
-from coordinator.pipeline import (
+from coordinator.engine.metrics import RunRecorder
+from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.run.pipeline import (
     RoundCallback,
     RunResult,
     build_coordinator,
@@ -29,10 +28,11 @@ from coordinator.pipeline import (
     plan_stages,
     summarize_run,
 )
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
-from coordinator.settings import SimulationSettings
-from coordinator.simulation_workers import WorkerDevices, threads_per_worker, worker_count
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulation_workers import WorkerDevices, threads_per_worker, worker_count
+from coordinator.scheduling.asynchronous import BufferedRounds
+from coordinator.scheduling.availability import SimulatedClock
+from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import DeviceAgent
 from device_agent.attacks import AttackPlan
 from device_agent.compute_threads import torch_threads

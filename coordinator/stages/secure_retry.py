@@ -21,9 +21,14 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from coordinator.accountant import DpRound
-from coordinator.privacy import PrivacyEngine
-from coordinator.secure_aggregation import MIN_COHORT, SecureAggregator, SecureRoundError, SecureSum
+from coordinator.stages.accountant import DpRound
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.secure_aggregation import (
+    MIN_COHORT,
+    SecureAggregator,
+    SecureRoundError,
+    SecureSum,
+)
 from protocols.messages import SecureRound, TensorSpec
 
 logger = logging.getLogger(__name__)

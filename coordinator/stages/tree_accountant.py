@@ -1,7 +1,7 @@
 """Epsilon of DP-FTRL's tree aggregation: one Gaussian mechanism, no sampling amplification.
 
 Every complete node of every tree is released with N(0, (zC)^2) once; together they are one
-Gaussian mechanism of L2 sensitivity C sqrt(s), s from `coordinator.ftrl.run_sensitivity`, so
+Gaussian mechanism of L2 sensitivity C sqrt(s), s from `coordinator.stages.ftrl.run_sensitivity`, so
 the run after t rounds is a GaussianDpEvent of multiplier z / sqrt(s), composed by
 dp-accounting's RDP and PLD accountants under add/remove-one-device (removing a device's
 updates, which the announced cohort does not hide: the guarantee covers what its data
@@ -17,8 +17,8 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from coordinator.accountant import PLD_INTERVAL, RDP_ORDERS, DpRound, Epsilons
-from coordinator.ftrl import effective_multiplier, run_sensitivity
+from coordinator.stages.accountant import PLD_INTERVAL, RDP_ORDERS, DpRound, Epsilons
+from coordinator.stages.ftrl import effective_multiplier, run_sensitivity
 
 
 @functools.lru_cache(maxsize=512)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
-from coordinator.registry import FleetRegistry
+from coordinator.engine.registry import FleetRegistry
 from protocols import topics
 from protocols.messages import Eligibility, FleetDevice, FleetStatus
 from protocols.offences import Offences

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.aggregate_guard import GuardSettings
-from coordinator.downlink import DownlinkCodec
+from coordinator.engine.downlink import DownlinkCodec
+from coordinator.stages.aggregate_guard import GuardSettings
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.compression import NO_COMPRESSION

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coordinator.cli_fleet import dashboard as dashboard_command
-from coordinator.cli_fleet import export, provision, status
-from coordinator.cli_options import (
+from coordinator.cli.fleet import dashboard as dashboard_command
+from coordinator.cli.fleet import export, provision, status
+from coordinator.cli.options import (
     AlgorithmOption,
     BatchSizeOption,
     BufferOption,
@@ -75,7 +75,9 @@ from coordinator.cli_options import (
     configure_logging,
     console,
 )
-from coordinator.compare import (
+from coordinator.engine.rounds import RoundRecord
+from coordinator.ops.report import build_report
+from coordinator.run.compare import (
     COLUMNS,
     RunOutcome,
     RunSpec,
@@ -85,11 +87,9 @@ from coordinator.compare import (
     plan_runs,
     run_comparison,
 )
-from coordinator.report import build_report
-from coordinator.rounds import RoundRecord
-from coordinator.serve import ServeResult, run_serve
-from coordinator.settings import ServeSettings, SimulationSettings
-from coordinator.simulate import SimulationResult, run_simulation
+from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import SimulationResult, run_simulation
 from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
 from protocols.program_options import (

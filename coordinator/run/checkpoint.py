@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from coordinator.rounds import Coordinator
+from coordinator.engine.rounds import Coordinator
 from protocols.atomic import write_atomically
 from protocols.codec import Tensors
 from protocols.errors import StateError

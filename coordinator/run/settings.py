@@ -12,11 +12,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from coordinator.aggregate_guard import GuardSettings
-from coordinator.async_settings import AsyncSettings
-from coordinator.availability import AvailabilitySpec, DeviceTiming, SimulatedClock, parse_speeds
 from coordinator.dashboard.settings import DashboardSettings
-from coordinator.staleness import StalenessRule
+from coordinator.scheduling.async_settings import AsyncSettings
+from coordinator.scheduling.availability import (
+    AvailabilitySpec,
+    DeviceTiming,
+    SimulatedClock,
+    parse_speeds,
+)
+from coordinator.scheduling.staleness import StalenessRule
+from coordinator.stages.aggregate_guard import GuardSettings
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import AlgorithmConfig, PersonalPreset, parse_algorithm_config
 from protocols.messages import Compression
@@ -160,7 +165,7 @@ class RunSettings(TomlSettings):
         return Compression.parse(self.compress)
 
     def guard_settings(self) -> GuardSettings:
-        """The bounds on one device's influence (coordinator/aggregate_guard.py).
+        """The bounds on one device's influence (coordinator/stages/aggregate_guard.py).
 
         Under DP every update is clipped and weighs the same, and the screen's norm cut (which
         depends on the other devices' norms) would break the accountant's sensitivity bound; an

@@ -13,7 +13,7 @@ from typing import Final, Protocol
 
 import torch
 
-from coordinator.aggregate import apply_delta
+from coordinator.strategies.aggregate import apply_delta
 from protocols.algorithms import FedAvgConfig, ServerOptimizerName
 from protocols.codec import Tensors
 

@@ -16,14 +16,14 @@ from typing import Any
 
 from torch import nn
 
-from coordinator.async_settings import check_async
-from coordinator.metrics import personalization_effect
-from coordinator.privacy import PrivacyEngine, check_placement, check_privacy
-from coordinator.rounds import Coordinator, RoundRecord
-from coordinator.secure_aggregation import SecureAggregator, check_secure
-from coordinator.settings import RunSettings
+from coordinator.engine.metrics import personalization_effect
+from coordinator.engine.rounds import Coordinator, RoundRecord
+from coordinator.run.settings import RunSettings
+from coordinator.run.summary import RunSummary
+from coordinator.scheduling.async_settings import check_async
+from coordinator.stages.privacy import PrivacyEngine, check_placement, check_privacy
+from coordinator.stages.secure_aggregation import SecureAggregator, check_secure
 from coordinator.strategies import build_strategy
-from coordinator.summary import RunSummary
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
 from protocols import topics

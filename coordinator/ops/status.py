@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from coordinator.view_intake import view_message, view_topic
+from coordinator.ops.view_intake import view_message, view_topic
 from protocols import topics
 from protocols.errors import PflError
 from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
@@ -32,7 +32,7 @@ class FleetView:
     """What the broker retained: the coordinator's status, its fleet summary, device statuses.
 
     `offer` is the door for what arrives on a topic: only what that topic may carry gets in
-    (`coordinator.view_intake`); `refused` counts the rest.
+    (`coordinator.ops.view_intake`); `refused` counts the rest.
     """
 
     name: str = "default"

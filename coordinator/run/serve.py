@@ -10,18 +10,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
-from coordinator.asynchronous import BufferedRounds
-from coordinator.checkpoint import (
+from coordinator.dashboard.feeds import ViewTap
+from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
+from coordinator.engine.metrics import RunRecorder
+from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.run.checkpoint import (
     RECORD_FILE,
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
 )
-from coordinator.dashboard.feeds import ViewTap
-from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
-from coordinator.embedded import EmbeddedRun, start_embedded
-from coordinator.metrics import RunRecorder
-from coordinator.pipeline import (
+from coordinator.run.embedded import EmbeddedRun, start_embedded
+from coordinator.run.pipeline import (
     RoundCallback,
     RunResult,
     Stages,
@@ -30,9 +30,9 @@ from coordinator.pipeline import (
     plan_stages,
     summarize_run,
 )
-from coordinator.privacy import privacy_engine
-from coordinator.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
-from coordinator.settings import ServeSettings
+from coordinator.run.settings import ServeSettings
+from coordinator.scheduling.asynchronous import BufferedRounds
+from coordinator.stages.privacy import privacy_engine
 from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport

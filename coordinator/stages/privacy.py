@@ -18,10 +18,11 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from coordinator.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
-from coordinator.discrete_accountant import RingRound
-from coordinator.ftrl import ParticipationLimit, TreeNoise
-from coordinator.selection import poisson_sample
+from coordinator.engine.selection import poisson_sample
+from coordinator.stages.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
+from coordinator.stages.discrete_accountant import RingRound
+from coordinator.stages.ftrl import ParticipationLimit, TreeNoise
+from coordinator.stages.tree_accountant import TreeAccountant
 from coordinator.strategies.base import (
     DeviceInfo,
     FleetSnapshot,
@@ -29,7 +30,6 @@ from coordinator.strategies.base import (
     RelayStrategy,
     Strategy,
 )
-from coordinator.tree_accountant import TreeAccountant
 from protocols import secure_aggregation as sa
 from protocols.codec import Tensors
 from protocols.messages import DevicePrivacy, SecureRound
@@ -179,7 +179,7 @@ class Mechanism:
 
 
 class TreeMechanism(Mechanism):
-    """DP-FTRL: tree noise (coordinator/ftrl.py), its accountant, the per-tree participation."""
+    """DP-FTRL: tree noise (stages/ftrl.py), its accountant, the per-tree participation."""
 
     secret_sampling = False
 
@@ -411,8 +411,8 @@ class PrivacyEngine:
 
         Each device adds 1/cohort of the planned variance: with k of them the sum holds
         k/cohort of it (a dropout lowers the noise). Under the discrete Gaussian the round is
-        `coordinator.discrete_accountant`'s on the secure round's grid (before any, a budget's
-        look-ahead counts the shares without rounding: sensitivity C, no tau).
+        `coordinator.stages.discrete_accountant`'s on the secure round's grid (before any, a
+        budget's look-ahead counts the shares without rounding: sensitivity C, no tau).
         """
         z = self.settings.noise_multiplier
         if self.settings.distribution == "gaussian":

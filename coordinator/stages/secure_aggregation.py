@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from coordinator.aggregate_guard import cap_shares
-from coordinator.intake import Collector
-from coordinator.silence import SilentDevices
+from coordinator.engine.intake import Collector
+from coordinator.engine.silence import SilentDevices
+from coordinator.stages.aggregate_guard import cap_shares
 from coordinator.strategies.base import ReceivedUpdate, RelayStrategy, Strategy
 from protocols import secure_aggregation as sa
 from protocols import topics

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Final, TypeVar
 
-from coordinator.intake import Collector
+from coordinator.engine.intake import Collector
 from protocols.transport.base import Transport
 
 Answer = TypeVar("Answer")

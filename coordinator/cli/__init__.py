@@ -1,0 +1,1 @@
+"""`pfl-coord`: the coordinator's command line."""

@@ -1,0 +1,1 @@
+"""The round engine: one round from cohort to aggregate, and the device-message intake."""

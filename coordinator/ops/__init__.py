@@ -1,0 +1,1 @@
+"""Operating a fleet: provisioning a broker, status, export, reports."""

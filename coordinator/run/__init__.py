@@ -1,0 +1,1 @@
+"""Programs that run a federation (simulate, serve, compare), their settings and checkpoints."""

@@ -1,0 +1,1 @@
+"""When and whom: synchronous rounds, buffered asynchronous aggregation, the simulated clock."""

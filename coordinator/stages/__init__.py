@@ -1,0 +1,1 @@
+"""Round stages behind seams with null objects: privacy, secure aggregation, guard, relay."""
