@@ -68,55 +68,48 @@ class Feature:
     """What it does differently with this algorithm (documented, not refused)."""
 
 
-_NO_SUM_FOR_DP: Final[dict[AggregationKind, str]] = {
-    "relay": "there is no sum to clip and noise, and every model leaves its device whole",
-    "none": "there is nothing to protect",
-}
-_NO_SUM_TO_MASK: Final[dict[AggregationKind, str]] = {
-    "relay": "there is no sum for masks to hide a device in",
-    "none": "there is nothing to aggregate",
-}
+@dataclass(frozen=True)
+class _SumStage:
+    """The refusals of a stage that works on the sum of the updates (DP, secure aggregation)."""
+
+    no_sum: Mapping[AggregationKind, str]
+    """Why there is nothing for it to work on, per kind of aggregation that is not a mean."""
+    scalars: str
+    """What it cannot do with per-device scalars read in clear."""
+    clips: str
+    """What it says to a config that clips each update on the coordinator."""
+
+    def __call__(self, config: AlgorithmConfig, choices: Choices) -> str | None:
+        del choices
+        kind = config.capabilities.aggregation
+        if kind != "mean":
+            return f"{config.name} {SHARING[kind]}: {self.no_sum[kind]}"
+        each, scalars = config.needs_each_update(), config.capabilities.clear_scalars
+        clips = config.clips_each_update()
+        if each is not None:
+            return f"{config.name}: {each}"
+        if scalars is not None:
+            return f"{config.name}: {scalars}: {self.scalars}"
+        return None if clips is None else f"{config.name}: {clips}{self.clips}"
 
 
-def _sum_problem(config: AlgorithmConfig, no_sum: Mapping[AggregationKind, str]) -> str | None:
-    """Why `config`'s updates are not one sum a stage can work on (None: they are)."""
-    kind = config.capabilities.aggregation
-    if kind != "mean":
-        return f"{config.name} {SHARING[kind]}: {no_sum[kind]}"
-    each = config.needs_each_update()
-    return None if each is None else f"{config.name}: {each}"
-
-
-def _dp_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
-    del choices
-    problem = _sum_problem(config, _NO_SUM_FOR_DP)
-    scalars = config.capabilities.clear_scalars
-    clips = config.clips_each_update()
-    if problem is None and scalars is not None:
-        problem = (
-            f"{config.name}: {scalars}: functions of each device's data the accountant does "
-            "not cover"
-        )
-    if problem is None and clips is not None:
-        problem = (
-            f"{config.name}: {clips}; DP's --dp-clip replaces clip_update_norm: leave it unset"
-        )
-    return problem
-
-
-def _secure_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
-    del choices
-    problem = _sum_problem(config, _NO_SUM_TO_MASK)
-    scalars = config.capabilities.clear_scalars
-    clips = config.clips_each_update()
-    if problem is None and scalars is not None:
-        problem = f"{config.name}: {scalars}: that needs each device's scalars in clear"
-    if problem is None and clips is not None:
-        problem = (
-            f"{config.name}: {clips}, which sees only their sum under secure aggregation; each "
-            "device clips to --secagg-clip instead: leave clip_update_norm unset"
-        )
-    return problem
+_dp_refuses: Final = _SumStage(
+    {
+        "relay": "there is no sum to clip and noise, and every model leaves its device whole",
+        "none": "there is nothing to protect",
+    },
+    scalars="functions of each device's data the accountant does not cover",
+    clips="; DP's --dp-clip replaces clip_update_norm: leave it unset",
+)
+_secure_refuses: Final = _SumStage(
+    {
+        "relay": "there is no sum for masks to hide a device in",
+        "none": "there is nothing to aggregate",
+    },
+    scalars="that needs each device's scalars in clear",
+    clips=", which sees only their sum under secure aggregation; each device clips to "
+    "--secagg-clip instead: leave clip_update_norm unset",
+)
 
 
 def _async_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
@@ -176,21 +169,22 @@ _MASKED: Final = (
 _EQUAL_UNDER_DP: Final = "DP clips every update to --dp-clip and weighs each the same"
 _ONLY_THE_SUM: Final = "the coordinator sees only the sum of the updates"
 
+
+def _uplink(key: str, example: str) -> Feature:
+    """Updates sent with `example`'s codec (any of its options)."""
+    codec = Compression.parse(example).codec
+    return Feature(
+        key,
+        "--compress",
+        {"compress": example},
+        lambda run: run.uplink.codec == codec,
+        refuses=_uplink_refuses,
+    )
+
+
 FEATURES: Final[tuple[Feature, ...]] = (
-    Feature(
-        UPLINK_INT8,
-        "--compress",
-        {"compress": "int8"},
-        lambda run: run.uplink.codec == "int8",
-        refuses=_uplink_refuses,
-    ),
-    Feature(
-        UPLINK_TOPK,
-        "--compress",
-        {"compress": "topk:0.25"},
-        lambda run: run.uplink.codec == "topk",
-        refuses=_uplink_refuses,
-    ),
+    _uplink(UPLINK_INT8, "int8"),
+    _uplink(UPLINK_TOPK, "topk:0.25"),
     Feature(
         DOWNLINK_INT8,
         "--compress-down",

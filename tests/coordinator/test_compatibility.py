@@ -12,16 +12,26 @@ import re
 
 import pytest
 
+from coordinator.run.pipeline import plan_stages
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
-from coordinator.stages.compatibility import Cell, algorithm_cells, check, feature_cells
+from coordinator.stages.compatibility import (
+    Cell,
+    algorithm_cells,
+    check,
+    feature_cells,
+    resolutions,
+    stage_configs,
+)
 from coordinator.stages.features import FEATURES
+from pfl_tasks.registry import load_task
 from protocols.algorithms import parse_algorithm_config
 
 TINY = {"task": "sine", "devices": 4, "rounds": 2, "seed": 0, "workers": 1}
 FEWER_STEPS = {"local_steps": 2}
 """pFedMe's and pFedBreD's 20 prox iterations a round are most of the time: two suffice here."""
 CELLS = algorithm_cells() + feature_cells()
+FEATURE = {feature.key: feature for feature in FEATURES}
 
 
 def _settings(cell: Cell) -> SimulationSettings:
@@ -70,3 +80,25 @@ def test_every_stage_is_checked_not_only_the_final_one() -> None:
         check(
             settings, [parse_algorithm_config("fedavg", {}), parse_algorithm_config("federico", {})]
         )
+
+
+def test_the_declared_resolutions_are_what_the_run_does() -> None:
+    dp = SimulationSettings.load(None, **TINY, dp_noise=1.0)
+    secure = SimulationSettings.load(None, **TINY, secagg=True)
+    relay = SimulationSettings.load(None, **TINY, algorithm="federico")
+    assert resolutions(dp, stage_configs(dp)) == [f"guard: {FEATURE['guard'].resolutions['DP']}"]
+    assert (dp.guard_settings().max_count_ratio, dp.guard_settings().norm_bound) == (0.0, 0.0)
+    assert dp.guard_settings().max_weight_share == 1.0
+    assert (secure.guard_settings().max_count_ratio, secure.guard_settings().norm_bound) == (0, 0)
+    secure_settings = secure.secure_aggregation()
+    assert secure_settings is not None
+    assert secure_settings.max_weight_share == secure.max_weight_share
+    assert resolutions(relay, stage_configs(relay)) == [
+        f"guard: {FEATURE['guard'].note(relay.algorithm_config())}"
+    ]
+    assert relay.guard_settings().norm_bound == 0.0
+    sampled = SimulationSettings.load(None, **TINY, dp_noise=1.0, participation=0.75)
+    assert any(note.startswith("participation < 1: ") for note in resolutions(sampled, []))
+    task = load_task("sine", {})
+    stages = plan_stages(sampled, task, task.build_model(0))
+    assert stages.participation == 1.0  # the engine's Poisson draw at 0.75 is the cohort
