@@ -17,6 +17,7 @@ from typing import Any, Final
 from coordinator.run.settings import RunSettings, SimulationSettings
 from coordinator.stages.features import FEATURES, Choices, Feature
 from protocols.algorithms import ALGORITHM_CONFIGS, AlgorithmConfig, parse_algorithm_config
+from protocols.capabilities import SHARING
 
 COMPATIBILITY_MD: Final = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 REGENERATE: Final = "python -m coordinator.stages.compatibility"
@@ -172,27 +173,71 @@ def feature_cells() -> list[Cell]:
     return cells
 
 
+class _Footnotes:
+    """Long texts as numbered footnotes under a table, each text numbered once."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}
+
+    def ref(self, text: str) -> str:
+        return f"[{self.numbers.setdefault(text, len(self.numbers) + 1)}]"
+
+    def lines(self) -> list[str]:
+        return ["", *(f"[{n}] {text}  " for text, n in self.numbers.items()), ""]
+
+
+def _label(key: str) -> str:
+    return f"`{key}`" if key.startswith("-") else key
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def _table(cells: Sequence[Cell], rows: Sequence[str], columns: Sequence[str]) -> list[str]:
     """A markdown table of "works" / "no" cells, each reason and resolution as a footnote."""
-    notes: dict[str, int] = {}
+    notes = _Footnotes()
 
     def mark(cell: Cell | None) -> str:
         if cell is None:
             return ""
-        texts = [cell.problem] if cell.problem is not None else list(cell.notes)
-        numbers = [notes.setdefault(text, len(notes) + 1) for text in texts]
-        refs = " ".join(f"[{n}]" for n in numbers)
-        return ("no " if cell.problem is not None else "works ") + refs
+        if cell.problem is not None:
+            return f"no {notes.ref(cell.problem)}"
+        return " ".join(["works", *map(notes.ref, cell.notes)])
 
     by_place = {(cell.row, cell.column): cell for cell in cells}
-    header = ["", *(f"`{c}`" if c.startswith("-") else c for c in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines = [_row(["", *map(_label, columns)]), "|---" * (len(columns) + 1) + "|"]
     for row in rows:
-        marks = [mark(by_place.get((row, column))).strip() for column in columns]
-        lines.append(f"| {row} | " + " | ".join(marks) + " |")
-    lines.append("")
-    lines += [f"[{number}] {text}  " for text, number in notes.items()]
-    return [*lines, ""]
+        lines.append(_row([_label(row), *(mark(by_place.get((row, c))) for c in columns)]))
+    return lines + notes.lines()
+
+
+def _capabilities_table() -> list[str]:
+    """What each registered algorithm declares (protocols/capabilities.py and its config)."""
+    notes = _Footnotes()
+    header = ["algorithm", "aggregation", "scalars in clear", "rounds", "devices", "update norms"]
+    lines = [_row(header), "|---" * len(header) + "|"]
+    for name, config in ALGORITHM_CONFIGS.items():
+        declared = config.capabilities
+        scalars, synchronous = declared.clear_scalars, declared.synchronous
+        cells = [
+            SHARING[declared.aggregation],
+            "none" if scalars is None else f"yes {notes.ref(scalars)}",
+            "sync or async" if synchronous is None else f"sync only {notes.ref(synchronous)}",
+            "stateful only" if config.stateful_only else "stateful or stateless",
+            "comparable" if config.comparable_update_norms else "not comparable",
+        ]
+        lines.append(_row([f"`{name}`", *cells]))
+    return lines + notes.lines()
+
+
+def _flags(example: Mapping[str, object]) -> str:
+    """A feature's example settings as the command-line flags that give them."""
+    words = []
+    for key, value in example.items():
+        flag = f"--{key.replace('_', '-')}"
+        words.append(flag if value is True else f"{flag} {value}")
+    return f"`{' '.join(words)}`" if words else "the defaults (always on)"
 
 
 INTRO: Final = """# What composes with what
@@ -206,25 +251,23 @@ the same declarations before its first round, and refused with the reason a foot
 cell up to its refusal.
 
 "works [n]" works with a documented change to another feature (no flag is changed silently: a
-run that sets a flag such a change turns off is refused instead).
+run that sets a flag such a change turns off, to anything but its default or off, is refused).
 """
 
 
 def render_compatibility_docs() -> str:
     """The markdown of docs/compatibility.md."""
     columns = [feature.key for feature in FEATURES if _standalone(feature)]
-    lines = [INTRO, "## Algorithms and features", ""]
+    every = [feature.key for feature in FEATURES]
+    lines = [INTRO, "## What each algorithm declares", "", *_capabilities_table()]
+    lines += ["## Algorithms and features", ""]
     lines += ["Each algorithm with its defaults, and with each feature alone.", ""]
     lines += _table(algorithm_cells(), [row for row, _ in _rows()], columns)
     lines += ["## Features with each other", ""]
     lines += ["FedAvg with both features (the diagonal: the feature alone).", ""]
-    every = [feature.key for feature in FEATURES]
-    examples = [
-        f"- {feature.key}: `{dict(feature.example)}`" if feature.example else f"- {feature.key}: on"
-        for feature in FEATURES
-    ]
     lines += _table(feature_cells(), every, every)
-    lines += ["The settings each feature stands for in these tables:", "", *examples]
+    lines += ["The settings each feature stands for in these tables:", ""]
+    lines += [f"- {_label(feature.key)}: {_flags(feature.example)}" for feature in FEATURES]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
