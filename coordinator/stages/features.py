@@ -37,7 +37,7 @@ class Choices:
     """Synchronous rounds on the simulated clock (--sim-* settings)."""
 
 
-Refusal = Callable[[AlgorithmConfig, Choices], "str | None"]
+Refusal = Callable[[AlgorithmConfig, Choices], str | None]
 
 
 def _accepts(config: AlgorithmConfig, choices: Choices) -> str | None:
