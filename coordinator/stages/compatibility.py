@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from coordinator.run.settings import RunSettings, SimulationSettings
 from coordinator.stages.features import FEATURES, Choices, Feature
 from protocols.algorithms import ALGORITHM_CONFIGS, AlgorithmConfig, parse_algorithm_config
 from protocols.capabilities import SHARING
+from protocols.settings_errors import describe_settings_error
 
 COMPATIBILITY_MD: Final = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 REGENERATE: Final = "python -m coordinator.stages.compatibility"
@@ -63,7 +66,10 @@ def problem(settings: RunSettings, configs: Sequence[AlgorithmConfig]) -> str | 
 
     `configs` are the algorithm configs of the run's stages (pretraining, then the algorithm).
     """
-    choices = choices_of(settings)
+    try:
+        choices = choices_of(settings)
+    except ValidationError as invalid:  # options of one feature that contradict each other
+        return f"differential privacy: {describe_settings_error(invalid)}"
     active = [feature for feature in FEATURES if feature.on(choices)]
     keys = {feature.key for feature in active}
     for feature in active:
@@ -236,7 +242,9 @@ def _flags(example: Mapping[str, object]) -> str:
     words = []
     for key, value in example.items():
         flag = f"--{key.replace('_', '-')}"
-        words.append(flag if value is True else f"{flag} {value}")
+        if isinstance(value, Mapping):  # a TOML table
+            flag = f"[{key}] " + ", ".join(f"{name} = {item}" for name, item in value.items())
+        words.append(flag if value is True or isinstance(value, Mapping) else f"{flag} {value}")
     return f"`{' '.join(words)}`" if words else "the defaults (always on)"
 
 

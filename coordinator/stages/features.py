@@ -207,6 +207,19 @@ FEATURES: Final[tuple[Feature, ...]] = (
         refuses=_dp_refuses,
     ),
     Feature(
+        "DP-FTRL",
+        "differential privacy",
+        {"dp_noise": 1.0, "dp_mechanism": "ftrl-tree"},
+        lambda run: run.privacy is not None and run.privacy.mechanism == "ftrl-tree",
+    ),
+    Feature(
+        "adaptive clip",
+        "differential privacy",
+        # the count's noise grows with the cohort: a fleet of 4 needs more than the default
+        {"dp_noise": 1.0, "dp_adaptive_clip": True, "dp_options": {"quantile_noise": 0.2}},
+        lambda run: run.privacy is not None and run.privacy.adaptive_clipping,
+    ),
+    Feature(
         SECAGG,
         "secure aggregation",
         {"secagg": True},
@@ -261,8 +274,9 @@ FEATURES: Final[tuple[Feature, ...]] = (
         {"participation": 0.75},
         lambda run: run.participation < 1,
         resolutions={
-            DP: "with Poisson sampling (DP-FedAvg's default) --participation is each device's "
-            "inclusion probability: the engine draws the cohort and the strategy takes all of it"
+            DP: "--participation is the cohort's rate: with Poisson sampling (DP-FedAvg's "
+            "default) each device's inclusion probability, the engine drawing the cohort and the "
+            "strategy taking all of it; with fixed sampling the strategy's fixed share"
         },
     ),
     Feature(
