@@ -182,6 +182,25 @@ def _uplink(key: str, example: str) -> Feature:
     )
 
 
+def _dp(
+    key: str,
+    options: Mapping[str, object],
+    on: Callable[[PrivacySettings], bool],
+    *,
+    refuses: Refusal = _accepts,
+    needs: Mapping[str, str] | None = None,
+) -> Feature:
+    """Differential privacy (--dp-noise 1) with `options`, on where `on` holds of its settings."""
+    return Feature(
+        key,
+        "differential privacy",
+        {"dp_noise": 1.0, **options},
+        lambda run: run.privacy is not None and on(run.privacy),
+        refuses=refuses,
+        needs=needs or {},
+    )
+
+
 FEATURES: Final[tuple[Feature, ...]] = (
     _uplink(UPLINK_INT8, "int8"),
     _uplink(UPLINK_TOPK, "topk:0.25"),
@@ -192,32 +211,19 @@ FEATURES: Final[tuple[Feature, ...]] = (
         lambda run: run.downlink != "none",
         refuses=_downlink_refuses,
     ),
-    Feature(
+    _dp(
         "DP on devices",
-        "differential privacy",
-        {"dp_noise": 1.0, "dp_placement": "device"},
-        lambda run: run.privacy is not None and run.privacy.placement == "device",
+        {"dp_placement": "device"},
+        lambda dp: dp.placement == "device",
         needs={SECAGG: DEVICE_NOISE_ALONE},
     ),
-    Feature(
-        DP,
-        "differential privacy",
-        {"dp_noise": 1.0},
-        lambda run: run.privacy is not None,
-        refuses=_dp_refuses,
-    ),
-    Feature(
-        "DP-FTRL",
-        "differential privacy",
-        {"dp_noise": 1.0, "dp_mechanism": "ftrl-tree"},
-        lambda run: run.privacy is not None and run.privacy.mechanism == "ftrl-tree",
-    ),
-    Feature(
+    _dp(DP, {}, lambda dp: True, refuses=_dp_refuses),
+    _dp("DP-FTRL", {"dp_mechanism": "ftrl-tree"}, lambda dp: dp.mechanism == "ftrl-tree"),
+    # the count's noise grows with the cohort: a fleet of 4 needs more than the default
+    _dp(
         "adaptive clip",
-        "differential privacy",
-        # the count's noise grows with the cohort: a fleet of 4 needs more than the default
-        {"dp_noise": 1.0, "dp_adaptive_clip": True, "dp_options": {"quantile_noise": 0.2}},
-        lambda run: run.privacy is not None and run.privacy.adaptive_clipping,
+        {"dp_adaptive_clip": True, "dp_options": {"quantile_noise": 0.2}},
+        lambda dp: dp.adaptive_clipping,
     ),
     Feature(
         SECAGG,
