@@ -11,66 +11,25 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from protocols.messages import Compression, WireModel
-
-PersonalDefault = Literal["none", "all", "task"]
-PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters"]
-ServerOptimizerName = Literal["fedavg", "fedadam"]
-AggregationWeights = Literal["samples", "uniform"]
-RobustAggregation = Literal["mean", "median", "trimmed-mean", "centered-clipping"]
-PositiveFloat = Annotated[float, Field(gt=0)]
-Beta = Annotated[float, Field(ge=0, lt=1)]
-
-
-class AlgorithmConfig(WireModel):
-    """Local-training settings every algorithm shares.
-
-    `personal` overrides which parameters stay on the device (fnmatch patterns over state_dict
-    names); `personal_preset` names one of the paper's partitions instead, resolved against the
-    model by `pfl_tasks.presets` (spec §2.1). Set at most one; with neither, the algorithm's default
-    applies: "none" (everything shared), "all" (nothing shared) or "task" (the task's declared
-    personal parameters).
-    """
-
-    name: ClassVar[str]
-    default_personal: ClassVar[PersonalDefault] = "none"
-    stateful_only: ClassVar[bool] = False
-    """Whether devices must keep state between rounds (no --stateless)."""
-    comparable_update_norms: ClassVar[bool] = True
-    """Whether every device's update moves the same model, so that one update's norm can be
-    judged against the round's others (the guard's norm screen)."""
-
-    local_epochs: Annotated[int, Field(ge=1)] = 1
-    batch_size: Annotated[int, Field(ge=1)] = 10
-    lr: PositiveFloat = 0.1
-    max_steps: Annotated[int, Field(ge=1)] | None = None
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    clip_grad_norm: PositiveFloat | None = None
-    personal: tuple[str, ...] | None = None
-    personal_preset: PersonalPreset | None = None
-
-    def relayed_models(self) -> int:
-        """Whole models a device holds at once in a round besides its own (relay algorithms)."""
-        return 0
-
-    def compression_problem(self, uplink: Compression, downlink: str) -> str | None:
-        """Why this algorithm cannot run with these update and model codecs, or None."""
-        del uplink, downlink
-        return None
-
-    @model_validator(mode="after")
-    def _one_personal_source(self) -> AlgorithmConfig:
-        if self.personal is not None and self.personal_preset is not None:
-            msg = "set either personal (patterns) or personal_preset, not both"
-            raise ValueError(msg)
-        return self
+from protocols.algorithm_config import AggregationWeights as AggregationWeights
+from protocols.algorithm_config import AlgorithmConfig as AlgorithmConfig
+from protocols.algorithm_config import Beta, PersonalDefault, PositiveFloat
+from protocols.algorithm_config import PersonalPreset as PersonalPreset
+from protocols.algorithm_config import RobustAggregation as RobustAggregation
+from protocols.algorithm_config import ServerOptimizerName as ServerOptimizerName
+from protocols.capabilities import WEIGHTED_MEAN, Capabilities
+from protocols.messages import Compression
 
 
 class LocalConfig(AlgorithmConfig):
     """Each device trains alone; nothing is shared (the no-federation baseline)."""
 
     name: ClassVar[str] = "local"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        aggregation="none",
+        clear_scalars=None,
+        synchronous="local training aggregates nothing, so it has no rounds to make asynchronous",
+    )
     default_personal: ClassVar[PersonalDefault] = "all"
     stateful_only: ClassVar[bool] = True
 
@@ -89,6 +48,7 @@ class FedAvgConfig(AlgorithmConfig):
     """
 
     name: ClassVar[str] = "fedavg"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
     server_lr: PositiveFloat = 1.0
     server_optimizer: ServerOptimizerName = "fedavg"
     adam_beta1: Beta = 0.9
@@ -101,11 +61,27 @@ class FedAvgConfig(AlgorithmConfig):
     cc_tau: PositiveFloat | None = None
     cc_iterations: Annotated[int, Field(ge=1, le=100)] = 1
 
+    def needs_each_update(self) -> str | None:
+        """A robust aggregation is an order statistic or an iteration over the updates."""
+        if self.robust_aggregation == "mean":
+            return None
+        return (
+            f"robust_aggregation {self.robust_aggregation!r} is not a sum: it needs each update "
+            "in clear, and clipping already bounds each device: use mean"
+        )
+
+    def clips_each_update(self) -> str | None:
+        """`clip_update_norm`, when set."""
+        if self.clip_update_norm is None:
+            return None
+        return f"clip_update_norm {self.clip_update_norm:g} clips each update on the coordinator"
+
 
 class FedAvgFtConfig(FedAvgConfig):
     """FedAvg, then each device fine-tunes the final model on its own data before use."""
 
     name: ClassVar[str] = "fedavg-ft"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
     finetune_epochs: Annotated[int, Field(ge=0)] = 3
     finetune_lr: PositiveFloat = 0.02
     finetune_select: bool = True
@@ -117,6 +93,7 @@ class FedProxConfig(FedAvgConfig):
     """FedProx: FedAvg with a proximal term mu/2 ||w - w_global||^2 in the local loss."""
 
     name: ClassVar[str] = "fedprox"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
     mu: Annotated[float, Field(ge=0)] = 0.01
 
 
@@ -151,6 +128,7 @@ class FedAltConfig(PartialConfig):
     """
 
     name: ClassVar[str] = "fedalt"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
     personal_epochs: Annotated[int, Field(ge=0)] | None = None
     personal_max_steps: Annotated[int, Field(ge=1)] | None = None
 
@@ -159,6 +137,7 @@ class FedSimConfig(PartialConfig):
     """FedSim (spec §1.4): tau steps (`local_epochs`/`max_steps`) move u and v together."""
 
     name: ClassVar[str] = "fedsim"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
 
 
 PriorRule = Literal["identity", "lg", "meg", "mh", "mh_simple"]
@@ -193,6 +172,24 @@ class ProximalPriorConfig(AlgorithmConfig):
         """How the prior mean mu is built from w (spec §1.5); pFedMe's is the identity."""
         return "identity"
 
+    def needs_each_update(self) -> str | None:
+        """`train_all_clients` aggregates only the sampled ones of the devices that trained."""
+        if not self.train_all_clients:
+            return None
+        return (
+            "train_all_clients trains devices outside the sampled cohort and aggregates a "
+            "subset of those that trained, which needs their updates one by one: set it to false"
+        )
+
+
+GLOBAL_STEP: Final = Capabilities(
+    aggregation="mean",
+    clear_scalars=None,
+    synchronous="its global step mixes one round's personalized models with the previous "
+    "global model (beta-weighted), a synchronous step with no asynchronous form",
+)
+"""pFedMe's and pFedBreD's: a mean of deltas, mixed into w by a synchronous momentum step."""
+
 
 class PFedMeConfig(ProximalPriorConfig):
     """pFedMe (spec §5): pFedBreD with the identity prior mean mu = w ("Non-PP").
@@ -203,6 +200,7 @@ class PFedMeConfig(ProximalPriorConfig):
     """
 
     name: ClassVar[str] = "pfedme"
+    capabilities: ClassVar[Capabilities] = GLOBAL_STEP
     lr: PositiveFloat = 0.05
     local_steps: Annotated[int, Field(ge=1)] = 10
     personal_lr: PositiveFloat = 0.1
@@ -219,6 +217,7 @@ class PFedBreDConfig(ProximalPriorConfig):
     """
 
     name: ClassVar[str] = "pfedbred"
+    capabilities: ClassVar[Capabilities] = GLOBAL_STEP
     prior: PriorRule = "mh"
     eta: Annotated[float, Field(ge=0)] = 0.05
     eta_alpha: Annotated[float, Field(ge=0)] = 0.01
@@ -237,12 +236,17 @@ class DittoConfig(FedAvgConfig):
     """
 
     name: ClassVar[str] = "ditto"
+    capabilities: ClassVar[Capabilities] = WEIGHTED_MEAN
     lam: Annotated[float, Field(ge=0)] = 1.0
     personal_epochs: Annotated[int, Field(ge=1)] | None = None
     personal_lr: PositiveFloat | None = None
 
 
 StepRule = Literal["eq8", "alg2", "fixed_rho", "fixed"]
+FLEET_VARIANCE: Final = (
+    "its aggregation weights come from the fleet variance estimated over one round's cohort, "
+    "which a buffer of updates from different model versions does not estimate"
+)
 StepUnit = Literal["steps", "epochs"]
 OthersSet = Literal["all_registered", "active"]
 
@@ -260,6 +264,12 @@ class SelfFlConfig(AlgorithmConfig):
     """
 
     name: ClassVar[str] = "selffl"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        aggregation="mean",
+        clear_scalars="Self-FL weighs each update by the uncertainty its device reports and "
+        "adapts its local steps to the spread of the devices' estimates",
+        synchronous=FLEET_VARIANCE,
+    )
     l_max: Annotated[int, Field(ge=1)] = 40
     l_default: Annotated[int, Field(ge=1)] = 20
     step_rule: StepRule = "eq8"
@@ -307,6 +317,11 @@ class SelfFlAugConfig(SelfFlConfig):
     """
 
     name: ClassVar[str] = "selffl-aug"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        aggregation="mean",
+        clear_scalars="Self-FL weighs each update by the uncertainty its device reports",
+        synchronous=FLEET_VARIANCE,
+    )
     step_rule: StepRule = "alg2"
     conv_tol: Annotated[float, Field(ge=0)] = 1e-4
     conv_max_epochs: Annotated[int, Field(ge=1)] = 5
@@ -340,6 +355,12 @@ class FedericoConfig(AlgorithmConfig):
     """
 
     name: ClassVar[str] = "federico"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        aggregation="relay",
+        clear_scalars=None,
+        synchronous="devices train on peer models relayed within one round; relays across "
+        "model versions have no defined rule",
+    )
     comparable_update_norms: ClassVar[bool] = False
     """Each update moves the models its device evaluated, by its own collaborator weights, and
     each owner's Adam scales its model's step: norms of different devices' updates say nothing

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from benchmarks.doc_commands import fenced_commands
 from coordinator.cli.app import app as coord_app
 from coordinator.cli.docs import CLI_MD, render_cli_docs
+from coordinator.stages.compatibility import COMPATIBILITY_MD, render_compatibility_docs
 from device_agent.cli import app as agent_app
 from tests.conftest import free_port, wait_for_port
 from tests.e2e.conftest import child_env, sourced, with_sourced_files
@@ -47,6 +48,12 @@ def parses(words: list[str]) -> None:
 def test_cli_md_is_current() -> None:
     assert CLI_MD.read_text() == render_cli_docs(), (
         "docs/cli.md is out of date: run `python -m coordinator.cli.docs`"
+    )
+
+
+def test_compatibility_md_is_current() -> None:
+    assert COMPATIBILITY_MD.read_text() == render_compatibility_docs(), (
+        "docs/compatibility.md is out of date: run `python -m coordinator.stages.compatibility`"
     )
 
 

@@ -20,9 +20,9 @@ from coordinator.engine.metrics import personalization_effect
 from coordinator.engine.rounds import Coordinator, RoundRecord
 from coordinator.run.settings import RunSettings
 from coordinator.run.summary import RunSummary
-from coordinator.scheduling.async_settings import check_async
-from coordinator.stages.privacy import PrivacyEngine, check_placement, check_privacy
-from coordinator.stages.secure_aggregation import SecureAggregator, check_secure
+from coordinator.stages.compatibility import check
+from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.secure_aggregation import SecureAggregator
 from coordinator.strategies import build_strategy
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
@@ -96,8 +96,8 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     """Pretraining (if asked) then the chosen algorithm.
 
     Raises:
-        ValueError: an unknown algorithm, invalid hyperparameters, or compression the algorithm
-            refuses.
+        ValueError: an unknown algorithm, invalid hyperparameters, or features that do not
+            compose with each other or with the algorithm (`coordinator.stages.compatibility`).
     """
     config = settings.algorithm_config()
     split = resolve_split(model, task.personal_patterns, config)
@@ -107,30 +107,13 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
         pretrain = parse_algorithm_config("fedavg", common)
         stages.append(Stage(pretrain, tuple(model.state_dict()), settings.pretrain_rounds))
     stages.append(Stage(config, split.shared, settings.pretrain_rounds + settings.rounds))
-    for stage in stages:
-        problem = stage.config.compression_problem(settings.uplink(), settings.compress_down)
-        if problem is not None:
-            raise ValueError(problem)
+    check(settings, [stage.config for stage in stages])
     privacy = settings.privacy()
-    if privacy is not None:
-        check_placement(privacy, secure=settings.secagg)
-        for stage in stages:
-            check_privacy(build_strategy(stage.config, settings.participation))
-    secure = settings.secure_aggregation()
-    if secure is not None:
-        for stage in stages:
-            check_secure(build_strategy(stage.config, settings.participation), settings.uplink())
-    if settings.mode == "async":
-        check_async(
-            [stage.config.name for stage in stages],
-            private=privacy is not None,
-            secure=secure is not None,
-            compress_down=settings.compress_down,
-            pretrain_rounds=settings.pretrain_rounds,
-        )
     poisson = privacy is not None and privacy.sampling == "poisson"
-    # Poisson cohorts are drawn by the PrivacyEngine; the strategy then takes everyone it is given
-    return Stages(tuple(stages), 1.0 if poisson else settings.participation, secure)
+    # Poisson cohorts are drawn by the PrivacyEngine at rate --participation, and the strategy
+    # takes everyone it is given (the declared resolution of "participation < 1" with DP)
+    participation = 1.0 if poisson else settings.participation
+    return Stages(tuple(stages), participation, settings.secure_aggregation())
 
 
 def build_coordinator(

@@ -169,7 +169,9 @@ class RunSettings(TomlSettings):
 
         Under DP every update is clipped and weighs the same, and the screen's norm cut (which
         depends on the other devices' norms) would break the accountant's sensitivity bound; an
-        algorithm whose updates move different models has no norm cut either.
+        algorithm whose updates move different models has no norm cut either. These are the
+        guard's declared resolutions (coordinator/stages/features.py, docs/compatibility.md); a
+        run that sets the flags they turn off is refused by the compatibility check.
         """
         private = self.privacy() is not None or self.secagg  # secagg: the sum is one update
         comparable = self.algorithm_config().comparable_update_norms
@@ -289,6 +291,15 @@ class SimulationSettings(RunSettings, PartitionSettings):
         parse_speeds(value)
         return value
 
+    def sync_on_simulated_clock(self) -> bool:
+        """Whether synchronous rounds would run on the simulated clock (any `sim_*` setting)."""
+        defaults = {
+            name: field.default
+            for name, field in SimulationSettings.model_fields.items()
+            if name.startswith("sim_")
+        }
+        return any(getattr(self, name) != value for name, value in defaults.items())
+
     def simulated_clock(
         self, device_ids: list[str], fastest: frozenset[str] = frozenset()
     ) -> SimulatedClock | None:
@@ -299,13 +310,7 @@ class SimulationSettings(RunSettings, PartitionSettings):
         Raises:
             ValueError: an availability that does not parse (FileNotFoundError: no trace file).
         """
-        defaults = {
-            name: field.default
-            for name, field in SimulationSettings.model_fields.items()
-            if name.startswith("sim_")
-        }
-        realistic = any(getattr(self, name) != value for name, value in defaults.items())
-        if self.mode == "sync" and not realistic:
+        if self.mode == "sync" and not self.sync_on_simulated_clock():
             return None
         return SimulatedClock(
             device_ids,

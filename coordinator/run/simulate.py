@@ -212,15 +212,8 @@ def buffered_rounds(
 ) -> BufferedRounds:
     """Asynchronous rounds, or synchronous ones, on the simulated clock.
 
-    Raises:
-        ValueError: a synchronous run on the simulated clock with DP or secure aggregation.
+    What the clock does not combine with is refused before, by `plan_stages`'s check.
     """
-    if settings.mode == "sync" and (settings.privacy() is not None or settings.secagg):
-        msg = (
-            "the --sim-* settings run rounds on a simulated clock, which does not combine with "
-            "differential privacy or secure aggregation yet"
-        )
-        raise ValueError(msg)
     return BufferedRounds(coordinator, settings.async_settings(), clock, settings.participation)
 
 
@@ -261,13 +254,7 @@ def _run(
     started = time.perf_counter()
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
-    stages = plan_stages(settings, task, workspace)
-    if settings.stateless and stages.final.config.stateful_only:
-        msg = (
-            f"{stages.final.config.name} keeps per-device state between rounds: "
-            "run it without --stateless"
-        )
-        raise ValueError(msg)
+    stages = plan_stages(settings, task, workspace)  # refuses what does not compose
     engine = EngineSettings(
         fleet=settings.fleet,
         task=task.name,

@@ -4,8 +4,8 @@ The strategies stay as they are: before one aggregates, each update is replaced 
 (k / m) * (clip(delta_i) + xi / k), with k reporters, m the expected (or fixed) cohort and xi the
 coordinator's noise (zero under device placement). A strategy's mean over k updates of weight 1
 is then (sum_i clip(delta_i) + xi) / m, DP-FedAvg's estimate, and its server step (SGD, Adam,
-pFedBreD's momentum) is post-processing. Strategies whose aggregation is not such a mean are
-refused with the reason (`privacy_problem`).
+pFedBreD's momentum) is post-processing. Algorithms whose aggregation is not such a mean are
+refused with the reason their capabilities give (`coordinator.stages.compatibility`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from coordinator.strategies.base import (
     DeviceInfo,
     FleetSnapshot,
     ReceivedUpdate,
-    RelayStrategy,
-    Strategy,
 )
 from protocols import secure_aggregation as sa
 from protocols.codec import Tensors
@@ -46,68 +44,6 @@ from protocols.privacy import (
 
 NOBODY: Final = "nobody-sampled"
 """The device id of the noise-only update of a round whose Poisson draw was empty."""
-
-REFUSED = {
-    "selffl": "Self-FL weighs each update by the uncertainty its device reports and adapts its "
-    "local steps to it: both are functions of the device's data the accountant does not cover",
-    "selffl-aug": "Self-FL weighs each update by the uncertainty its device reports: a "
-    "function of the device's data the accountant does not cover",
-    "federico": "FedeRiCo relays each device's own model to the peers that ask for it: there "
-    "is no sum to clip and noise, and every model leaves its device whole",
-    "local": "local training shares nothing: there is nothing to protect",
-}
-
-
-def privacy_problem(strategy: Strategy) -> str:
-    """Why `strategy` cannot run under differential privacy ("" when it can)."""
-    if strategy.name in REFUSED:
-        return f"{strategy.name}: {REFUSED[strategy.name]}"
-    if isinstance(strategy, RelayStrategy):
-        return f"{strategy.name} relays individual models: there is no sum to noise"
-    config = strategy.config
-    if getattr(config, "robust_aggregation", "mean") != "mean":
-        return (
-            f"{strategy.name}: robust_aggregation {config.robust_aggregation!r} is not a sum; "  # type: ignore[attr-defined]
-            "DP's clipping already bounds each device: use mean"
-        )
-    if getattr(config, "clip_update_norm", None) is not None:
-        return f"{strategy.name}: DP's --dp-clip replaces clip_update_norm: leave it unset"
-    if getattr(config, "train_all_clients", False):
-        return (
-            f"{strategy.name}: train_all_clients trains devices outside the sampled cohort; "
-            "under DP only the cohort takes part: set it to false"
-        )
-    return ""
-
-
-DEVICE_NOISE_ALONE: Final = (
-    "--dp-placement device needs --secagg: each device adds only its 1/sqrt(m) share of the "
-    "noise, so without secure aggregation the coordinator sees every update with that share "
-    "alone, and nothing clips an update after its device"
-)
-
-
-def placement_problem(settings: PrivacySettings, *, secure: bool) -> str:
-    """Why the run's noise placement cannot give the guarantee ("" when it can)."""
-    if settings.placement == "device" and not secure:
-        return DEVICE_NOISE_ALONE
-    return ""
-
-
-def check_placement(settings: PrivacySettings, *, secure: bool) -> None:
-    """Raises ValueError naming why the run's noise placement cannot give the guarantee."""
-    problem = placement_problem(settings, secure=secure)
-    if problem:
-        msg = f"differential privacy: {problem}"
-        raise ValueError(msg)
-
-
-def check_privacy(strategy: Strategy) -> None:
-    """Raises ValueError naming why `strategy` cannot run under DP."""
-    problem = privacy_problem(strategy)
-    if problem:
-        msg = f"differential privacy: {problem}"
-        raise ValueError(msg)
 
 
 def privacy_engine(

@@ -25,14 +25,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from coordinator.engine.intake import Collector
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.aggregate_guard import cap_shares
-from coordinator.strategies.base import ReceivedUpdate, RelayStrategy, Strategy
+from coordinator.strategies.base import ReceivedUpdate, Strategy
 from protocols import secure_aggregation as sa
 from protocols import topics
 from protocols.codec import Tensors, decode_frame, encode_frame, unpack_tensors
-from protocols.compression import NO_COMPRESSION
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import (
-    Compression,
     DealtShares,
     DevicePrivacy,
     DeviceUpdate,
@@ -57,48 +55,6 @@ NOISE_ROOM = 8.0
 """Each entry's clamp leaves this many noise standard deviations above the clip norm."""
 SHORT_PHASES = frozenset({"keys", "shares", "reveal"})
 """Phases of messages only (no training): an honest device answers them within moments."""
-REFUSED = {
-    "selffl": "Self-FL weighs each update by its device's own uncertainty and adapts local "
-    "steps to the spread of the devices' estimates: both need each device's scalars in clear",
-    "selffl-aug": "Self-FL weighs each update by its device's own uncertainty: that needs "
-    "each device's scalar in clear",
-    "federico": "FedeRiCo relays each device's own model to the peers that ask for it: there "
-    "is no sum for masks to hide a device in",
-    "local": "local training shares nothing: there is nothing to aggregate",
-}
-
-
-def secure_problem(strategy: Strategy, uplink: Compression) -> str:
-    """Why a run cannot aggregate securely ("" when it can)."""
-    if strategy.name in REFUSED:
-        return f"{strategy.name}: {REFUSED[strategy.name]}"
-    if isinstance(strategy, RelayStrategy):
-        return f"{strategy.name} relays individual models: there is no sum to mask"
-    config = strategy.config
-    if getattr(config, "robust_aggregation", "mean") != "mean":
-        return (
-            f"{strategy.name}: robust_aggregation {config.robust_aggregation!r} needs each "  # type: ignore[attr-defined]
-            "update in clear; secure aggregation bounds each device by clipping: use mean"
-        )
-    if getattr(config, "train_all_clients", False):
-        return (
-            f"{strategy.name}: train_all_clients aggregates a subset of the devices that "
-            "trained, which needs their updates one by one: set it to false"
-        )
-    if uplink != NO_COMPRESSION:
-        return (
-            f"--compress {uplink}: masked values are uniform in 2^32 and cannot be quantized "
-            "or sparsified after masking (each device's top-k differs): use none"
-        )
-    return ""
-
-
-def check_secure(strategy: Strategy, uplink: Compression) -> None:
-    """Raises ValueError naming why the run cannot aggregate securely."""
-    problem = secure_problem(strategy, uplink)
-    if problem:
-        msg = f"secure aggregation: {problem}"
-        raise ValueError(msg)
 
 
 def weight_bound(

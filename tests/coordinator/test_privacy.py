@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.run.settings import RunSettings
 from coordinator.stages.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
-from coordinator.stages.privacy import PrivacyEngine, poisson_cohort, privacy_problem
+from coordinator.stages.compatibility import problem
+from coordinator.stages.privacy import PrivacyEngine, poisson_cohort
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
@@ -264,8 +266,10 @@ def test_a_round_that_sampled_nobody_releases_the_noise_alone_and_counts(placeme
 def test_algorithms_that_cannot_run_under_dp_say_why(
     algorithm: str, options: dict[str, object], reason: str
 ) -> None:
-    strategy = build_strategy(parse_algorithm_config(algorithm, options), 0.5)
-    assert reason in privacy_problem(strategy)
+    refused = problem(RunSettings(dp_noise=1.0), [parse_algorithm_config(algorithm, options)])
+    assert refused is not None
+    assert refused.startswith("differential privacy: ")
+    assert reason in refused
 
 
 @pytest.mark.parametrize(
@@ -273,4 +277,4 @@ def test_algorithms_that_cannot_run_under_dp_say_why(
     ["fedavg", "fedprox", "fedavg-ft", "fedalt", "fedsim", "ditto", "pfedme", "pfedbred"],
 )
 def test_sum_based_algorithms_run_under_dp(algorithm: str) -> None:
-    assert privacy_problem(build_strategy(parse_algorithm_config(algorithm, {}), 0.5)) == ""
+    assert problem(RunSettings(dp_noise=1.0), [parse_algorithm_config(algorithm, {})]) is None
