@@ -16,6 +16,7 @@ from device_agent.virtual_fleet import VirtualFleet
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
 from protocols.transport.base import Transport, Will
+from protocols.transport.factory import connect as connect_to
 from protocols.transport.mqtt import MqttTransport
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     transports: list[MqttTransport] = []
 
     def connect(device_id: str, will: Will) -> Transport:
-        transport = MqttTransport(broker, device_id, will=will, clean_start=True)
+        transport = connect_to(broker, device_id, will, clean_start=True)
         transports.append(transport)
         return transport
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 MessageHandler = Callable[[str, bytes], None]
+ReconnectHook = Callable[[], None]
 
 
 @dataclass
@@ -66,6 +67,15 @@ class Transport(Protocol):
         """
         ...
 
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Call `hook` (as handlers are called) whenever a lost connection is back.
+
+        A restarted broker has forgotten retained liveness and who said hello, so a client
+        says it again here. Replaces an earlier hook; None removes it. Transports that cannot
+        lose their connection (in-process) never call it.
+        """
+        ...
+
     def close(self) -> None:
         """Disconnect cleanly: the broker does not publish the will."""
         ...
@@ -98,6 +108,10 @@ class TransportWrapper:
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait through the inner transport."""
         return self.inner.wait_until(predicate, timeout_s)
+
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Hear of reconnects through the inner transport."""
+        self.inner.on_reconnect(hook)
 
     def close(self) -> None:
         """Close the inner transport."""
