@@ -63,12 +63,13 @@ def export_offline(
         initial_state=initial_state,
         stateful=not settings.stateless,
     )
-    agent.load_received(received.model_frame, received.announcement, received.relayed)
+    exports = agent.exports
+    exports.load_received(received.model_frame, received.announcement, received.relayed)
     logger.info(
         "exporting %s from round %d (%s) kept in %s",
         settings.device_id,
-        agent.latest_round_id(),
+        exports.latest_round_id(),
         received.announcement.algorithm,
         settings.state_dir,
     )
-    return agent.export(out_path, quantize=quantize, guard=guard)
+    return exports.export(out_path, quantize=quantize, guard=guard)

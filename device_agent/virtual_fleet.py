@@ -155,8 +155,8 @@ class VirtualFleet:
                 model_cache=cache,
                 threads=threads,
                 attack=attack,
+                reproducible_noise=True,  # the same for any number of workers
             )
-            agent.contexts.reproducible_noise = True  # the same for any number of workers
             agent.start()
             agents.append(agent)
         return agents

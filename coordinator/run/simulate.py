@@ -104,7 +104,7 @@ class LocalDevices:
 
     def export(self, directory: Path, *, quantize: str | None, guard: bool) -> dict[str, Any]:
         """See `DeviceHost.export`."""
-        sources = [agent.export_source() for agent in self.agents]
+        sources = [agent.exports.source() for agent in self.agents]
         return export_fleet(sources, directory, quantize=quantize, guard=guard)
 
 
