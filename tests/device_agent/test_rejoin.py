@@ -40,7 +40,7 @@ def test_a_started_agent_says_hello_again_after_a_reconnect_under_the_shared_loc
     coordinator = broker.connect("coordinator")
     hellos: list[str] = []
 
-    def on_hello(_: str, payload: bytes) -> None:
+    def on_hello(topic: str, payload: bytes) -> None:
         message, _ = decode_frame(payload)
         assert isinstance(message, DeviceHello)
         hellos.append(message.device_id)
