@@ -110,7 +110,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
     displaced = None
     try:
         while not stop.wait(0.5):
-            displaced = getattr(transport, "displaced", None)
+            displaced = transport.displaced
             if displaced is not None:
                 break
     finally:

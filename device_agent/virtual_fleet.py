@@ -203,6 +203,3 @@ class SerializedTransport(TransportWrapper):
                 hook()
 
         self.inner.on_reconnect(serialized)
-
-    def __getattr__(self, name: str) -> object:  # e.g. the MQTT transport's `displaced`
-        return getattr(self.inner, name)

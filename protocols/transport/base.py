@@ -44,6 +44,11 @@ class Transport(Protocol):
         """Bytes and messages this end has moved (a transport may count more)."""
         ...
 
+    @property
+    def displaced(self) -> str | None:
+        """Why it stopped for good: another client keeps taking its id (None while not)."""
+        ...
+
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Send `payload` to `topic` at QoS 1; `retain` keeps it for late subscribers."""
         ...
@@ -92,6 +97,11 @@ class TransportWrapper:
     def stats(self) -> TransportStats:
         """The inner transport's counters."""
         return self.inner.stats
+
+    @property
+    def displaced(self) -> str | None:
+        """Whether the inner transport was displaced, and why."""
+        return self.inner.displaced
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish through the inner transport."""

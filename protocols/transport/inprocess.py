@@ -180,6 +180,8 @@ class InProcessTransport:
     def __init__(self, broker: InProcessBroker, client_id: str, will: Will | None) -> None:
         self.client_id = client_id
         self.stats = TransportStats()
+        self.displaced: str | None = None
+        """Always None: the hub lets no client take another's id."""
         self._broker = broker
         self._will = will
         self._subscriptions: dict[str, list[_Subscription]] = {}

@@ -150,6 +150,8 @@ class RemoteTransport:
         self.client_id = client_id
         self.slot = slot
         self.stats = TransportStats()
+        self.displaced: str | None = None
+        """Always None: the parent's hub lets no client take another's id."""
         self._end = end
         self._subscriptions: dict[str, list[int]] = {}
 
