@@ -8,7 +8,7 @@ is decided here and nowhere else.
 
 from __future__ import annotations
 
-from typing import overload
+from typing import Final, TypeAlias, overload
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -19,9 +19,9 @@ from protocols.transport.inprocess import InProcessBroker, InProcessTransport, n
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
-Endpoint = str | BrokerSettings | InProcessBroker
+Endpoint: TypeAlias = str | BrokerSettings | InProcessBroker
 """Where a client connects: a URL, an MQTT deployment's settings, or an in-process hub."""
-SCHEMES = ("mqtt", "mqtts", "inproc")
+SCHEMES: Final = ("mqtt", "mqtts", "inproc")
 
 
 @overload
