@@ -7,6 +7,7 @@ is deterministic. Retained messages and last-wills behave as on an MQTT broker.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import weakref
 from collections import Counter, deque
@@ -58,10 +59,14 @@ class InProcessBroker:
     delivered: Counter[str] = field(default_factory=Counter)
     """Payload bytes delivered per topic, summed over recipients (what a broker sends out)."""
     name: str | None = field(default=None, kw_only=True)
+    """Letters, digits, `.`, `_` and `-`: what `inproc://<name>` can say (None: no URL)."""
 
     def __post_init__(self) -> None:
         if self.name is None:
             return
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
+            msg = f"in-process hub name {self.name!r}: use letters, digits, '.', '_' and '-'"
+            raise ValueError(msg)
         with _naming:
             if self.name in _named:
                 msg = f"an in-process hub named {self.name!r} already exists: pick another name"

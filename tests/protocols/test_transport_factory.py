@@ -85,6 +85,12 @@ def test_a_hub_name_is_taken_while_the_hub_lives_and_free_once_it_is_gone() -> N
     assert InProcessBroker(name="factory-test-once").name == "factory-test-once"
 
 
+@pytest.mark.parametrize("name", ["", "a/b", "hub:1", "hub 1"])
+def test_a_hub_name_a_url_could_not_say_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="use letters, digits"):
+        InProcessBroker(name=name)
+
+
 def test_an_inproc_url_naming_no_live_hub_lists_the_hubs_there_are() -> None:
     hub = InProcessBroker(name="factory-test-listed")
 
