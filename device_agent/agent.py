@@ -154,15 +154,12 @@ class DeviceAgent:
             None
         )
         self._stopping = False
-        self.started = False
-        """Subscribed and announced: a reconnect before that has nobody to re-announce."""
 
     def start(self) -> None:
         """Subscribe to the fleet's topics (the model only when needed), then say hello.
 
         From now on every reconnect says hello again: a restarted broker forgot this device.
         """
-        self.started = True
         self.transport.on_reconnect(self.rejoin)
         self.downloads.clear()
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
