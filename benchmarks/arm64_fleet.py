@@ -21,8 +21,7 @@ from protocols.codec import decode_frame
 from protocols.errors import PflError
 from protocols.messages import DeviceHello, DeviceUpdate, EvaluationReport, RoundAnnouncement
 from protocols.transport.broker import free_port
-from protocols.transport.mqtt import MqttTransport
-from protocols.transport.settings import BrokerSettings
+from protocols.transport.factory import connect
 
 HOST = "127.0.0.1"
 FLEET = "default"
@@ -89,7 +88,7 @@ class Recorder:
         self._announced: dict[tuple[int, str], tuple[float, str]] = {}
         self._lock = threading.Lock()
         client_id = f"{topics.RESERVED_PREFIX}arm64-check-{uuid.uuid4().hex[:8]}"
-        self._transport = MqttTransport(BrokerSettings(url=url), client_id, clean_start=True)
+        self._transport = connect(url, client_id, clean_start=True)
         self._transport.subscribe(topics.round_announcement(FLEET), self._on_message)
         for kind in ("hello", "update", "evaluation"):
             self._transport.subscribe(topics.device_subscription(FLEET, kind), self._on_message)

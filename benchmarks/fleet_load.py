@@ -28,8 +28,7 @@ from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.transport.broker import free_port
-from protocols.transport.mqtt import MqttTransport
-from protocols.transport.settings import BrokerSettings
+from protocols.transport.factory import connect
 
 MARKER = "<!-- fleet-load -->"
 
@@ -75,9 +74,7 @@ def main() -> None:
             device_id = f"dev-{index:04d}"
             workspace = task.build_model(0)
             will = device_will("default", device_id)
-            transport = MqttTransport(
-                BrokerSettings(url=url), device_id, will=will, clean_start=True
-            )
+            transport = connect(url, device_id, will, clean_start=True)
             agent = DeviceAgent(
                 device_id=device_id, fleet="default", transport=transport,
                 task=task, data=data, seed=0, store=MemoryStateStore(), workspace=workspace,

@@ -31,7 +31,7 @@ def guarded_accuracy(seed: int, stateless: bool) -> dict[str, float]:
     result = run_simulation(settings)
     personalized, global_scores, guarded, chose_global = [], [], [], 0
     for agent in result.agents:
-        _, update, ctx = agent.export_context()
+        _, update, ctx = agent.exports.context()
         update.personalize(ctx)
         personal_model = copy.deepcopy(ctx.model)
         agent._slots.load(agent._model.decoded)  # the shared model with global starting points

@@ -59,7 +59,7 @@ def device_will(fleet: str, device_id: str, *, strict_egress: bool = False) -> W
     return Will(topics.device(fleet, device_id, "status"), frame)
 
 
-class DeviceAgent(AgentExports):
+class DeviceAgent:
     """One device of the fleet, real or virtual.
 
     Args:
@@ -70,6 +70,8 @@ class DeviceAgent(AgentExports):
             for simulation workers, which choose for all their devices).
         attack: how a malicious virtual device lies (simulation only; `HONEST` changes nothing).
         strict_egress: release nothing outside DP's guarantee (see `device_agent.egress`).
+        reproducible_noise: DP noise drawn from the device's seed, the same for any number of
+            simulation workers (see `RoundContexts`).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class DeviceAgent(AgentExports):
         threads: StepThreads | None = None,
         attack: Attack = HONEST,
         strict_egress: bool = False,
+        reproducible_noise: bool = False,
     ) -> None:
         self.device_id = device_id
         self.attack = attack
@@ -125,10 +128,13 @@ class DeviceAgent(AgentExports):
             model_cache=self.model_cache,
             memory_budget_bytes=memory_budget_bytes,
             limits=limits,
+            reproducible_noise=reproducible_noise,
         )
         self.memory_plan = self.contexts.plan_memory_at_start() or memory_plan
         self.received = ReceivedFrames.for_store(store, device_id)  # kept for offline export
         self.relay = RelayClient(device_id, self.contexts.model_layout, self.received)
+        self.exports = AgentExports(self.contexts, self.relay, self._latest_received)
+        """Its personalized model to ONNX, for the export command and `pfl-agent export`."""
         self._slots = ModelSlots(workspace)
         self.threads = threads
         self.last_loss: float | None = None
@@ -148,12 +154,13 @@ class DeviceAgent(AgentExports):
             None
         )
         self._stopping = False
-        self.started = False
-        """Subscribed and announced: a reconnect before that has nobody to re-announce."""
 
     def start(self) -> None:
-        """Subscribe to the fleet's topics (the model only when needed), then say hello."""
-        self.started = True
+        """Subscribe to the fleet's topics (the model only when needed), then say hello.
+
+        From now on every reconnect says hello again: a restarted broker forgot this device.
+        """
+        self.transport.on_reconnect(self.rejoin)
         self.downloads.clear()
         self.transport.subscribe(topics.round_announcement(self.fleet), self._on_round)
         self.transport.subscribe(topics.command(self.fleet), self._on_command)
@@ -308,9 +315,12 @@ class DeviceAgent(AgentExports):
         if self.last_announcement is not None:
             self.received.remember_round(self.last_announcement, self._last_frame)
         report = answer_export_command(
-            self.export_source(), command, self.store, self.publish_status
+            self.exports.source(), command, self.store, self.publish_status
         )
         self.egress.send(report)
+
+    def _latest_received(self) -> tuple[RoundAnnouncement | None, ReceivedModel | None]:
+        return self.last_announcement, self._model
 
     def _holds(self, sha: str) -> bool:
         return self._model is not None and self._model.header.manifest.sha256 == sha

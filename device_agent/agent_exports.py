@@ -1,10 +1,11 @@
 """A device agent's export: its personalized model to ONNX, live or from kept frames.
 
-Mixed into `DeviceAgent`; the work itself is in `device_agent.exporting`.
+`DeviceAgent` holds one as `exports`; the work itself is in `device_agent.exporting`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from device_agent.algorithms.base import LocalContext, LocalUpdate
@@ -12,24 +13,25 @@ from device_agent.context import RoundContexts
 from device_agent.exporting import ExportSource, export_device_model
 from device_agent.received import ReceivedModel
 from device_agent.relay import RelayClient, latest_round
-from pfl_tasks.base import DeviceData, Task
 from protocols.codec import Tensors
 from protocols.errors import StateError
 from protocols.messages import ExportReport, RoundAnnouncement
 
+Latest = Callable[[], tuple[RoundAnnouncement | None, ReceivedModel | None]]
+"""The latest round announcement and shared model a device received (None before any)."""
+
 
 class AgentExports:
-    """What `pfl-agent export` and the export command ask of an agent."""
+    """What `pfl-agent export` and the export command ask of an agent.
 
-    device_id: str
-    task: Task
-    data: DeviceData
-    seed: int
-    initial_state: Tensors
-    contexts: RoundContexts
-    relay: RelayClient
-    last_announcement: RoundAnnouncement | None
-    _model: ReceivedModel | None
+    It reads the agent's round contexts and relay, and asks `latest` for what the agent last
+    received, so it always exports the agent's current state.
+    """
+
+    def __init__(self, contexts: RoundContexts, relay: RelayClient, latest: Latest) -> None:
+        self.contexts = contexts
+        self.relay = relay
+        self._latest = latest
 
     def export(
         self, out_path: Path, *, quantize: str | None = None, guard: bool = False
@@ -39,39 +41,39 @@ class AgentExports:
         Failures (no round seen yet, personal state for another architecture, a failed parity
         check) come back as ok=False with the error, so a command is always answered.
         """
-        return export_device_model(
-            self.export_source(), Path(out_path), quantize=quantize, guard=guard
-        )
+        return export_device_model(self.source(), Path(out_path), quantize=quantize, guard=guard)
 
-    def export_source(self) -> ExportSource:
+    def source(self) -> ExportSource:
         """What an export of this device reads, without the agent itself."""
+        contexts = self.contexts
         return ExportSource(
-            device_id=self.device_id,
-            task=self.task,
-            data=self.data,
-            seed=self.seed,
-            initial_state=self.initial_state,
+            device_id=contexts.device_id,
+            task=contexts.task,
+            data=contexts.data,
+            seed=contexts.seed,
+            initial_state=contexts.initial_state,
             latest_round_id=self.latest_round_id(),
-            context=self.export_context,
+            context=self.context,
         )
 
-    def export_context(self) -> tuple[int, LocalUpdate, LocalContext]:
+    def context(self) -> tuple[int, LocalUpdate, LocalContext]:
         """The export's round, and the context of the latest round with its model loaded.
 
         Raises:
             StateError: no round announcement or shared model received yet.
             PflError: the personal state does not fit (StateError) or the model is malformed.
         """
-        announcement, model = self.last_announcement, self._model
+        announcement, model = self._latest()
         if announcement is None or model is None:
             msg = "no round seen yet: a device exports after it has received a round and a model"
-            raise StateError(msg, device_id=self.device_id)
+            raise StateError(msg, device_id=self.contexts.device_id)
         update, ctx = self.contexts.build(announcement, model, self.relay.export_models())
         return self.relay.export_round(update, announcement, model), update, ctx
 
     def latest_round_id(self) -> int:
         """The round of the latest shared model received (0 before any)."""
-        return 0 if self._model is None else latest_round(self._model, self.last_announcement)
+        announcement, model = self._latest()
+        return 0 if model is None else latest_round(model, announcement)
 
     def load_received(
         self,
@@ -79,11 +81,13 @@ class AgentExports:
         announcement: RoundAnnouncement,
         mixture: dict[str, Tensors] | None = None,
     ) -> None:
-        """Take kept frames (and an evaluation's relayed models) as received, offline.
+        """Export kept frames (and an evaluation's relayed models) from now on, offline.
+
+        What the agent receives afterwards no longer reaches this export.
 
         Raises:
             ProtocolError: the model frame is malformed or not a shared model.
         """
-        self._model = ReceivedModel.from_frame(model_frame)
-        self.last_announcement = announcement
+        model = ReceivedModel.from_frame(model_frame)
+        self._latest = lambda: (announcement, model)
         self.relay.mixture = dict(mixture or {})

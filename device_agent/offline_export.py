@@ -13,6 +13,7 @@ from device_agent.state_store import DiskStateStore
 from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.messages import ExportReport
+from protocols.transport.factory import connect
 from protocols.transport.inprocess import InProcessBroker
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def export_offline(
     agent = DeviceAgent(
         device_id=settings.device_id,
         fleet=settings.fleet,
-        transport=InProcessBroker().connect(settings.device_id),
+        transport=connect(InProcessBroker(), settings.device_id),
         task=task,
         data=data,
         seed=settings.seed,
@@ -62,12 +63,13 @@ def export_offline(
         initial_state=initial_state,
         stateful=not settings.stateless,
     )
-    agent.load_received(received.model_frame, received.announcement, received.relayed)
+    exports = agent.exports
+    exports.load_received(received.model_frame, received.announcement, received.relayed)
     logger.info(
         "exporting %s from round %d (%s) kept in %s",
         settings.device_id,
-        agent.latest_round_id(),
+        exports.latest_round_id(),
         received.announcement.algorithm,
         settings.state_dir,
     )
-    return agent.export(out_path, quantize=quantize, guard=guard)
+    return exports.export(out_path, quantize=quantize, guard=guard)

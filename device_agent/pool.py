@@ -16,6 +16,7 @@ from device_agent.virtual_fleet import VirtualFleet
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
 from protocols.transport.base import Transport, Will
+from protocols.transport.factory import connect
 from protocols.transport.mqtt import MqttTransport
 
 logger = logging.getLogger(__name__)
@@ -40,8 +41,8 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     broker = settings.broker_settings(settings.broker)
     transports: list[MqttTransport] = []
 
-    def connect(device_id: str, will: Will) -> Transport:
-        transport = MqttTransport(broker, device_id, will=will, clean_start=True)
+    def connect_device(device_id: str, will: Will) -> Transport:
+        transport = connect(broker, device_id, will, clean_start=True)
         transports.append(transport)
         return transport
 
@@ -49,7 +50,7 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     try:
         indices = settings.device_range()
         threads = fleet.step_threads(indices, settings.thread_ceiling())
-        agents = fleet.build(indices, connect, threaded=True, threads=threads)
+        agents = fleet.build(indices, connect_device, threaded=True, threads=threads)
         logger.info(
             "pool of %d devices (%s) serving fleet %s on %s",
             len(agents),

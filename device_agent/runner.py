@@ -17,7 +17,8 @@ from pfl_tasks.datadir import load_device_data
 from pfl_tasks.fit_check import check_model_fits
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
-from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
+from protocols.transport.factory import connect
+from protocols.transport.mqtt import BrokerConnectionError
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +50,12 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
     data = load_data(settings, task)
     workspace = task.build_model(settings.seed)
     initial_state = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
-    transport = MqttTransport(
+    transport = connect(
         settings.broker_settings(settings.broker).model_copy(
             update={"max_takeovers": settings.max_takeovers}
         ),
         settings.device_id,
-        will=device_will(
-            settings.fleet, settings.device_id, strict_egress=settings.dp_strict_egress
-        ),
+        device_will(settings.fleet, settings.device_id, strict_egress=settings.dp_strict_egress),
     )
     agent = DeviceAgent(
         device_id=settings.device_id,
@@ -85,7 +84,6 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         ),
         strict_egress=settings.dp_strict_egress,
     )
-    transport.on_reconnect = agent.rejoin  # a restarted broker forgot us: say hello again
     return agent
 
 
@@ -112,7 +110,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
     displaced = None
     try:
         while not stop.wait(0.5):
-            displaced = getattr(transport, "displaced", None)
+            displaced = transport.displaced
             if displaced is not None:
                 break
     finally:

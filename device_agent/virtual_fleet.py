@@ -24,7 +24,13 @@ from device_agent.received import DecodedModelCache
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
 from protocols.codec import Tensors
-from protocols.transport.base import MessageHandler, Transport, TransportWrapper, Will
+from protocols.transport.base import (
+    MessageHandler,
+    ReconnectHook,
+    Transport,
+    TransportWrapper,
+    Will,
+)
 
 Connect = Callable[[str, Will], Transport]
 
@@ -131,7 +137,7 @@ class VirtualFleet:
                 if self.attack is None
                 else self.attack.attack(index, device_id, coalition, classes)
             )
-            connected = transport = connect(device_id, device_will(self.fleet, device_id))
+            transport = connect(device_id, device_will(self.fleet, device_id))
             if one_at_a_time is not None:
                 transport = SerializedTransport(transport, one_at_a_time)
             agent = DeviceAgent(
@@ -149,9 +155,8 @@ class VirtualFleet:
                 model_cache=cache,
                 threads=threads,
                 attack=attack,
+                reproducible_noise=True,  # the same for any number of workers
             )
-            agent.contexts.reproducible_noise = True  # the same for any number of workers
-            _rejoin_after_reconnects(connected, agent, one_at_a_time)
             agent.start()
             agents.append(agent)
         return agents
@@ -171,32 +176,6 @@ class VirtualFleet:
         return classes
 
 
-def _rejoin_after_reconnects(
-    transport: Transport, agent: DeviceAgent, lock: threading.Lock | None
-) -> None:
-    """A transport that can lose its connection (MQTT) says hello again once it is back.
-
-    Set before the agent starts: a broker may drop a connection right after accepting it
-    (amqtt does while it hands a just-discarded session over), and a device whose hello went
-    down with it would otherwise never join.
-    """
-    if not hasattr(transport, "on_reconnect"):
-        return  # in-process transports never lose their connection
-
-    def rejoin() -> None:
-        if agent.started:
-            agent.rejoin()
-
-    hook = rejoin
-    if lock is not None:
-
-        def hook() -> None:
-            with lock:
-                rejoin()
-
-    transport.on_reconnect = hook
-
-
 class SerializedTransport(TransportWrapper):
     """A transport whose handlers take `lock`: many such agents may share one workspace."""
 
@@ -213,5 +192,14 @@ class SerializedTransport(TransportWrapper):
 
         self.inner.subscribe(pattern, serialized)
 
-    def __getattr__(self, name: str) -> object:  # e.g. the MQTT transport's `displaced`
-        return getattr(self.inner, name)
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Hear of reconnects with `hook` run under the lock, as handlers are."""
+        if hook is None:
+            self.inner.on_reconnect(None)
+            return
+
+        def serialized() -> None:
+            with self.lock:
+                hook()
+
+        self.inner.on_reconnect(serialized)

@@ -78,16 +78,6 @@ class ViewTap(TransportWrapper):
             self._wake.notify()
         self._thread.join(10.0)
 
-    @property
-    def on_reconnect(self) -> Callable[[], None] | None:
-        """The inner transport's reconnect hook (the coordinator republishes through it)."""
-        return getattr(self.inner, "on_reconnect", None)
-
-    @on_reconnect.setter
-    def on_reconnect(self, hook: Callable[[], None] | None) -> None:
-        if hasattr(self.inner, "on_reconnect"):
-            self.inner.on_reconnect = hook
-
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish, then file it for the board."""
         self.inner.publish(topic, payload, retain=retain)

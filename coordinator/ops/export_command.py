@@ -12,7 +12,7 @@ from protocols import topics
 from protocols.codec import decode_frame, encode_frame
 from protocols.errors import PflError
 from protocols.messages import Command, ExportArguments, ExportReport, FleetStatus
-from protocols.transport.mqtt import MqttTransport
+from protocols.transport.factory import connect
 from protocols.transport.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def request_exports(
                 result.reports[message.device_id] = message
 
     client_id = f"pfl-export-{uuid.uuid4().hex[:12]}"
-    with MqttTransport(broker, client_id, clean_start=True) as transport:
+    with connect(broker, client_id, clean_start=True) as transport:
         transport.subscribe(topics.device_subscription(fleet, "export-report"), on_message)
         transport.subscribe(topics.fleet_status(fleet), on_message)
         transport.wait_until(lambda: bool(status), listen_s)

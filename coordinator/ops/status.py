@@ -14,6 +14,7 @@ from coordinator.ops.view_intake import view_message, view_topic
 from protocols import topics
 from protocols.errors import PflError
 from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
+from protocols.transport.factory import connect
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 
@@ -168,7 +169,7 @@ def watch_fleet(
         BrokerConnectionError: the broker cannot be reached.
     """
     client_id = f"{topics.RESERVED_PREFIX}{purpose}-{uuid.uuid4().hex[:12]}"
-    transport = MqttTransport(broker, client_id, clean_start=True)
+    transport = connect(broker, client_id, clean_start=True)
     patterns = [
         topics.coordinator_status(fleet),
         topics.fleet_status(fleet),

@@ -143,8 +143,7 @@ def build_coordinator(
     # under DP or secure aggregation no device's loss is shown (a hostile or older device may
     # still send one): the fleet status every device reads must not republish it
     coordinator.registry.keeps_losses = privacy is None and stages.secure is None
-    if hasattr(coordinator.transport, "on_reconnect"):  # MQTT: a restarted broker forgot us
-        coordinator.transport.on_reconnect = coordinator.republish
+    coordinator.transport.on_reconnect(coordinator.republish)  # a restarted broker forgot us
     if stages.secure is not None:
         fleet = engine_settings.fleet
 

@@ -38,7 +38,7 @@ from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
 from protocols.transport.base import Transport
-from protocols.transport.mqtt import MqttTransport
+from protocols.transport.factory import connect
 from protocols.transport.run_access import coordinator_client_id
 
 logger = logging.getLogger(__name__)
@@ -105,10 +105,10 @@ def run_serve(
         broker = settings.broker_settings(settings.broker)
     try:
         offences = Offences()  # the transport's drops and the engine's, per device, in one count
-        transport = MqttTransport(
+        transport = connect(
             broker,
             coordinator_client_id(settings.fleet),
-            will=coordinator_will(settings.fleet),
+            coordinator_will(settings.fleet),
             clean_start=True,
             offences=offences,
         )

@@ -44,8 +44,8 @@ from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.base import Transport, Will
 from protocols.transport.broker import EmbeddedBroker
+from protocols.transport.factory import connect
 from protocols.transport.inprocess import InProcessBroker
-from protocols.transport.mqtt import MqttTransport
 from protocols.transport.process_hub import ProcessHub
 from protocols.transport.run_access import DEVICE_USER, RunAccess, coordinator_client_id
 from protocols.transport.settings import BrokerSettings
@@ -104,7 +104,7 @@ class LocalDevices:
 
     def export(self, directory: Path, *, quantize: str | None, guard: bool) -> dict[str, Any]:
         """See `DeviceHost.export`."""
-        sources = [agent.export_source() for agent in self.agents]
+        sources = [agent.exports.source() for agent in self.agents]
         return export_fleet(sources, directory, quantize=quantize, guard=guard)
 
 
@@ -152,10 +152,13 @@ def _wiring(
 
         def host_here(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
             cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
-            return LocalDevices(fleet.build(every, hub.connect, threaded=False), hub)
+            agents = fleet.build(
+                every, lambda device, will: connect(hub, device, will), threaded=False
+            )
+            return LocalDevices(agents, hub)
 
         will = coordinator_will(settings.fleet)
-        return _Wiring(lambda: hub.connect("coordinator", will), host_here)
+        return _Wiring(lambda: connect(hub, "coordinator", will), host_here)
     if broker is not None and not isinstance(broker, ProcessHub):
         msg = "a caller's InProcessBroker serves devices in this process only: pass a ProcessHub"
         raise ValueError(msg)
@@ -168,7 +171,7 @@ def _wiring(
         return devices
 
     return _Wiring(
-        lambda: process_hub.connect("coordinator", coordinator_will(settings.fleet)),
+        lambda: connect(process_hub, "coordinator", coordinator_will(settings.fleet)),
         host_in_workers,
     )
 
@@ -190,21 +193,21 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
         logger.warning("no --broker given: serving an embedded MQTT broker on %s", url)
     broker_settings = BrokerSettings(url=url)
 
-    def connect(client_id: str, will: Will, account: str = DEVICE_USER) -> Transport:
+    def connect_as(client_id: str, will: Will, account: str = DEVICE_USER) -> Transport:
         as_account = broker_settings
         if accounts is not None:
             as_account = accounts.settings(account, broker_settings)
-        transport = MqttTransport(as_account, client_id, will=will, clean_start=True)
+        transport = connect(as_account, client_id, will, clean_start=True)
         cleanup.callback(transport.close)
         return transport
 
     def host(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
         cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
-        return LocalDevices(fleet.build(range(settings.devices), connect, threaded=True), None)
+        return LocalDevices(fleet.build(range(settings.devices), connect_as, threaded=True), None)
 
     coordinator_id = coordinator_client_id(settings.fleet)
     will = coordinator_will(settings.fleet)
-    return _Wiring(lambda: connect(coordinator_id, will, COORDINATOR_USER), host)
+    return _Wiring(lambda: connect_as(coordinator_id, will, COORDINATOR_USER), host)
 
 
 def buffered_rounds(

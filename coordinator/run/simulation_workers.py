@@ -176,7 +176,7 @@ def _worker_main(
 def _answer(agents: list[DeviceAgent], request: dict[str, Any]) -> dict[str, Any]:
     options = request["export"]
     exported = export_fleet(
-        [agent.export_source() for agent in agents],
+        [agent.exports.source() for agent in agents],
         Path(options["dir"]),
         quantize=options["quantize"],
         guard=bool(options["guard"]),

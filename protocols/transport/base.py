@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 MessageHandler = Callable[[str, bytes], None]
+ReconnectHook = Callable[[], None]
 
 
 @dataclass
@@ -43,6 +44,11 @@ class Transport(Protocol):
         """Bytes and messages this end has moved (a transport may count more)."""
         ...
 
+    @property
+    def displaced(self) -> str | None:
+        """Why it stopped for good: another client keeps taking its id (None while not)."""
+        ...
+
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Send `payload` to `topic` at QoS 1; `retain` keeps it for late subscribers."""
         ...
@@ -66,6 +72,15 @@ class Transport(Protocol):
         """
         ...
 
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Call `hook` (as handlers are called) whenever a lost connection is back.
+
+        A restarted broker has forgotten retained liveness and who said hello, so a client
+        says it again here. Replaces an earlier hook; None removes it. Transports that cannot
+        lose their connection (in-process) never call it.
+        """
+        ...
+
     def close(self) -> None:
         """Disconnect cleanly: the broker does not publish the will."""
         ...
@@ -83,6 +98,11 @@ class TransportWrapper:
         """The inner transport's counters."""
         return self.inner.stats
 
+    @property
+    def displaced(self) -> str | None:
+        """Whether the inner transport was displaced, and why."""
+        return self.inner.displaced
+
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish through the inner transport."""
         self.inner.publish(topic, payload, retain=retain)
@@ -98,6 +118,10 @@ class TransportWrapper:
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait through the inner transport."""
         return self.inner.wait_until(predicate, timeout_s)
+
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Hear of reconnects through the inner transport."""
+        self.inner.on_reconnect(hook)
 
     def close(self) -> None:
         """Close the inner transport."""

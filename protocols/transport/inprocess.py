@@ -7,17 +7,23 @@ is deterministic. Retained messages and last-wills behave as on an MQTT broker.
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocols.errors import describe
 from protocols.topics import topic_matches
-from protocols.transport.base import MessageHandler, TransportStats, Will
+from protocols.transport.base import MessageHandler, ReconnectHook, TransportStats, Will
 
 logger = logging.getLogger(__name__)
 _MATCHED_TOPICS = 1 << 16
 """Topics whose wildcard matches are remembered: each device's recur every round."""
+_named: weakref.WeakValueDictionary[str, InProcessBroker] = weakref.WeakValueDictionary()
+"""Hubs reachable as inproc://<name>, for as long as something else holds them."""
+_naming = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -37,7 +43,11 @@ class _Delivery:
 
 @dataclass
 class InProcessBroker:
-    """The hub every in-process client connects to."""
+    """The hub every in-process client connects to.
+
+    A hub given a `name` is also reachable as `inproc://<name>` (see `named_hub`) while it lives;
+    one without is reached through the object only.
+    """
 
     _exact: dict[str, dict[int, _Subscription]] = field(default_factory=dict)
     _wildcards: list[_Subscription] = field(default_factory=list)
@@ -48,6 +58,20 @@ class InProcessBroker:
     _dispatching: bool = False
     delivered: Counter[str] = field(default_factory=Counter)
     """Payload bytes delivered per topic, summed over recipients (what a broker sends out)."""
+    name: str | None = field(default=None, kw_only=True)
+    """Letters, digits, `.`, `_` and `-`: what `inproc://<name>` can say (None: no URL)."""
+
+    def __post_init__(self) -> None:
+        if self.name is None:
+            return
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
+            msg = f"in-process hub name {self.name!r}: use letters, digits, '.', '_' and '-'"
+            raise ValueError(msg)
+        with _naming:
+            if self.name in _named:
+                msg = f"an in-process hub named {self.name!r} already exists: pick another name"
+                raise ValueError(msg)
+            _named[self.name] = self
 
     def connect(self, client_id: str, will: Will | None = None) -> InProcessTransport:
         """A new client of this hub."""
@@ -139,12 +163,30 @@ class InProcessBroker:
             )
 
 
+def named_hub(name: str) -> InProcessBroker:
+    """The live hub created with `name`.
+
+    Raises:
+        ValueError: no hub of that name is alive in this process.
+    """
+    with _naming:
+        hub = _named.get(name)
+        known = sorted(_named)
+    if hub is None:
+        listing = ", ".join(known) if known else "none"
+        msg = f"no in-process hub named {name!r} in this process (named hubs: {listing})"
+        raise ValueError(msg)
+    return hub
+
+
 class InProcessTransport:
     """One client of an `InProcessBroker`."""
 
     def __init__(self, broker: InProcessBroker, client_id: str, will: Will | None) -> None:
         self.client_id = client_id
         self.stats = TransportStats()
+        self.displaced: str | None = None
+        """Always None: the hub lets no client take another's id."""
         self._broker = broker
         self._will = will
         self._subscriptions: dict[str, list[_Subscription]] = {}
@@ -168,6 +210,10 @@ class InProcessTransport:
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Deliver messages until `predicate()` holds (`timeout_s`: for other processes)."""
         return self._broker.pump(predicate, timeout_s)
+
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Nothing to do: an in-process client never loses its connection."""
+        del hook
 
     def close(self) -> None:
         """Leave without a will."""

@@ -27,7 +27,7 @@ from protocols.errors import PflError, ProtocolError
 from protocols.offences import Offences
 from protocols.topics import chunk_subscription
 from protocols.transport import chunking
-from protocols.transport.base import MessageHandler, Will
+from protocols.transport.base import MessageHandler, ReconnectHook, Will
 from protocols.transport.dispatch import (
     Dispatcher,
     MqttTransportStats,
@@ -65,8 +65,8 @@ class BrokerConnectionError(PflError, ConnectionError):
 class MqttTransport:
     """A connected MQTT client speaking the Transport interface; connects in the constructor.
 
-    Set `on_reconnect` to be called (on the dispatch thread, like handlers) after paho restored
-    a lost connection, e.g. so a device says hello again to a restarted broker.
+    A hook given to `on_reconnect` runs on the dispatch thread, like handlers, after paho
+    restored a lost connection, e.g. so a device says hello again to a restarted broker.
 
     Raises:
         BrokerConnectionError: the broker is unreachable or refuses within connect_timeout_s.
@@ -88,7 +88,7 @@ class MqttTransport:
         self.client_id = client_id
         self.settings = settings
         self.stats = MqttTransportStats()
-        self.on_reconnect: Callable[[], None] | None = None
+        self._reconnect_hook: ReconnectHook | None = None
         self.offences = offences or Offences()
         """Messages dropped at intake, per sender (over a rate, queue or transfer limit)."""
         self._dispatcher = Dispatcher(client_id, settings, self.stats, self.offences)
@@ -199,6 +199,10 @@ class MqttTransport:
         Called from a handler it returns predicate() at once, as the in-process transport does.
         """
         return self._dispatcher.wait_until(predicate, timeout_s)
+
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Run `hook` on the dispatch thread, in order with messages, after each reconnect."""
+        self._reconnect_hook = hook
 
     @property
     def connected(self) -> bool:
@@ -395,7 +399,7 @@ class MqttTransport:
                 filters = list(self._filters)
             if filters:  # a broker that lost the session (restart) has lost them too
                 client.subscribe(self._subscriptions(filters))
-            hook = self.on_reconnect
+            hook = self._reconnect_hook
             if hook is not None and self._connack.is_set():
                 self._dispatcher.put(Reconnected(hook))
         except Exception:

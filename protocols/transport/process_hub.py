@@ -231,7 +231,7 @@ class ProcessHub(InProcessBroker):
             link.replies.append(frame)
             return
         if frame.kind == CONNECT:
-            link.clients[header["d"]] = InProcessTransport(self, header["id"], None)
+            link.clients[header["d"]] = self.connect(header["id"])
             return
         client = link.clients[header["d"]]
         if frame.kind == PUBLISH:

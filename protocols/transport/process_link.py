@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from protocols.errors import describe
-from protocols.transport.base import MessageHandler, TransportStats
+from protocols.transport.base import MessageHandler, ReconnectHook, TransportStats
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,8 @@ class RemoteTransport:
         self.client_id = client_id
         self.slot = slot
         self.stats = TransportStats()
+        self.displaced: str | None = None
+        """Always None: the parent's hub lets no client take another's id."""
         self._end = end
         self._subscriptions: dict[str, list[int]] = {}
 
@@ -174,6 +176,10 @@ class RemoteTransport:
         """Handlers run one at a time on the worker's loop: nothing arrives while one waits."""
         del timeout_s
         return predicate()
+
+    def on_reconnect(self, hook: ReconnectHook | None) -> None:
+        """Nothing to do: a pipe to the parent's hub is never lost and regained."""
+        del hook
 
     def close(self) -> None:
         """Leave without a will."""

@@ -160,7 +160,7 @@ def test_the_mixture_exports_as_one_verified_onnx_graph(tmp_path) -> None:
     agent = result.agents[0]
     members = _memory(agent).members(FedericoConfig())
     # Execute
-    report = agent.export(tmp_path / "mixture.onnx")
+    report = agent.exports.export(tmp_path / "mixture.onnx")
     # Assert: parity checked, and the graph holds exactly the mixture's models
     assert report.ok, report.error
     assert report.parity_max_abs_diff is not None
@@ -168,7 +168,7 @@ def test_the_mixture_exports_as_one_verified_onnx_graph(tmp_path) -> None:
     graph = onnx.load(tmp_path / "mixture.onnx").graph
     weights = [i for i in graph.initializer if i.name.endswith("output.weight")]
     assert len(weights) == len(members) >= 1
-    guarded = agent.export(tmp_path / "guarded.onnx", guard=True)
+    guarded = agent.exports.export(tmp_path / "guarded.onnx", guard=True)
     assert not guarded.ok
     assert "no global model" in guarded.error
 

@@ -69,7 +69,7 @@ def test_no_client_can_take_the_coordinators_session(connect: Connect, run: Embe
     # and then drops the connected holder of that id even when the check fails
     coordinator = connect(COORDINATOR_USER, coordinator_client_id(FLEET))
     reconnects: list[str] = []
-    coordinator.on_reconnect = lambda: reconnects.append("coordinator")
+    coordinator.on_reconnect(lambda: reconnects.append("coordinator"))
     updates = Inbox()
     coordinator.subscribe(topics.device_subscription(FLEET, "update"), updates)
     for account in (DEVICE_USER, OPERATOR_USER, None):

@@ -212,8 +212,8 @@ def test_no_account_can_take_another_clients_session(
     coordinator = connect("coordinator", f"pfl-coord-{FLEET}")
     victim = connect("dev-2", "dev-2")
     reconnects: list[str] = []
-    coordinator.on_reconnect = lambda: reconnects.append("coordinator")
-    victim.on_reconnect = lambda: reconnects.append("dev-2")
+    coordinator.on_reconnect(lambda: reconnects.append("coordinator"))
+    victim.on_reconnect(lambda: reconnects.append("dev-2"))
     updates = Inbox()
     coordinator.subscribe(topics.device_subscription(FLEET, "update"), updates)
     for stolen in (f"pfl-coord-{FLEET}", "pfl-coordinator", "dev-2"):
