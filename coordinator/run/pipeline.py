@@ -108,12 +108,12 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
         stages.append(Stage(pretrain, tuple(model.state_dict()), settings.pretrain_rounds))
     stages.append(Stage(config, split.shared, settings.pretrain_rounds + settings.rounds))
     for stage in stages:
-        problem = stage.config.compression_problem(settings.uplink(), settings.compress_down)
+        problem = stage.config.compression_problem(settings.uplink(), settings.compress.down)
         if problem is not None:
             raise ValueError(problem)
     privacy = settings.privacy()
     if privacy is not None:
-        check_placement(privacy, secure=settings.secagg)
+        check_placement(privacy, secure=settings.secagg.enabled)
         for stage in stages:
             check_privacy(build_strategy(stage.config, settings.participation))
     secure = settings.secure_aggregation()
@@ -125,7 +125,7 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
             [stage.config.name for stage in stages],
             private=privacy is not None,
             secure=secure is not None,
-            compress_down=settings.compress_down,
+            compress_down=settings.compress.down,
             pretrain_rounds=settings.pretrain_rounds,
         )
     poisson = privacy is not None and privacy.sampling == "poisson"

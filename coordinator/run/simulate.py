@@ -215,7 +215,7 @@ def buffered_rounds(
     Raises:
         ValueError: a synchronous run on the simulated clock with DP or secure aggregation.
     """
-    if settings.mode == "sync" and (settings.privacy() is not None or settings.secagg):
+    if settings.mode == "sync" and (settings.privacy() is not None or settings.secagg.enabled):
         msg = (
             "the --sim-* settings run rounds on a simulated clock, which does not combine with "
             "differential privacy or secure aggregation yet"
@@ -277,7 +277,7 @@ def _run(
         seed=settings.seed,
         guard=settings.guard_settings(),
         uplink=settings.uplink(),
-        downlink=settings.compress_down,
+        downlink=settings.compress.down,
     )
     coordinator = build_coordinator(
         wiring.connect_coordinator,
