@@ -84,9 +84,13 @@ def _environment(model: type[BaseModel]) -> dict[str, Any]:
 
 
 class TomlSettings(BaseSettings):
-    """Shared loading rules: flags > PFL_* environment > TOML file > defaults."""
+    """Shared loading rules: flags > PFL_* environment > TOML file > defaults.
 
-    model_config = SettingsConfigDict(env_prefix="PFL_", extra="forbid")
+    The variables are read by `_environment` (flat and nested names), not pydantic-settings'
+    own source, which would take `PFL_DP=...` for the whole section.
+    """
+
+    model_config = SettingsConfigDict(extra="forbid")
 
     @classmethod
     def settings_customise_sources(
