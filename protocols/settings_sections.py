@@ -53,6 +53,8 @@ class Setting(NamedTuple):
     flat: str
     section: str | None
     """The program model's field holding the section, or None for a top-level setting."""
+    table: str | None
+    """The section's TOML table (None for a top-level setting)."""
     name: str
     """The field's name (in the section, or top-level)."""
     field: FieldInfo
@@ -74,11 +76,11 @@ def settings_of(model: type[BaseModel]) -> tuple[Setting, ...]:
     for name, field in model.model_fields.items():
         section = section_type(field)
         if section is None:
-            found.append(Setting(name, None, name, field, _extra(field, "panel")))
+            found.append(Setting(name, None, None, name, field, _extra(field, "panel")))
             continue
         for sub, sub_field in section.model_fields.items():
             flat = _extra(sub_field, "flat_name") or section.flag_prefix + sub
-            found.append(Setting(flat, name, sub, sub_field, section.panel))
+            found.append(Setting(flat, name, section.table, sub, sub_field, section.panel))
     flats = [setting.flat for setting in found]
     if len(set(flats)) != len(flats):
         msg = f"{model.__name__}: two settings share a flat name"
@@ -98,29 +100,28 @@ def _tables(model: type[BaseModel]) -> dict[str, str]:
 
 
 @functools.cache
-def _nested(model: type[BaseModel]) -> dict[str, Setting]:
-    return {setting.flat: setting for setting in settings_of(model) if setting.section is not None}
+def _nested(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
+    """Flat name -> (section field, field) of each setting inside a section."""
+    return {
+        setting.flat: (setting.section, setting.name)
+        for setting in settings_of(model)
+        if setting.section is not None
+    }
 
 
 def flag_locations(model: type[BaseModel]) -> dict[tuple[str, str], str]:
     """(section field, field) -> flat name: how an error inside a section names its flag."""
-    return {
-        (setting.section, setting.name): setting.flat
-        for setting in settings_of(model)
-        if setting.section is not None
-    }
+    return {place: flat for flat, place in _nested(model).items()}
 
 
 def env_names(model: type[BaseModel]) -> Iterator[tuple[Setting, tuple[str, ...]]]:
     """Each setting with its variable names: `PFL_<NAME>`; nested (`PFL_DP__CLIP`) before flat."""
     for setting in settings_of(model):
         flat = f"PFL_{setting.flat}".upper()
-        if setting.section is None:
+        if setting.table is None:
             yield setting, (flat,)
-            continue
-        section = section_type(model.model_fields[setting.section])
-        assert section is not None
-        yield setting, (f"PFL_{section.table}__{setting.name}".upper(), flat)
+        else:
+            yield setting, (f"PFL_{setting.table}__{setting.name}".upper(), flat)
 
 
 def fold(model: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,9 +148,7 @@ def fold(model: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
             for name, item in items.items():
                 put(table, name, item, f"[{key}] {name}")
         elif key in nested:
-            setting = nested[key]
-            assert setting.section is not None
-            put(setting.section, setting.name, value, key)
+            put(*nested[key], value, key)
         else:
             folded[key] = value
     return folded
@@ -157,12 +156,12 @@ def fold(model: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
 
 def flatten(model: type[BaseModel], dumped: dict[str, Any]) -> dict[str, Any]:
     """A dump of `model` with each section's settings under their flat names, in place."""
-    names = {(s.section, s.name): s.flat for s in settings_of(model) if s.section is not None}
+    names, tables = flag_locations(model), _tables(model)
     flat: dict[str, Any] = {}
     for key, value in dumped.items():
-        if key in _tables(model) and isinstance(value, dict):
+        if key in tables and isinstance(value, dict):
             for name, item in value.items():
-                flat[names[(_tables(model)[key], name)]] = item
+                flat[names[(tables[key], name)]] = item
         else:
             flat[key] = value
     return flat
