@@ -47,7 +47,7 @@ def _shown_default(setting: Setting) -> str | bool:
     return str(default)
 
 
-def _option(setting: Setting, help_text: str | None) -> inspect.Parameter:
+def _option(setting: Setting, help_text: str | None, environment: bool) -> inspect.Parameter:
     kind = option_type(setting.field.annotation)
     flag = "--" + setting.flat.replace("_", "-")
     required = setting.field.is_required()
@@ -56,6 +56,7 @@ def _option(setting: Setting, help_text: str | None) -> inspect.Parameter:
         help=setting.field.description if help_text is None else help_text,
         show_default=_shown_default(setting) if help_text is None else False,
         rich_help_panel=setting.panel,
+        envvar=f"PFL_{setting.flat.upper()}" if environment else None,
     )
     annotation = Annotated[kind if required else kind | None, option]  # type: ignore[valid-type]
     return inspect.Parameter(
@@ -94,17 +95,21 @@ def settings_options(
     only: Collection[str] | None = None,
     exclude: Collection[str] = (),
     helps: Mapping[str, str] | None = None,
+    environment: bool = False,
 ) -> Callable[[CommandT], CommandT]:
     """Give the decorated command one option per setting of `model`, passed on as `flags`.
 
     The command declares its own parameters as usual plus `flags: dict[str, Any]`; its own
     parameters before `flags` are listed first, those after it last. `helps` replaces the
-    help of a flag where one command means something narrower by it.
+    help of a flag where one command means something narrower by it. With `environment`, the
+    options read `PFL_<NAME>` themselves (for a command that loads no settings model).
     """
 
     def decorate(command: CommandT) -> CommandT:
         chosen = list(command_settings(model, only=only, exclude=exclude))
-        options = [_option(setting, (helps or {}).get(setting.flat)) for setting in chosen]
+        options = [
+            _option(setting, (helps or {}).get(setting.flat), environment) for setting in chosen
+        ]
         own = list(inspect.signature(command, eval_str=True).parameters.values())
         split = [parameter.name for parameter in own].index("flags")
         before, after = own[:split], own[split + 1 :]

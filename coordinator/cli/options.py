@@ -1,8 +1,8 @@
 """What the `pfl-coord` commands share: the options of commands without a settings model, logging.
 
-`simulate`, `serve` and `compare` generate their options from their settings models
-(`protocols.settings_options`); the fleet commands (`status`, `export`, `dashboard`) take the
-broker's and the dashboard's options with the help those settings declare.
+Every command generates its settings' options from the models that declare them
+(`protocols.settings_options`); the dashboard command's own options take the help its section
+declares.
 """
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from coordinator.run.sections import DashboardOptions
-from protocols.program_settings import BrokerAccess
-
-
-def _broker(name: str) -> str | None:
-    return BrokerAccess.model_fields[name].description
 
 
 def _dashboard(name: str) -> str | None:
@@ -32,17 +27,6 @@ ConfigOption = Annotated[
     typer.Option("--config", help="TOML file with any setting (flags and PFL_* variables win)"),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
-UserOption = Annotated[str | None, typer.Option(help=_broker("username"), envvar="PFL_USERNAME")]
-PasswordOption = Annotated[
-    str | None, typer.Option(help=_broker("password"), envvar="PFL_PASSWORD")
-]
-CaOption = Annotated[str | None, typer.Option(help=_broker("ca_file"), envvar="PFL_CA_FILE")]
-CertOption = Annotated[str | None, typer.Option(help=_broker("cert_file"), envvar="PFL_CERT_FILE")]
-KeyOption = Annotated[str | None, typer.Option(help=_broker("key_file"), envvar="PFL_KEY_FILE")]
-InsecureOption = Annotated[
-    bool | None, typer.Option("--tls-insecure", help=_broker("tls_insecure"))
-]
-
 console = Console(stderr=True)
 
 

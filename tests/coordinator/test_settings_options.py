@@ -15,6 +15,7 @@ from coordinator.cli import app as coord_cli
 from coordinator.run.settings import ServeSettings, SimulationSettings
 from device_agent import cli as agent_cli
 from device_agent.settings import AgentSettings, PoolSettings
+from protocols.program_settings import BrokerAccess
 from protocols.settings_options import command_settings
 from protocols.settings_sections import settings_of
 
@@ -241,3 +242,17 @@ def test_bad_values_name_the_flag_in_either_spelling(
 
     assert result.exit_code == 2
     assert result.output.strip().startswith(expected), result.output
+
+
+@pytest.mark.parametrize("name", ["status", "export", "dashboard"])
+def test_the_fleet_commands_take_the_broker_settings_once(name: str) -> None:
+    # Prepare
+    params = _command(coord_cli.app, name).params
+    declared = [s.flat for s in settings_of(BrokerAccess)]
+
+    # Assert: each broker setting one option, also read from its PFL_* variable
+    taken = {str(p.name): p for p in params if p.name in declared}
+    assert sorted(taken) == sorted(declared)
+    for flat, param in taken.items():
+        assert param.envvar == f"PFL_{flat.upper()}"
+        assert getattr(param, "help", None) == BrokerAccess.model_fields[flat].description
