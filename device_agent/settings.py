@@ -14,9 +14,9 @@ from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols import topics
 from protocols.program_settings import BROKER_PANEL, BrokerAccess, TomlSettings
-from protocols.settings_sections import panel
+from protocols.settings_sections import Section, panel
 
-_LIMITS = "Round eligibility and limits"
+_ELIGIBILITY = "Round eligibility"
 
 
 class ComputeSettings(BaseModel):
@@ -32,6 +32,25 @@ class ComputeSettings(BaseModel):
     def thread_ceiling(self) -> int:
         """The most torch threads training may use."""
         return self.threads or available_cores()
+
+
+class LimitsOptions(Section):
+    """The most work one round may ask of this device: `[limits]` table."""
+
+    table = "limits"
+    panel = "Round limits (limits)"
+
+    max_epochs: int = Field(default=100, ge=1, description="decline rounds asking for more epochs")
+    max_steps: int = Field(
+        default=100_000, ge=1, description="most optimizer steps in one round, else decline"
+    )
+    max_round_seconds: float = Field(
+        default=3600.0, gt=0, description="most seconds of local work in one round, else decline"
+    )
+
+    def work_limits(self) -> WorkLimits:
+        """This device's ceilings on one round's work."""
+        return WorkLimits(self.max_epochs, self.max_steps, self.max_round_seconds)
 
 
 class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettings):
@@ -69,40 +88,23 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
     min_free_memory: str | None = Field(
         None,
         description="skip a round when less memory is free (200MB, 10%)",
-        json_schema_extra=panel(_LIMITS),
+        json_schema_extra=panel(_ELIGIBILITY),
     )
     max_load_per_core: float | None = Field(
         None,
         gt=0,
         description="skip a round when the load per core is higher",
-        json_schema_extra=panel(_LIMITS),
+        json_schema_extra=panel(_ELIGIBILITY),
     )
     require_mains_power: bool = Field(
-        False, description="skip rounds while on battery", json_schema_extra=panel(_LIMITS)
+        False, description="skip rounds while on battery", json_schema_extra=panel(_ELIGIBILITY)
     )
     memory_budget: str | None = Field(
         None,
         description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory",
-        json_schema_extra=panel(_LIMITS),
+        json_schema_extra=panel(_ELIGIBILITY),
     )
-    max_epochs: int = Field(
-        100,
-        ge=1,
-        description="decline rounds asking for more epochs",
-        json_schema_extra=panel(_LIMITS),
-    )
-    max_steps: int = Field(
-        100_000,
-        ge=1,
-        description="most optimizer steps in one round, else decline",
-        json_schema_extra=panel(_LIMITS),
-    )
-    max_round_seconds: float = Field(
-        3600.0,
-        gt=0,
-        description="most seconds of local work in one round, else decline",
-        json_schema_extra=panel(_LIMITS),
-    )
+    limits: LimitsOptions = Field(default_factory=LimitsOptions)
     max_takeovers: int = Field(
         3,
         ge=0,
@@ -117,7 +119,7 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
 
     def work_limits(self) -> WorkLimits:
         """This device's ceilings on one round's work."""
-        return WorkLimits(self.max_epochs, self.max_steps, self.max_round_seconds)
+        return self.limits.work_limits()
 
     @field_validator("device_id")
     @classmethod

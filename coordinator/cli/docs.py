@@ -68,9 +68,10 @@ def render_cli_docs() -> str:
         "settings models (coordinator/run/settings.py and sections.py, device_agent/settings.py)",
         "and can also be set as `PFL_<NAME>` environment variables or in the `--config` TOML",
         "file; a flag wins over both. A setting of a section (`[dp]`, `[secagg]`, `[async]`,",
-        "`[guard]`, `[compress]`, `[sim]`, `[dashboard]`) may also be written in its table",
-        "(`[dp]` `clip = 1.0` for `dp_clip = 1.0`) or as `PFL_<TABLE>__<NAME>` (`PFL_DP__CLIP`).",
-        "An empty default means none, or the one the help text names.",
+        "`[guard]`, `[compress]`, `[sim]`, `[dashboard]`; the agent's `[limits]`) may also be",
+        "written in its table (`[dp]` `clip = 1.0` for `dp_clip = 1.0`) or as",
+        "`PFL_<TABLE>__<NAME>` (`PFL_DP__CLIP`). An empty default means none, or the one the",
+        "help text names. `--help` lists the options of each section in a panel of their own.",
         "",
     ]
     for program, app in PROGRAMS:

@@ -145,7 +145,7 @@ def test_serve_and_the_agent_take_their_flags(captured: list[Any], tmp_path: Pat
     board = serve.dashboard_settings()
     assert board is not None
     assert (board.listen, board.token) == ("127.0.0.1:0", "t0k")
-    assert (agent.data_shard, agent.max_epochs, agent.tls_insecure) == (3, 5, True)
+    assert (agent.data_shard, agent.limits.max_epochs, agent.tls_insecure) == (3, 5, True)
 
 
 FLAT = """
@@ -259,3 +259,19 @@ def test_the_fleet_commands_take_the_broker_settings_once(name: str) -> None:
     for flat, param in taken.items():
         assert param.envvar == f"PFL_{flat.upper()}"
         assert getattr(param, "help", None) == BrokerAccess.model_fields[flat].description
+
+
+def test_the_agents_limits_table_and_flat_keys_agree(tmp_path: Path) -> None:
+    # Prepare
+    (tmp_path / "flat.toml").write_text("data_shard = 1\nmax_epochs = 4\nmax_steps = 50\n")
+    (tmp_path / "nested.toml").write_text(
+        "data_shard = 1\n[limits]\nmax_epochs = 4\nmax_steps = 50\n"
+    )
+
+    # Execute
+    flat = AgentSettings.load(tmp_path / "flat.toml", device_id="dev-1")
+    nested = AgentSettings.load(tmp_path / "nested.toml", device_id="dev-1")
+
+    # Assert
+    assert flat == nested
+    assert (nested.work_limits().max_epochs, nested.work_limits().max_steps) == (4, 50)
