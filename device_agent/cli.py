@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 import typer
 from rich.console import Console
@@ -19,158 +19,42 @@ from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.datadir import load_npy, read_csv_columns, save_device_data, split_arrays
 from protocols.errors import PflError
-from protocols.program_options import (
-    AlphaOption,
-    FractionOption,
-    GroupsOption,
-    LabelsOption,
-    PartitionOption,
-    exit_with_error,
-)
+from protocols.program_options import exit_with_error
+from protocols.settings_options import settings_options
 
 app = typer.Typer(
     help="pfl-edge device agent: train personalized models on this device.", no_args_is_help=True
 )
 console = Console(stderr=True)
 
-BrokerOption = Annotated[
-    str | None, typer.Option(help="mqtt(s):// URL (default: mqtt://127.0.0.1:1883)")
-]
-FleetOption = Annotated[str | None, typer.Option(help="fleet name (default: default)")]
-TaskOption = Annotated[str | None, typer.Option(help="task name or module:attribute")]
-SeedOption = Annotated[int | None, typer.Option(help="the run's seed (default: 0)")]
-StatelessOption = Annotated[bool | None, typer.Option("--stateless", help="keep no personal state")]
-UsernameOption = Annotated[str | None, typer.Option(help="broker user name")]
-PasswordOption = Annotated[str | None, typer.Option(help="broker password (or PFL_PASSWORD)")]
-CaFileOption = Annotated[str | None, typer.Option(help="CA file for mqtts:// brokers")]
-CertFileOption = Annotated[str | None, typer.Option(help="client certificate")]
-KeyFileOption = Annotated[str | None, typer.Option(help="client certificate's key")]
-TlsInsecureOption = Annotated[
-    bool | None, typer.Option("--tls-insecure", help="skip the host name check")
-]
 ConfigOption = Annotated[
     Path | None, typer.Option(help="TOML file with any setting (flags and PFL_* win)")
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
-ThreadsOption = Annotated[
-    int | None,
-    typer.Option(
-        help="most torch threads training uses (default: the cores available; a model too "
-        "small to gain from them trains on fewer)"
-    ),
-]
+EXPORT_FLAGS: Final = (
+    *("state_dir", "device_id", "broker", "fleet", "task", "data_shard", "num_shards"),
+    *("partition", "alpha", "labels_per_device", "groups", "fraction", "seed", "data"),
+    "stateless",
+)
+"""The settings `export` rebuilds the model from: what `start` was given."""
 
 
 @app.command()
+@settings_options(AgentSettings)
 def start(
-    broker: BrokerOption = None,
-    device_id: Annotated[
-        str | None,
-        typer.Option(help="this device's id (default: <host name>-<machine id prefix>)"),
-    ] = None,
-    fleet: FleetOption = None,
-    task: TaskOption = None,
-    data_shard: Annotated[
-        int | None, typer.Option(help="index of this device's shard of the task's data")
-    ] = None,
-    num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
-    partition: PartitionOption = None,
-    alpha: AlphaOption = None,
-    labels_per_device: LabelsOption = None,
-    groups: GroupsOption = None,
-    fraction: FractionOption = None,
-    seed: SeedOption = None,
-    data: Annotated[
-        Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")
-    ] = None,
-    state_dir: Annotated[
-        Path | None, typer.Option(help="personal state directory (default: ./pfl-agent-state)")
-    ] = None,
-    stateless: StatelessOption = None,
-    min_free_memory: Annotated[
-        str | None, typer.Option(help="skip a round when less memory is free (200MB, 10%)")
-    ] = None,
-    max_load_per_core: Annotated[
-        float | None, typer.Option(help="skip a round when the load per core is higher")
-    ] = None,
-    require_mains_power: Annotated[
-        bool | None, typer.Option("--require-mains-power", help="skip rounds while on battery")
-    ] = None,
-    memory_budget: Annotated[
-        str | None,
-        typer.Option(help="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"),
-    ] = None,
-    max_epochs: Annotated[
-        int | None, typer.Option(help="decline rounds asking for more epochs (default: 100)")
-    ] = None,
-    max_steps: Annotated[
-        int | None,
-        typer.Option(help="most optimizer steps in one round, else decline (default: 100000)"),
-    ] = None,
-    max_round_seconds: Annotated[
-        float | None,
-        typer.Option(help="most seconds of local work in one round, else decline (default: 3600)"),
-    ] = None,
-    max_takeovers: Annotated[
-        int | None,
-        typer.Option(
-            help="exit after this many connections in a row lost to another client with this "
-            "device id, 0 = never (default: 3)"
-        ),
-    ] = None,
-    dp_strict_egress: Annotated[
-        bool | None,
-        typer.Option(
-            "--dp-strict-egress",
-            help="release nothing outside DP's guarantee: declare 1 sample, train only in DP "
-            "rounds, decline evaluations, no metrics or reasons in reports",
-        ),
-    ] = None,
-    threads: ThreadsOption = None,
-    username: UsernameOption = None,
-    password: PasswordOption = None,
-    ca_file: CaFileOption = None,
-    cert_file: CertFileOption = None,
-    key_file: KeyFileOption = None,
-    tls_insecure: TlsInsecureOption = None,
-    config: ConfigOption = None,
-    verbose: VerboseOption = False,
+    flags: dict[str, Any], config: ConfigOption = None, verbose: VerboseOption = False
 ) -> None:
     """Join a fleet and train in its rounds until SIGTERM or Ctrl-C.
 
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
-    values = {k: v for k, v in locals().items() if k not in ("config", "verbose")}
-    _serve(lambda: run_agent(AgentSettings.load(config, **values)), verbose)
+    _serve(lambda: run_agent(AgentSettings.load(config, **flags)), verbose)
 
 
 @app.command()
+@settings_options(PoolSettings)
 def pool(
-    devices: Annotated[
-        str, typer.Option(help="this pool's virtual devices, e.g. 0-499 (first-last, inclusive)")
-    ],
-    num_shards: Annotated[
-        int, typer.Option(help="devices in the whole simulated fleet, over all pools")
-    ],
-    broker: BrokerOption = None,
-    fleet: FleetOption = None,
-    task: TaskOption = None,
-    partition: PartitionOption = None,
-    alpha: AlphaOption = None,
-    labels_per_device: LabelsOption = None,
-    groups: GroupsOption = None,
-    fraction: FractionOption = None,
-    seed: SeedOption = None,
-    stateless: StatelessOption = None,
-    threads: ThreadsOption = None,
-    username: UsernameOption = None,
-    password: PasswordOption = None,
-    ca_file: CaFileOption = None,
-    cert_file: CertFileOption = None,
-    key_file: KeyFileOption = None,
-    tls_insecure: TlsInsecureOption = None,
-    config: ConfigOption = None,
-    verbose: VerboseOption = False,
+    flags: dict[str, Any], config: ConfigOption = None, verbose: VerboseOption = False
 ) -> None:
     """Run virtual devices of a simulated fleet as real MQTT clients until SIGTERM or Ctrl-C.
 
@@ -178,8 +62,7 @@ def pool(
     --min-devices <num-shards>` make a simulation spread over machines: device i holds the data
     `pfl-coord simulate --devices <num-shards>` gives it. See docs/scaling.md.
     """
-    values = {k: v for k, v in locals().items() if k not in ("config", "verbose")}
-    _serve(lambda: run_pool(PoolSettings.load(config, **values)), verbose)
+    _serve(lambda: run_pool(PoolSettings.load(config, **flags)), verbose)
 
 
 def _serve(run: Callable[[], None], verbose: bool) -> None:
@@ -205,45 +88,31 @@ def reset_state(
 
 
 @app.command()
+@settings_options(
+    AgentSettings,
+    only=EXPORT_FLAGS,
+    helps={
+        "state_dir": "the agent's state directory (default: ./pfl-agent-state)",
+        "device_id": "this device's id (default: the one the agent recorded)",
+        "broker": "accepted as for start; unused",
+        "stateless": "the agent kept no personal state",
+    },
+)
 def export(
     out: Annotated[Path, typer.Option(help="where to write the ONNX file, e.g. model.onnx")],
-    state_dir: Annotated[
-        Path | None, typer.Option(help="the agent's state directory (default: ./pfl-agent-state)")
-    ] = None,
     quantize: Annotated[
         str | None, typer.Option(help="int8: also write <out>.int8.onnx beside it")
     ] = None,
     guard: Annotated[
         bool, typer.Option("--guard", help="ship the global model where it validates better")
     ] = False,
-    device_id: Annotated[
-        str | None, typer.Option(help="this device's id (default: the one the agent recorded)")
-    ] = None,
-    broker: Annotated[str | None, typer.Option(help="accepted as for start; unused")] = None,
-    fleet: FleetOption = None,
-    task: TaskOption = None,
-    data_shard: Annotated[int | None, typer.Option(help="this device's shard index")] = None,
-    num_shards: Annotated[int | None, typer.Option(help="shards in all (default: 20)")] = None,
-    partition: Annotated[
-        str | None,
-        typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
-    ] = None,
-    alpha: Annotated[float | None, typer.Option(help="Dirichlet concentration")] = None,
-    labels_per_device: Annotated[int | None, typer.Option(help="labels per device")] = None,
-    groups: Annotated[int | None, typer.Option(help="label groups")] = None,
-    fraction: Annotated[float | None, typer.Option(help="share of the pooled data used")] = None,
-    seed: SeedOption = None,
-    data: Annotated[
-        Path | None, typer.Option(help="directory with train/test/val.npz instead of a shard")
-    ] = None,
-    stateless: Annotated[
-        bool | None, typer.Option("--stateless", help="the agent kept no personal state")
-    ] = None,
+    *,
+    flags: dict[str, Any],
     config: Annotated[
         Path | None, typer.Option(help="the TOML file `start` used (flags and PFL_* win)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Export the personalized model offline, from a stopped agent's state directory.
 
@@ -255,11 +124,9 @@ def export(
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
-    values = {k: v for k, v in locals().items() if k not in ("config", "verbose", "as_json")}
-    for name in ("out", "quantize", "guard"):
-        del values[name]
+    values = dict(flags)
     try:
-        if device_id is None:  # the id the agent ran as, from its state dir (flag, env or file)
+        if values["device_id"] is None:  # the id the agent ran as, from its state dir
             probe = AgentSettings.load(config, **{**values, "device_id": "unknown"})
             values["device_id"] = recorded_device_id(probe.state_dir)
         settings = AgentSettings.load(config, **values)

@@ -13,7 +13,10 @@ from device_agent.virtual_fleet import parse_device_range
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols import topics
-from protocols.program_settings import BrokerAccess, TomlSettings
+from protocols.program_settings import BROKER_PANEL, BrokerAccess, TomlSettings
+from protocols.settings_sections import Section, panel
+
+_ELIGIBILITY = "Round eligibility"
 
 
 class ComputeSettings(BaseModel):
@@ -31,6 +34,25 @@ class ComputeSettings(BaseModel):
         return self.threads or available_cores()
 
 
+class LimitsOptions(Section):
+    """The most work one round may ask of this device: `[limits]` table."""
+
+    table = "limits"
+    panel = "Round limits (limits)"
+
+    max_epochs: int = Field(default=100, ge=1, description="decline rounds asking for more epochs")
+    max_steps: int = Field(
+        default=100_000, ge=1, description="most optimizer steps in one round, else decline"
+    )
+    max_round_seconds: float = Field(
+        default=3600.0, gt=0, description="most seconds of local work in one round, else decline"
+    )
+
+    def work_limits(self) -> WorkLimits:
+        """This device's ceilings on one round's work."""
+        return WorkLimits(self.max_epochs, self.max_steps, self.max_round_seconds)
+
+
 class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettings):
     """`pfl-agent start`: one real device of a fleet.
 
@@ -38,38 +60,56 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
     gets (`make_fleet(num_shards, partition, seed)[data_shard]`); with `data`, its own files.
     """
 
-    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt(s):// URL of the broker")
+    broker: str = Field(
+        "mqtt://127.0.0.1:1883",
+        description="mqtt(s):// URL of the broker",
+        json_schema_extra=panel(BROKER_PANEL),
+    )
     device_id: str = Field(
         default_factory=default_device_id,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
         description="this device's id (default: <host name>-<machine id prefix>)",
     )
-    fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    task: str = Field("digits", description="built-in task name or module:attribute")
+    fleet: str = Field(
+        "default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="fleet name"
+    )
+    task: str = Field("digits", description="task name or module:attribute")
     task_options: dict[str, Any] = Field(default_factory=dict)
-    data_shard: int | None = Field(None, ge=0, description="index of this device's data shard")
-    num_shards: int = Field(20, ge=1, description="shards the task's data is split into")
-    seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
-    data: Path | None = Field(None, description="directory with train/test/val.npz")
+    data_shard: int | None = Field(
+        None, ge=0, description="index of this device's shard of the task's data"
+    )
+    num_shards: int = Field(20, ge=1, description="shards in all")
+    seed: int = Field(0, ge=0, description="the run's seed")
+    data: Path | None = Field(
+        None, description="directory with train/test/val.npz instead of a shard"
+    )
     state_dir: Path = Field(Path("pfl-agent-state"), description="personal state directory")
-    stateless: bool = Field(False, description="keep no personal state between rounds")
+    stateless: bool = Field(False, description="keep no personal state")
     min_free_memory: str | None = Field(
-        None, description="skip a round when less memory is free (e.g. 200MB, 10%)"
+        None,
+        description="skip a round when less memory is free (200MB, 10%)",
+        json_schema_extra=panel(_ELIGIBILITY),
     )
     max_load_per_core: float | None = Field(
-        None, gt=0, description="skip a round when the 1-minute load per core is higher"
+        None,
+        gt=0,
+        description="skip a round when the load per core is higher",
+        json_schema_extra=panel(_ELIGIBILITY),
     )
-    require_mains_power: bool = Field(False, description="skip rounds while on battery")
+    require_mains_power: bool = Field(
+        False, description="skip rounds while on battery", json_schema_extra=panel(_ELIGIBILITY)
+    )
     memory_budget: str | None = Field(
-        None, description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory"
+        None,
+        description="training memory cap: 512MB, 1.5GiB, 70% or 0.7 of available memory",
+        json_schema_extra=panel(_ELIGIBILITY),
     )
-    max_epochs: int = Field(100, ge=1, description="decline rounds asking for more epochs")
-    max_steps: int = Field(100_000, ge=1, description="most optimizer steps in one round")
-    max_round_seconds: float = Field(
-        3600.0, gt=0, description="most seconds of local work in one round"
-    )
+    limits: LimitsOptions = Field(default_factory=LimitsOptions)
     max_takeovers: int = Field(
-        3, ge=0, description="connections lost in a row to a client with this id before exiting"
+        3,
+        ge=0,
+        description="exit after this many connections in a row lost to another client with "
+        "this device id, 0 = never",
     )
     dp_strict_egress: bool = Field(
         False,
@@ -79,7 +119,7 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
 
     def work_limits(self) -> WorkLimits:
         """This device's ceilings on one round's work."""
-        return WorkLimits(self.max_epochs, self.max_steps, self.max_round_seconds)
+        return self.limits.work_limits()
 
     @field_validator("device_id")
     @classmethod
@@ -107,14 +147,24 @@ class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSetting
     so pools on several machines together are the simulation's fleet.
     """
 
-    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt(s):// URL of the broker")
-    devices: str = Field(description="the virtual devices this pool runs, e.g. 0-499 (inclusive)")
-    num_shards: int = Field(ge=1, description="devices in the whole simulated fleet")
-    fleet: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    task: str = Field("digits", description="built-in task name or module:attribute")
+    devices: str = Field(
+        description="this pool's virtual devices, e.g. 0-499 (first-last, inclusive)"
+    )
+    num_shards: int = Field(
+        ge=1, description="devices in the whole simulated fleet, over all pools"
+    )
+    broker: str = Field(
+        "mqtt://127.0.0.1:1883",
+        description="mqtt(s):// URL of the broker",
+        json_schema_extra=panel(BROKER_PANEL),
+    )
+    fleet: str = Field(
+        "default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="fleet name"
+    )
+    task: str = Field("digits", description="task name or module:attribute")
     task_options: dict[str, Any] = Field(default_factory=dict)
-    seed: int = Field(0, ge=0, description="the run's seed (data split, model init, training)")
-    stateless: bool = Field(False, description="keep no personal state between rounds")
+    seed: int = Field(0, ge=0, description="the run's seed")
+    stateless: bool = Field(False, description="keep no personal state")
 
     @model_validator(mode="after")
     def _check_range(self) -> PoolSettings:

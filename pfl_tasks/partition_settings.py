@@ -8,20 +8,39 @@ TOML keys `partition`, `alpha`, `labels_per_device`, `groups`, `fraction`).
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 from pydantic import BaseModel, Field
 
 from pfl_tasks.base import PartitionScheme, PartitionSpec
+
+_PANEL: Final[dict[str, Any]] = {"panel": "Data split"}
+"""The `--help` panel of these flags (see `protocols.settings_sections.panel`)."""
 
 
 class PartitionSettings(BaseModel):
     """How a task's pooled data is split across devices (see `PartitionSpec`)."""
 
-    partition: PartitionScheme = "dirichlet"
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration of label skew")
-    labels_per_device: int = Field(2, ge=1, description="labels per device (shards, powerlaw)")
-    groups: int = Field(2, ge=1, description="label groups of the groups partition")
+    partition: PartitionScheme = Field(
+        "dirichlet",
+        description="iid, dirichlet, shards, powerlaw, groups",
+        json_schema_extra=_PANEL,
+    )
+    alpha: float = Field(
+        0.5, gt=0, description="Dirichlet concentration of label skew", json_schema_extra=_PANEL
+    )
+    labels_per_device: int = Field(
+        2, ge=1, description="labels per device (shards, powerlaw)", json_schema_extra=_PANEL
+    )
+    groups: int = Field(
+        2, ge=1, description="label groups of the groups partition", json_schema_extra=_PANEL
+    )
     fraction: float = Field(
-        1.0, gt=0, le=1, description="share of the pooled data drawn before partitioning"
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the pooled data drawn before partitioning",
+        json_schema_extra=_PANEL,
     )
 
     def partition_spec(self) -> PartitionSpec:

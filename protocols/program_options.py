@@ -1,7 +1,7 @@
-"""What both programs' commands share: how data is split, how errors end, how to serve until told.
+"""What both programs' commands share: how errors end, how to serve until told.
 
-`pfl-coord simulate` and `pfl-agent start --data-shard` / `pfl-agent pool` must split the same
-pooled data the same way, so their flags are declared once (as `PartitionSettings` is).
+The data-split flags both programs take are generated from `PartitionSettings`, declared once
+(see `protocols.settings_options`).
 """
 
 from __future__ import annotations
@@ -10,29 +10,13 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Annotated, NoReturn
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 logger = logging.getLogger(__name__)
-
-PartitionOption = Annotated[
-    str | None,
-    typer.Option(help="iid, dirichlet, shards, powerlaw, groups (default: dirichlet)"),
-]
-AlphaOption = Annotated[float | None, typer.Option(help="Dirichlet concentration (default: 0.5)")]
-LabelsOption = Annotated[
-    int | None, typer.Option(help="labels per device for shards/powerlaw (default: 2)")
-]
-GroupsOption = Annotated[
-    int | None, typer.Option(help="label groups for the groups partition (default: 2)")
-]
-FractionOption = Annotated[
-    float | None,
-    typer.Option(help="share of the pooled data drawn before partitioning (default: 1.0)"),
-]
 
 
 def exit_with_error(console: Console, error: BaseException, code: int = 2) -> NoReturn:

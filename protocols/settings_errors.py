@@ -6,6 +6,7 @@ address; a command line should say `--devices 0: must be at least 1` and stop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,11 +53,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def describe_settings_error(error: ValidationError) -> str:
-    """Every problem of `error` on one line: `--flag value: what is allowed`, joined by `; `."""
+def describe_settings_error(
+    error: ValidationError, flat_names: Mapping[tuple[str, str], str] | None = None
+) -> str:
+    """Every problem of `error` on one line: `--flag value: what is allowed`, joined by `; `.
+
+    `flat_names` names the settings inside sections (`("dp", "clip")` -> `dp_clip`).
+    """
     problems = []
     for detail in error.errors(include_url=False):
-        flag = flag_name(tuple(detail["loc"]))
+        location = tuple(detail["loc"])
+        names = [str(part) for part in location[:2]]
+        flat = (flat_names or {}).get((names[0], names[1])) if len(names) == 2 else None
+        flag = flag_name(location if flat is None else (flat, *location[2:]))
         allowed = _allowed(detail)
         if not flag:
             problems.append(allowed)

@@ -56,7 +56,7 @@ def hub_coordinator(
             rounds=rounds,
             quorum=0.5,
             uplink=settings.uplink(),
-            downlink=settings.compress_down,
+            downlink=settings.compress.down,
         ),
         privacy=privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )

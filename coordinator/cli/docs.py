@@ -27,6 +27,9 @@ def _default(parameter: Any) -> str:
     default = parameter.default
     if getattr(parameter, "is_flag", False):
         return "on" if default else "off"
+    shown = getattr(parameter, "show_default", None)
+    if isinstance(shown, str):  # options generated from settings show the setting's default
+        return f"`{shown}`"
     if default is None or callable(default) or default in ((), []):
         return ""
     return f"`{default}`"
@@ -60,10 +63,15 @@ def render_cli_docs() -> str:
         "# Command-line reference",
         "",
         "Generated from the programs by `python -m coordinator.cli.docs`; do not edit by hand",
-        "(`tests/test_docs.py` fails when this file is out of date). Options of `simulate`,",
-        "`compare`, `serve` and `pfl-agent start`/`export` can also be set as `PFL_<NAME>`",
-        "environment variables or in the `--config` TOML file; a flag wins over both. An empty",
-        "default means the setting's default, named in the help text.",
+        "(`tests/test_docs.py` fails when this file is out of date). The options of `simulate`,",
+        "`compare`, `serve` and `pfl-agent start`/`pool`/`export` are generated from the",
+        "settings models (coordinator/run/settings.py and sections.py, device_agent/settings.py)",
+        "and can also be set as `PFL_<NAME>` environment variables or in the `--config` TOML",
+        "file; a flag wins over both. A setting of a section (`[dp]`, `[secagg]`, `[async]`,",
+        "`[guard]`, `[compress]`, `[sim]`, `[dashboard]`; the agent's `[limits]`) may also be",
+        "written in its table (`[dp]` `clip = 1.0` for `dp_clip = 1.0`) or as",
+        "`PFL_<TABLE>__<NAME>` (`PFL_DP__CLIP`). An empty default means none, or the one the",
+        "help text names. `--help` lists the options of each section in a panel of their own.",
         "",
     ]
     for program, app in PROGRAMS:

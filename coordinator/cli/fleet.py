@@ -5,24 +5,19 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from coordinator.cli.options import (
-    CaOption,
-    CertOption,
     DashboardCertOption,
     DashboardKeyOption,
     DashboardTokenFileOption,
     DashboardTokenOption,
-    InsecureOption,
-    KeyOption,
-    PasswordOption,
-    UserOption,
     VerboseOption,
     configure_logging,
     console,
@@ -37,6 +32,8 @@ from protocols.errors import PflError
 from protocols.messages import ExportArguments
 from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.program_settings import BrokerAccess
+from protocols.settings_errors import SettingsError, describe_settings_error
+from protocols.settings_options import settings_options
 from protocols.transport.settings import MIB
 
 BrokerUrlOption = Annotated[
@@ -45,22 +42,19 @@ BrokerUrlOption = Annotated[
 FleetNameOption = Annotated[str, typer.Option(help="fleet name", envvar="PFL_FLEET")]
 
 
+@settings_options(BrokerAccess, environment=True)
 def status(
     broker: BrokerUrlOption,
     fleet: FleetNameOption = "default",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     listen: Annotated[float, typer.Option(help="seconds to collect retained messages")] = 1.5,
-    username: UserOption = None,
-    password: PasswordOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    tls_insecure: InsecureOption = None,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Show the coordinator's and every device's retained status."""
     configure_logging(False)
     try:
-        access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
+        access = _access(flags)
         view = collect_fleet_view(access.broker_settings(broker), fleet, listen)
     except (PflError, ValueError) as error:
         exit_with_error(console, error)
@@ -108,6 +102,7 @@ def status(
         Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
 
 
+@settings_options(BrokerAccess, environment=True)
 def export(
     broker: BrokerUrlOption,
     fleet: FleetNameOption = "default",
@@ -123,18 +118,14 @@ def export(
     ] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the devices")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    username: UserOption = None,
-    password: PasswordOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    tls_insecure: InsecureOption = None,
+    *,
+    flags: dict[str, Any],
     verbose: VerboseOption = False,
 ) -> None:
     """Ask every device to export its personalized model to ONNX; exit 1 if any failed."""
     configure_logging(verbose)
     try:
-        access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
+        access = _access(flags)
         request = ExportArguments.checked(
             out_dir="" if out_dir is None else str(out_dir), quantize=quantize, guard=guard
         )
@@ -238,6 +229,7 @@ def _dropped_cell(dropped: int, quarantined: bool) -> str:
     return f"{cell} [red]quarantined[/red]" if quarantined else cell
 
 
+@settings_options(BrokerAccess, environment=True)
 def dashboard(
     broker: Annotated[
         str | None,
@@ -262,12 +254,8 @@ def dashboard(
     ] = False,
     dashboard_cert: DashboardCertOption = None,
     dashboard_key: DashboardKeyOption = None,
-    username: UserOption = None,
-    password: PasswordOption = None,
-    ca_file: CaOption = None,
-    cert_file: CertOption = None,
-    key_file: KeyOption = None,
-    tls_insecure: InsecureOption = None,
+    *,
+    flags: dict[str, Any],
     verbose: VerboseOption = False,
 ) -> None:
     """Serve a live, read-only web dashboard of a fleet (through its broker) or of a run directory.
@@ -292,7 +280,7 @@ def dashboard(
         if run is not None:
             context = run_directory_dashboard(settings, run, say)
         else:
-            access = _access(username, password, ca_file, cert_file, key_file, tls_insecure)
+            access = _access(flags)
             context = broker_dashboard(settings, access.broker_settings(broker or ""), fleet, say)
         with context:
             wait_for_interrupt()
@@ -300,20 +288,13 @@ def dashboard(
         exit_with_error(console, error)
 
 
-def _access(
-    username: str | None,
-    password: str | None,
-    ca_file: str | None,
-    cert_file: str | None,
-    key_file: str | None,
-    tls_insecure: bool | None,
-) -> BrokerAccess:
-    """The broker credentials and TLS options the fleet commands share."""
-    return BrokerAccess(
-        username=username,
-        password=password,
-        ca_file=ca_file,
-        cert_file=cert_file,
-        key_file=key_file,
-        tls_insecure=bool(tls_insecure),
-    )
+def _access(flags: dict[str, Any]) -> BrokerAccess:
+    """The broker credentials and TLS options the fleet commands share, as given.
+
+    Raises:
+        SettingsError: a value of the wrong kind.
+    """
+    try:
+        return BrokerAccess.model_validate({k: v for k, v in flags.items() if v is not None})
+    except ValidationError as error:
+        raise SettingsError(describe_settings_error(error)) from None

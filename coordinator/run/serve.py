@@ -123,7 +123,7 @@ def run_serve(
             seed=settings.seed,
             guard=settings.guard_settings(),
             uplink=settings.uplink(),
-            downlink=settings.compress_down,
+            downlink=settings.compress.down,
         )
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
         try:

@@ -267,7 +267,7 @@ def _run(
         seed=settings.seed,
         guard=settings.guard_settings(),
         uplink=settings.uplink(),
-        downlink=settings.compress_down,
+        downlink=settings.compress.down,
     )
     coordinator = build_coordinator(
         wiring.connect_coordinator,

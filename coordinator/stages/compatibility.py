@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from coordinator.run.sections import GuardOptions
 from coordinator.run.settings import RunSettings, SimulationSettings
 from coordinator.stages.features import FEATURES, Choices, Feature
 from protocols.algorithms import ALGORITHM_CONFIGS, AlgorithmConfig, parse_algorithm_config
@@ -34,19 +35,19 @@ VARIANTS: Final[tuple[tuple[str, Mapping[str, object]], ...]] = (
 
 def choices_of(settings: RunSettings) -> Choices:
     """What `settings` turn on, as the features read it."""
-    defaults = RunSettings.model_fields
+    defaults = GuardOptions.model_fields
     guard = {
-        "norm_bound": (settings.norm_bound, 0.0),
-        "max_count_ratio": (settings.max_count_ratio, 0.0),
-        "max_weight_share": (settings.max_weight_share, 1.0),
+        "norm_bound": (settings.guard.norm_bound, 0.0),
+        "max_count_ratio": (settings.guard.max_count_ratio, 0.0),
+        "max_weight_share": (settings.guard.max_weight_share, 1.0),
     }
     simulated = settings if isinstance(settings, SimulationSettings) else None
     return Choices(
         privacy=settings.privacy(),
-        secure=settings.secagg,
+        secure=settings.secagg.enabled,
         asynchronous=settings.mode == "async",
         uplink=settings.uplink(),
-        downlink=settings.compress_down,
+        downlink=settings.compress.down,
         pretrain_rounds=settings.pretrain_rounds,
         participation=settings.participation,
         guard_flags=frozenset(

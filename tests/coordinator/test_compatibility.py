@@ -92,7 +92,7 @@ def test_the_declared_resolutions_are_what_the_run_does() -> None:
     assert (secure.guard_settings().max_count_ratio, secure.guard_settings().norm_bound) == (0, 0)
     secure_settings = secure.secure_aggregation()
     assert secure_settings is not None
-    assert secure_settings.max_weight_share == secure.max_weight_share
+    assert secure_settings.max_weight_share == secure.guard.max_weight_share
     assert resolutions(relay, stage_configs(relay)) == [
         f"guard: {FEATURE['guard'].note(relay.algorithm_config())}"
     ]
