@@ -79,7 +79,7 @@ class SecureClient:
     def __init__(
         self,
         device_id: str,
-        publish: Callable[[Message], None],
+        publish: Callable[[Message], object],
         ring_noise: Callable[[RoundAnnouncement], np.random.Generator] | None = None,
     ) -> None:
         self.device_id = device_id
