@@ -191,6 +191,7 @@ class RunSettings(TomlSettings):
             neighbors=self.secagg_neighbors,
             clip_norm=self.secagg_clip,
             max_weight_share=self.max_weight_share,
+            int8=self.uplink().codec == "int8",
         )
 
     def privacy(self) -> PrivacySettings | None:
