@@ -142,8 +142,10 @@ class DeviceAgent(AgentExports):
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
         self.instance = secrets.token_hex(8)  # tells two processes with one id apart
-        self.secure = SecureClient(device_id, self.egress.send, self.contexts.ring_noise)
-        self.uplink = Uplink(device_id, self.contexts, self.secure, attack.forge)
+        self.secure = SecureClient(  # late-bound: what the gate is then, every message
+            device_id, lambda message: self.egress.send(message), self.contexts.ring_noise
+        )
+        self.uplink = Uplink(device_id, self.contexts, self.secure, lambda r: self.attack.forge(r))
         self._stopping = False
         self.started = False
         """Subscribed and announced: a reconnect before that has nobody to re-announce."""
@@ -293,7 +295,8 @@ class DeviceAgent(AgentExports):
             logger.info("device %s: personal state cleared on request", self.device_id)
         elif message.action == "export":
             announced = self.last_announcement
-            if announced is None or self._holds(announced.model_sha256):
+            held = None if self._model is None else self._model.header.manifest.sha256
+            if announced is None or held == announced.model_sha256:
                 self._answer_export(message)
             else:  # not asked lately: fetch the model retained now, answer when it is here
                 self._export_command = message
@@ -306,9 +309,6 @@ class DeviceAgent(AgentExports):
             self.export_source(), command, self.store, self.publish_status
         )
         self.egress.send(report)
-
-    def _holds(self, sha: str) -> bool:
-        return self._model is not None and self._model.header.manifest.sha256 == sha
 
     def _on_relay(self, topic: str, payload: bytes) -> None:
         message, blob = decode_frame(payload)

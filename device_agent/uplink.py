@@ -1,12 +1,13 @@
 """A device's uplink: privatize -> mask | compress -> keep residual -> frame, one stage each.
 
 Each step is a stage with a null object, chosen once per announcement from what it asks:
-without DP the result leaves as trained (`keep_as_trained`); without a lossy codec the delta
-travels as it is and leaves no residual (`send_as_is`); without secure aggregation the update is
-framed in clear (`PlainFrame`), with it masked (`SecureFrame`, which also does the codec's work
-on the ring's integers, so the compress stage is the null one there). The round handler calls
-`Uplink.answer` and names no feature; what a path needs before training (secure aggregation's
-keys and shares) is asked through `open` and `ready`.
+without DP the result leaves as trained (`RoundContexts.privatize` is the identity then);
+without a lossy codec the delta travels as it is and leaves no residual (`send_as_is`);
+without secure aggregation the update is framed in clear (`PlainFrame`), with it masked
+(`SecureFrame`, which also does the codec's work on the ring's integers, so the compress stage
+is the null one there). The round handler calls `Uplink.answer` and names no feature; what a
+path needs before training (secure aggregation's keys and shares) is asked through `open` and
+`ready`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ Privatize = Callable[[LocalResult], tuple[LocalResult, float | None]]
 """What DP lets leave of a result, and the noised within-clip bit when one is asked for."""
 Compress = Callable[[Tensors], tuple[Tensors, Tensors]]
 """(what the update carries, the residual to keep) for a shared delta."""
-
-
-def keep_as_trained(result: LocalResult) -> tuple[LocalResult, float | None]:
-    """The null privacy stage: no DP, the result as trained and no within-clip bit."""
-    return result, None
 
 
 def send_as_is(delta: Tensors) -> tuple[Tensors, Tensors]:
@@ -157,9 +153,7 @@ class Uplink:
 
     def stages(self, announcement: RoundAnnouncement) -> RoundUplink:
         """The stages `announcement` asks for, each a null object where it asks for nothing."""
-        privatize: Privatize = keep_as_trained
-        if announcement.privacy is not None:
-            privatize = partial(self.contexts.privatize, announcement)
+        privatize: Privatize = partial(self.contexts.privatize, announcement)
         if announcement.secure is not None:
             return RoundUplink(privatize, send_as_is, self._masked)
         compress: Compress = send_as_is
