@@ -19,6 +19,17 @@ from protocols.messages import DevicePrivacy
 
 LEVELS: Final = 127
 """int8 levels lie in [-127, 127] (symmetric, as `protocols.compression`'s)."""
+TOPK_MASKED: Final = (
+    "each device's top-k keeps other positions, and masks cancel only in a sum over the same "
+    "positions: use --compress none or int8"
+)
+"""Why top-k uplink does not compose with secure aggregation."""
+ROUNDED_GAUSSIAN: Final = (
+    "int8 levels would round each device's share of continuous Gaussian noise, and a sum of "
+    "rounded Gaussians is no Gaussian mechanism: use --dp-distribution discrete-gaussian "
+    "(counted on the levels' grid) or --compress none"
+)
+"""Why device-placed continuous DP noise does not compose with int8 under secure aggregation."""
 
 
 def level_bits(cohort: int) -> int:
@@ -113,8 +124,4 @@ def levels_problem(privacy: DevicePrivacy | None) -> str:
     """
     if privacy is None or privacy.discrete or privacy.noise_std == 0:
         return ""
-    return (
-        "int8 levels would round each device's share of continuous Gaussian noise, and a sum of "
-        "rounded Gaussians is no Gaussian mechanism: use --dp-distribution discrete-gaussian "
-        "(counted on the levels' grid) or --compress none"
-    )
+    return ROUNDED_GAUSSIAN

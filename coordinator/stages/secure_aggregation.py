@@ -47,7 +47,7 @@ from protocols.messages import (
     TensorSpec,
 )
 from protocols.secure_aggregation import secure_layout
-from protocols.secure_levels import LEVELS
+from protocols.secure_levels import LEVELS, TOPK_MASKED
 from protocols.transport.base import Transport
 
 logger = logging.getLogger(__name__)
@@ -86,10 +86,7 @@ def secure_problem(strategy: Strategy, uplink: Compression) -> str:
             "trained, which needs their updates one by one: set it to false"
         )
     if uplink.codec == "topk":
-        return (
-            f"--compress {uplink}: each device's top-k keeps other positions, and masks cancel "
-            "only in a sum over the same positions: use none or int8"
-        )
+        return f"--compress {uplink}: {TOPK_MASKED}"
     return ""
 
 
