@@ -14,7 +14,6 @@ import secrets
 from torch import nn
 
 from device_agent.agent_exports import AgentExports
-from device_agent.algorithms.base import LocalResult
 from device_agent.attacks import HONEST, Attack
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
@@ -25,10 +24,11 @@ from device_agent.eligibility import EligibilityPolicy
 from device_agent.exporting import answer_export_command
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
 from device_agent.relay import RelayClient, deployable, has_global_model
-from device_agent.replies import sighting, update_message, work_key
+from device_agent.replies import evaluation_report, sighting, work_key
 from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
 from device_agent.training import ModelSlots, StepBudget, evaluate
+from device_agent.uplink import Uplink
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from protocols import topics
@@ -39,7 +39,6 @@ from protocols.messages import (
     Command,
     DeviceHello,
     DeviceStatus,
-    EvaluationReport,
     MemoryPlan,
     Message,
     ModelDelta,
@@ -149,10 +148,10 @@ class DeviceAgent:
         self.last_announcement: RoundAnnouncement | None = None  # what export personalizes with
         self._last_frame = b""
         self.instance = secrets.token_hex(8)  # tells two processes with one id apart
-        self.secure = SecureClient(device_id, self._send, self.contexts.ring_noise)
-        self._secure_result: tuple[tuple[str, int, str, str], LocalResult, float | None] | None = (
-            None
+        self.secure = SecureClient(  # late-bound: what the gate is then, every message
+            device_id, lambda message: self.egress.send(message), self.contexts.ring_noise
         )
+        self.uplink = Uplink(device_id, self.contexts, self.secure, lambda r: self.attack.forge(r))
         self._stopping = False
 
     def start(self) -> None:
@@ -263,13 +262,11 @@ class DeviceAgent:
         self.last_announcement = message
         self._last_frame = payload
         if message.addresses(self.device_id) and sighting(message) not in self._answered:
-            if message.secure is not None and message.phase == "train":
-                reason = self._reason_to_skip(message)
-                if reason is not None:  # say so before dealing any shares
-                    self._answered.add(sighting(message))
-                    self._decline(message, reason)
-                    return
-                self.secure.join(message)
+            reason = self.uplink.open(message, lambda: self._reason_to_skip(message))
+            if reason is not None:  # declined before the uplink set anything up
+                self._answered.add(sighting(message))
+                self._decline(message, reason)
+                return
             self._pending[message.phase] = (message, payload)
             self._serve_pending()
 
@@ -305,7 +302,8 @@ class DeviceAgent:
             logger.info("device %s: personal state cleared on request", self.device_id)
         elif message.action == "export":
             announced = self.last_announcement
-            if announced is None or self._holds(announced.model_sha256):
+            held = None if self._model is None else self._model.header.manifest.sha256
+            if announced is None or held == announced.model_sha256:
                 self._answer_export(message)
             else:  # not asked lately: fetch the model retained now, answer when it is here
                 self._export_command = message
@@ -322,19 +320,6 @@ class DeviceAgent:
     def _latest_received(self) -> tuple[RoundAnnouncement | None, ReceivedModel | None]:
         return self.last_announcement, self._model
 
-    def _holds(self, sha: str) -> bool:
-        return self._model is not None and self._model.header.manifest.sha256 == sha
-
-    def _need_model(self, announcement: RoundAnnouncement) -> bool:
-        """Whether this device holds `announcement`'s model; if not, fetch it."""
-        if announcement.asynchronous:  # any model from the announced one on will do
-            if self._model is not None and self._model.header.round_id >= announcement.round_id - 1:
-                return True
-            self.downloads.latest()
-            return False
-        held = None if self._model is None else self._model.header.manifest.sha256
-        return self.downloads.need(announcement.model_sha256, held, announcement.delta_base_sha256)
-
     def _on_relay(self, topic: str, payload: bytes) -> None:
         message, blob = decode_frame(payload)
         if not isinstance(message, PeerModels):
@@ -345,10 +330,10 @@ class DeviceAgent:
 
     def _serve_pending(self) -> None:
         for phase, (announcement, frame) in list(self._pending.items()):
-            if not self._need_model(announcement) or self._model is None:
+            if not self.downloads.holds_for(announcement, self._model) or self._model is None:
                 continue  # the announced model is on its way
-            if not self.secure.ready(announcement):
-                continue  # secure aggregation deals its shares before anyone trains
+            if not self.uplink.ready(announcement):
+                continue  # e.g. secure aggregation deals its shares before anyone trains
             del self._pending[phase]
             self._serve(announcement, frame, self._model)
 
@@ -356,8 +341,8 @@ class DeviceAgent:
         """Do announced work whose model is here, or answer it again if it was done."""
         self.received.remember_round(announcement, frame)  # kept with the model it uses
         self._answered.add(sighting(announcement))
-        again = self.secure.answer_again(announcement)
-        if again is not None:  # a secure round announced again: the result, masked anew
+        again = self.uplink.again(announcement)
+        if again is not None:  # e.g. a secure round announced again: the result, masked anew
             self.egress.send(*again, answering=announcement)
             return
         if self._reply is not None and self._reply[0] == work_key(announcement):
@@ -432,26 +417,8 @@ class DeviceAgent:
     ) -> None:
         update, ctx = self.contexts.build(announcement, model, peer_models)
         trained = update.run(ctx)
-        result, within_clip = self.contexts.privatize(announcement, trained)
-        result = self.attack.forge(result)
-        if announcement.secure is not None:
-            self.contexts.keep(announcement, result, None)
-            self._reply_with(announcement, *self.secure.answer(announcement, result, within_clip))
-        else:
-            encoded, residual = self.contexts.compress(announcement, result.shared_delta)
-            self.contexts.keep(announcement, result, residual)
-            self._send_update(announcement, result, encoded, within_clip)
+        self._reply_with(announcement, *self.uplink.answer(announcement, trained))
         self.last_loss = trained.train_loss
-
-    def _send_update(
-        self,
-        announcement: RoundAnnouncement,
-        result: LocalResult,
-        encoded: Tensors,
-        within_clip: float | None,
-    ) -> None:
-        message, blob = update_message(announcement, self.device_id, result, encoded, within_clip)
-        self._reply_with(announcement, message, blob)
 
     def _evaluate(
         self,
@@ -479,15 +446,10 @@ class DeviceAgent:
                     global_metric,
                 )
                 global_metric = None
-        report = EvaluationReport(
-            run_id=announcement.run_id,
-            round_id=announcement.round_id,
-            device_id=self.device_id,
-            metric_name=self.task.metric_name,
-            personalized=personalized,
-            global_model=global_metric,
-            num_test_samples=len(self.data.test),
-            num_train_samples=self.attack.declared_samples(len(self.data.train)),
+        samples = (len(self.data.test), self.attack.declared_samples(len(self.data.train)))
+        metric = self.task.metric_name
+        report = evaluation_report(
+            announcement, self.device_id, metric, personalized, global_metric, samples
         )
         self._reply_with(announcement, report)
 
@@ -497,7 +459,3 @@ class DeviceAgent:
         """Answer `announcement` (kept, to be sent again if the same work is announced again)."""
         self._reply = (work_key(announcement), message, blob)
         self.egress.send(message, blob, answering=announcement)
-
-    def _send(self, message: Message) -> None:
-        """Secure aggregation's messages, through the gate like every other."""
-        self.egress.send(message)

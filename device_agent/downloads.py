@@ -25,7 +25,7 @@ from protocols.compression import (
     model_delta_layout,
 )
 from protocols.errors import ProtocolError
-from protocols.messages import ModelDelta, SharedModel, TensorSpec
+from protocols.messages import ModelDelta, RoundAnnouncement, SharedModel, TensorSpec
 from protocols.transport.base import MessageHandler, Transport
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,19 @@ class ModelDownloads:
         self.wanted = sha
         self.fetch("delta" if held is not None and held == delta_base else "model")
         return False
+
+    def holds_for(self, announcement: RoundAnnouncement, held: ReceivedModel | None) -> bool:
+        """Whether `held` serves `announcement`'s work; if not, start fetching one that does.
+
+        An asynchronous job takes any model from the announced one on; other work its own.
+        """
+        if announcement.asynchronous:
+            if held is not None and held.header.round_id >= announcement.round_id - 1:
+                return True
+            self.latest()
+            return False
+        sha = None if held is None else held.header.manifest.sha256
+        return self.need(announcement.model_sha256, sha, announcement.delta_base_sha256)
 
     def latest(self) -> None:
         """Fetch the model the coordinator retains now, whichever it is."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from device_agent.algorithms.base import LocalResult
+from pfl_tasks.base import MetricName
 from protocols.codec import Tensors, pack_tensors
-from protocols.messages import DeviceUpdate, RoundAnnouncement
+from protocols.messages import DeviceUpdate, EvaluationReport, RoundAnnouncement
 
 
 def update_message(
@@ -29,6 +30,27 @@ def update_message(
         manifest=manifest,
     )
     return message, blob
+
+
+def evaluation_report(
+    announcement: RoundAnnouncement,
+    device_id: str,
+    metric_name: MetricName,
+    personalized: float,
+    global_metric: float | None,
+    samples: tuple[int, int],
+) -> EvaluationReport:
+    """The report of an evaluation; `samples` are the (test, declared train) counts."""
+    return EvaluationReport(
+        run_id=announcement.run_id,
+        round_id=announcement.round_id,
+        device_id=device_id,
+        metric_name=metric_name,
+        personalized=personalized,
+        global_model=global_metric,
+        num_test_samples=samples[0],
+        num_train_samples=samples[1],
+    )
 
 
 def sighting(announcement: RoundAnnouncement) -> tuple[str, int, str, float]:

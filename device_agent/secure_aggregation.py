@@ -40,7 +40,8 @@ from protocols.messages import (
     SecAggUnmask,
     SecureRound,
 )
-from protocols.secure_aggregation import MASKED_TENSOR, secure_layout
+from protocols.secure_aggregation import secure_layout
+from protocols.secure_levels import int8_levels, levels_problem
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class SecureClient:
     def __init__(
         self,
         device_id: str,
-        publish: Callable[[Message], None],
+        publish: Callable[[Message], object],
         ring_noise: Callable[[RoundAnnouncement], np.random.Generator] | None = None,
     ) -> None:
         self.device_id = device_id
@@ -279,6 +280,8 @@ class SecureClient:
                 self.ring_noise(announcement),
             )
             encoded[: flat.size] = ring.astype(np.uint32)
+        elif secure.int8:
+            encoded[: flat.size] = self._levels(announcement, weight * flat).astype(np.uint32)
         pair_seeds = {
             peer: sa.agree(
                 state.mask,
@@ -289,7 +292,27 @@ class SecureClient:
             for peer in set(state.neighbours).intersection(state.dealers)
         }
         masked = encoded + sa.mask_sum(layout.length, state.seed, pair_seeds, self.device_id)
-        return {MASKED_TENSOR: torch.from_numpy(masked.view(np.int32).copy())}
+        return sa.masked_tensors(masked, layout)
+
+    def _levels(self, announcement: RoundAnnouncement, weighted: np.ndarray) -> np.ndarray:
+        """The weighted delta as the round's int8 levels (within DP's clip norm under DP).
+
+        Raises:
+            ProtocolError: the round's DP cannot be kept on levels (`levels_problem`).
+        """
+        secure, privacy = announcement.secure, announcement.privacy
+        assert secure is not None
+        problem = levels_problem(privacy)
+        clip = None if privacy is None else privacy.clip_norm
+        try:
+            if problem:
+                raise ValueError(problem)
+            bound = secure.weight_bound * secure.value_bound
+            return int8_levels(weighted, bound, clip, self.ring_noise(announcement))
+        except ValueError as error:
+            raise ProtocolError(
+                str(error), device_id=self.device_id, round_id=announcement.round_id
+            ) from None
 
     def _reveal(self, state: _Round, unmask: SecAggUnmask) -> None:
         survivors = tuple(sorted(set(unmask.survivors)))

@@ -15,6 +15,11 @@ scales). Only float32 tensors are compressed; others travel as they are.
            compressed tensors (name order, flattened); `topk:values`: float32 (k,). One top-k over
            the whole delta, k = ceil(fraction * total elements): the k largest magnitudes, the
            rest zero.
+
+Under secure aggregation an update is one masked vector instead (`secagg.masked`, int32); with
+`int8` its delta travels as int8 levels of the step the round announces, masked and reduced
+modulo 2^level_bits(cohort), bit-packed in `secagg.levels` (uint8; `protocols.secure_levels`).
+top-k is refused there.
 """
 
 from __future__ import annotations

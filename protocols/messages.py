@@ -346,6 +346,10 @@ class SecureRound(WireModel):
     bit_bound: Annotated[float, Field(ge=0, le=1e9)] = 0.0
     """Above 0: DP's noised within-clip bit is summed, clamped to +-bit_bound."""
     phase_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+    int8: bool = False
+    """The delta is summed as int8 levels (step weight_bound * value_bound / 127, rounded
+    stochastically) in the smallest ring that holds the cohort's sum, not as 32-bit fixed point
+    (`protocols.secure_aggregation.level_bits`)."""
 
 
 class SharedModel(Message):

@@ -18,6 +18,14 @@ bound `b` on any one device's value; values become round(v * scale) in Z_(2^32) 
 scale = (2^31 - 1 - m/2) / (m * b) for a cohort of m, so the sum of m encoded values stays
 within a signed 32-bit integer: no overflow by construction. The sum's error per coordinate is
 at most m / (2 * scale).
+
+int8 uplink (`SecureRound.int8`): the delta group is summed as int8 levels instead, one step
+for every device, step = bound / 127 (the bound the round announces: weight_bound *
+value_bound), each coordinate rounded stochastically (unbiased) or, under DP, conditionally
+(`int8_levels`). The masks are still words of Z_(2^32), but the sum of m levels in [-127, 127]
+needs only `level_bits(m)` bits, and 2^bits divides 2^32: a masked level is sent reduced
+modulo 2^bits, bit-packed (`pack_levels`), and the masks cancel modulo 2^bits as they do
+modulo 2^32. The other groups (weight, loss, ...) stay 32-bit fixed point.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from functools import lru_cache
 from typing import Annotated, Final, Literal
 
 import numpy as np
+import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -39,7 +48,15 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocols.messages import SecureRound
+from protocols.messages import SecureRound, TensorSpec
+from protocols.secure_levels import (
+    LEVELS,
+    level_bits,
+    pack_levels,
+    packed_size,
+    signed_levels,
+    unpack_levels,
+)
 
 PRIME: Final = 2**521 - 1
 """The field Shamir shares live in (a Mersenne prime above every 32-byte secret)."""
@@ -76,6 +93,8 @@ class SecureAggregationSettings(BaseModel):
     water-filling cap as plain rounds; 1: off)."""
     retries: Annotated[int, Field(ge=0, le=10)] = 2
     """Attempts after the first when a round fails before any sum is unmasked."""
+    int8: bool = False
+    """The run's uplink is int8 (`--compress int8`): deltas are summed as int8 levels."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,8 @@ class Layout:
 
     groups: tuple[tuple[str, int, float], ...]
     cohort: int
+    delta_bits: int = RING_BITS
+    """Below 32: the delta group is int8 levels summed modulo 2^delta_bits."""
 
     @property
     def length(self) -> int:
@@ -92,8 +113,14 @@ class Layout:
 
     def scales(self) -> np.ndarray:
         """Each coordinate's fixed-point scale (see the module docstring)."""
-        parts = [np.full(size, group_scale(bound, self.cohort)) for _, size, bound in self.groups]
+        parts = [np.full(size, self.scale(name, bound)) for name, size, bound in self.groups]
         return np.concatenate(parts) if parts else np.zeros(0)
+
+    def scale(self, name: str, bound: float) -> float:
+        """A group's scale: int8 levels per unit for the delta under int8, else fixed point."""
+        if name == "delta" and self.delta_bits < RING_BITS:
+            return LEVELS / bound
+        return group_scale(bound, self.cohort)
 
     def split(self, vector: np.ndarray) -> dict[str, np.ndarray]:
         """The vector's groups by name."""
@@ -129,8 +156,14 @@ def encode(values: np.ndarray, layout: Layout) -> np.ndarray:
 
 
 def decode(total: np.ndarray, layout: Layout) -> np.ndarray:
-    """The real-valued sum from the sum of encoded values (read as signed 32-bit)."""
+    """The real-valued sum from the sum of encoded values (read as signed 32-bit).
+
+    Under int8 the delta's sum is read modulo 2^delta_bits, as a signed delta_bits integer.
+    """
     signed = total.astype(np.uint32).view(np.int32).astype(np.float64)
+    if layout.delta_bits < RING_BITS:
+        size = layout.groups[0][1]
+        signed[:size] = signed_levels(total[:size], layout.delta_bits)
     values: np.ndarray = signed / layout.scales()
     return values
 
@@ -351,7 +384,10 @@ def constant_time_equal(a: str, b: str) -> bool:
 
 
 MASKED_TENSOR = "secagg.masked"
-"""The one tensor a masked update carries: the vector in Z_(2^32), as int32."""
+"""The one tensor a masked update carries: the vector in Z_(2^32), as int32 (under int8, the
+groups after the delta only)."""
+LEVELS_TENSOR = "secagg.levels"
+"""Under int8: the masked delta levels modulo 2^level_bits, bit-packed (uint8)."""
 
 
 def secure_layout(secure: SecureRound, delta_length: int, *, dp_bit: bool) -> Layout:
@@ -364,9 +400,53 @@ def secure_layout(secure: SecureRound, delta_length: int, *, dp_bit: bool) -> La
         groups += [("loss", 1, secure.weight_bound * secure.loss_bound), ("clipped", 1, 1.0)]
     if dp_bit:
         groups.append(("within", 1, secure.bit_bound))
-    return Layout(tuple(groups), secure.cohort)
+    bits = level_bits(secure.cohort) if secure.int8 else RING_BITS
+    return Layout(tuple(groups), secure.cohort, bits)
 
 
 def delta_scale(secure: SecureRound) -> float:
-    """The fixed-point scale of the delta group: the ring's grid a discrete Gaussian lives on."""
-    return group_scale(secure.weight_bound * secure.value_bound, secure.cohort)
+    """The scale of the delta group: the ring's grid a discrete Gaussian lives on.
+
+    Under int8 that is the levels' grid, 127 / bound: the discrete accountant then counts the
+    conditional rounding on the coarse grid the sum really holds.
+    """
+    bound = secure.weight_bound * secure.value_bound
+    return LEVELS / bound if secure.int8 else group_scale(bound, secure.cohort)
+
+
+def masked_specs(layout: Layout) -> list[TensorSpec]:
+    """The tensors a masked update of `layout` carries (see MASKED_TENSOR, LEVELS_TENSOR)."""
+    if layout.delta_bits >= RING_BITS:
+        return [TensorSpec(name=MASKED_TENSOR, dtype="int32", shape=(layout.length,))]
+    size = layout.groups[0][1]
+    return [
+        TensorSpec(
+            name=LEVELS_TENSOR, dtype="uint8", shape=(packed_size(size, layout.delta_bits),)
+        ),
+        TensorSpec(name=MASKED_TENSOR, dtype="int32", shape=(layout.length - size,)),
+    ]
+
+
+def masked_tensors(masked: np.ndarray, layout: Layout) -> dict[str, torch.Tensor]:
+    """A masked vector in Z_(2^32) as the tensors an update carries."""
+    if layout.delta_bits >= RING_BITS:
+        return {MASKED_TENSOR: torch.from_numpy(masked.view(np.int32).copy())}
+    size = layout.groups[0][1]
+    return {
+        LEVELS_TENSOR: torch.from_numpy(pack_levels(masked[:size], layout.delta_bits)),
+        MASKED_TENSOR: torch.from_numpy(masked[size:].view(np.int32).copy()),
+    }
+
+
+def masked_vector(tensors: Mapping[str, torch.Tensor], layout: Layout) -> np.ndarray:
+    """`masked_tensors` undone: the vector in Z_(2^32), levels as their residues mod 2^bits.
+
+    Raises:
+        ValueError: packed levels that are not `layout`'s.
+    """
+    rest: np.ndarray = tensors[MASKED_TENSOR].numpy().view(np.uint32).copy()
+    if layout.delta_bits >= RING_BITS:
+        return rest
+    size = layout.groups[0][1]
+    levels = unpack_levels(tensors[LEVELS_TENSOR].numpy(), size, layout.delta_bits)
+    return np.concatenate([levels, rest]).astype(np.uint32)

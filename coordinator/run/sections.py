@@ -132,8 +132,10 @@ class SecaggOptions(Section):
         default=10.0, gt=0, description="secagg: L2 clip norm of each shared delta without DP"
     )
 
-    def secure_aggregation(self, max_weight_share: float) -> SecureAggregationSettings | None:
-        """The run's secure aggregation (None unless enabled)."""
+    def secure_aggregation(
+        self, max_weight_share: float, *, int8: bool = False
+    ) -> SecureAggregationSettings | None:
+        """The run's secure aggregation (None unless enabled); `int8`: updates as int8 levels."""
         if not self.enabled:
             return None
         return SecureAggregationSettings(
@@ -141,6 +143,7 @@ class SecaggOptions(Section):
             neighbors=self.neighbors,
             clip_norm=self.clip,
             max_weight_share=max_weight_share,
+            int8=int8,
         )
 
 

@@ -115,7 +115,9 @@ class RunSettings(TomlSettings):
 
     def secure_aggregation(self) -> SecureAggregationSettings | None:
         """The run's secure aggregation (None without --secagg)."""
-        return self.secagg.secure_aggregation(self.guard.max_weight_share)
+        return self.secagg.secure_aggregation(
+            self.guard.max_weight_share, int8=self.uplink().codec == "int8"
+        )
 
     def privacy(self) -> PrivacySettings | None:
         """The run's differential privacy (None without --dp-noise).

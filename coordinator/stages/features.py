@@ -17,6 +17,7 @@ from protocols.algorithms import AlgorithmConfig
 from protocols.capabilities import SHARING, AggregationKind
 from protocols.messages import Compression
 from protocols.privacy import PrivacySettings
+from protocols.secure_levels import ROUNDED_GAUSSIAN, TOPK_MASKED
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,6 @@ DEVICE_NOISE_ALONE: Final = (
     "noise, so without secure aggregation the coordinator sees every update with that share "
     "alone, and nothing clips an update after its device"
 )
-_MASKED: Final = (
-    "masked values are uniform in 2^32 and cannot be quantized or sparsified after masking "
-    "(each device's top-k differs): use --compress none"
-)
 _EQUAL_UNDER_DP: Final = "DP clips every update to --dp-clip and weighs each the same"
 _ONLY_THE_SUM: Final = "the coordinator sees only the sum of the updates"
 
@@ -189,6 +186,7 @@ def _dp(
     *,
     refuses: Refusal = _accepts,
     needs: Mapping[str, str] | None = None,
+    conflicts: Mapping[str, str] | None = None,
 ) -> Feature:
     """Differential privacy (--dp-noise 1) with `options`, on where `on` holds of its settings."""
     return Feature(
@@ -198,6 +196,7 @@ def _dp(
         lambda run: run.privacy is not None and on(run.privacy),
         refuses=refuses,
         needs=needs or {},
+        conflicts=conflicts or {},
     )
 
 
@@ -214,7 +213,14 @@ FEATURES: Final[tuple[Feature, ...]] = (
     _dp(
         "DP on devices",
         {"dp_placement": "device"},
-        lambda dp: dp.placement == "device",
+        lambda dp: dp.placement == "device" and dp.distribution == "gaussian",
+        needs={SECAGG: DEVICE_NOISE_ALONE},
+        conflicts={UPLINK_INT8: ROUNDED_GAUSSIAN},
+    ),
+    _dp(
+        "discrete Gaussian",
+        {"dp_placement": "device", "dp_distribution": "discrete-gaussian"},
+        lambda dp: dp.distribution == "discrete-gaussian",
         needs={SECAGG: DEVICE_NOISE_ALONE},
     ),
     _dp(DP, {}, lambda dp: True, refuses=_dp_refuses),
@@ -231,7 +237,7 @@ FEATURES: Final[tuple[Feature, ...]] = (
         {"secagg": True},
         lambda run: run.secure,
         refuses=_secure_refuses,
-        conflicts={UPLINK_INT8: _MASKED, UPLINK_TOPK: _MASKED},
+        conflicts={UPLINK_TOPK: TOPK_MASKED},
     ),
     Feature(
         "async",

@@ -45,7 +45,8 @@ from protocols.messages import (
     SecureRound,
     TensorSpec,
 )
-from protocols.secure_aggregation import MASKED_TENSOR, secure_layout
+from protocols.secure_aggregation import secure_layout
+from protocols.secure_levels import LEVELS
 from protocols.transport.base import Transport
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ class SecureAggregator:
                 else 0.0
             ),
             phase_timeout_s=self.settings.phase_timeout_s,
+            int8=self.settings.int8,
         )
 
     # -- the phases ---------------------------------------------------------------------------
@@ -464,10 +466,14 @@ class SecureAggregator:
         if update.run_id != state.run_id or update.round_id != state.round_id:
             msg = "a masked update for another round"
             raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
-        length = _layout(state).length
-        spec = TensorSpec(name=MASKED_TENSOR, dtype="int32", shape=(length,))
-        tensors = unpack_tensors(update.manifest, blob, expected=[spec])
-        vector = tensors[MASKED_TENSOR].numpy().view(np.uint32).copy()
+        layout = _layout(state)
+        tensors = unpack_tensors(update.manifest, blob, expected=sa.masked_specs(layout))
+        try:
+            vector = sa.masked_vector(tensors, layout)
+        except ValueError as error:
+            raise ProtocolError(
+                str(error), device_id=update.device_id, round_id=update.round_id
+            ) from None
         if not phase.offer(update.device_id, vector):
             msg = "a masked update from a device that did not deal, or sent twice"
             raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
@@ -628,6 +634,9 @@ def _decoded(state: _Round, total: np.ndarray, dropped: tuple[str, ...]) -> Secu
         )
     norm, noise = float(np.linalg.norm(delta)), (secure.value_bound - secure.clip_norm) / NOISE_ROOM
     norm_bound = weight * secure.clip_norm + noise * count**0.5 * (delta.size**0.5 + NOISE_ROOM)
+    if secure.int8:  # each device's stochastic rounding moves each entry by under one level
+        step = secure.weight_bound * secure.value_bound / LEVELS
+        norm_bound += count * step * delta.size**0.5
     if norm > norm_bound * (1 + 1e-6) + 1e-6:
         problems.append(
             f"a norm of {norm:.6g} over the clipped (and noised) bound {norm_bound:.6g}"

@@ -64,7 +64,7 @@ def test_device_placed_dp_under_secure_aggregation_reports_epsilon() -> None:
     [
         ({"algorithm": "selffl"}, "secure aggregation: selffl"),
         ({"algorithm": "federico"}, "secure aggregation: federico"),
-        ({"compress": "int8"}, "cannot be quantized or sparsified"),
+        ({"compress": "topk:0.1"}, "top-k"),
         ({"algorithm_options": {"robust_aggregation": "median"}}, "robust_aggregation"),
     ],
 )

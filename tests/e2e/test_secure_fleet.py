@@ -15,6 +15,7 @@ from coordinator.stages.accountant import DpRound, epsilons_of
 from coordinator.stages.discrete_accountant import RingRound
 from protocols import secure_aggregation as sa
 from protocols.messages import SecureRound
+from protocols.secure_levels import LEVELS
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
 RUN = {"task": "digits", "algorithm": "fedalt", "seed": 0, "secagg": True, "rounds": 2}
@@ -87,3 +88,26 @@ def test_three_agent_processes_add_the_distributed_discrete_gaussian_in_the_ring
     ]
     assert all(torch.isfinite(t).all() for t in served.final_shared.values())
     assert sum(moved) > 0.1  # the noise is in the model (without it, rounding moves it 1e-6)
+
+
+def test_three_agent_processes_sum_int8_levels_within_one_step_of_the_exact_sum(
+    mosquitto, processes, tmp_path: Path
+) -> None:
+    # Prepare: one round, uniform weights, so each entry's step is the clip / 127
+    run = {
+        **RUN,
+        "algorithm": "fedavg",
+        "rounds": 1,
+        "secagg_clip": 1.0,
+        "algorithm_options": {"aggregation_weights": "uniform"},
+    }
+    # Execute
+    served = _serve_three(mosquitto, processes, tmp_path, {**run, "compress": "int8"})
+    exact = run_simulation(SimulationSettings.load(None, **run, devices=3))
+    # Assert: the agents' own (unseeded) rounding moves the mean by under one level
+    assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0]
+    differences = [
+        float((served.final_shared[name] - tensor).abs().max())
+        for name, tensor in exact.final_shared.items()
+    ]
+    assert 0 < max(differences) <= (1 + 1e-6) / LEVELS  # rounded, as served bit for bit else
