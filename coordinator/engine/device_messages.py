@@ -28,7 +28,7 @@ from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.relay import RelayHook
-from coordinator.stages.secure_aggregation import SecureAggregator
+from coordinator.stages.uplink import UplinkPath
 from coordinator.strategies.base import ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.errors import PflError, RoundError, describe
@@ -60,7 +60,7 @@ class DeviceMessages:
     quarantine: Quarantine
     flaps: FlapWatch
     silent: SilentDevices
-    secure: SecureAggregator | None
+    uplink: UplinkPath
     run_id: str
     bytes_up: int
     bytes_down: int
@@ -105,8 +105,7 @@ class DeviceMessages:
             for collector in (self._train, self._evaluation):
                 if collector is not None:
                     collector.decline(sender)
-            if self.secure is not None:
-                self.secure.decline(sender)
+            self.uplink.decline(sender)
             self.publish_fleet_status()
         return held
 
@@ -123,8 +122,8 @@ class DeviceMessages:
         self.registry.on_status(status)
         if status.state != "skipped":
             return
-        if self.secure is not None and status.run_id == self.run_id:
-            self.secure.decline(status.device_id, status.round_id)
+        if status.run_id == self.run_id:
+            self.uplink.decline(status.device_id, status.round_id)
         for collector in (self._train, self._evaluation):
             if (
                 collector is not None
@@ -144,9 +143,9 @@ class DeviceMessages:
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = device_message(topic, payload, DeviceUpdate)
-        if self.secure is not None and self.secure.active():
+        if self.uplink.takes_updates():
             check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
-            self.secure.on_update(update, blob)
+            self.uplink.on_update(update, blob)
             self.models.acknowledge(update.device_id)
             self.registry.on_update(update.device_id, update.round_id, None)
             return
@@ -174,11 +173,8 @@ class DeviceMessages:
                 update.round_id,
             )
 
-    def _on_secagg(self, topic: str, payload: bytes) -> None:
-        if self.secure is None:
-            msg = "secure aggregation message, but this run does not aggregate securely"
-            raise RoundError(msg, topic=topic)
-        self.secure.on_message(topic, payload)
+    def _on_uplink(self, topic: str, payload: bytes) -> None:
+        self.uplink.on_message(topic, payload)  # a protocol of the uplink path's own
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""

@@ -35,6 +35,8 @@ from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
 from coordinator.scheduling.fair_share import NO_FAIR_SHARE
 from coordinator.scheduling.staleness import weigh_update
+from coordinator.stages.base import Collected, Skipped
+from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.errors import RoundError
 
@@ -181,46 +183,36 @@ class BufferedRounds:
         self.coordinator.open_inbox(None)
 
     def run_round(self) -> RoundRecord:
-        """Collect one aggregation's updates, aggregate them and publish the new model.
+        """One aggregation: the engine's round, with this scheduler's collection.
 
         Raises:
             RoundError: no device answered within the round timeout (real time), or no device
                 will ever be online again (simulated).
         """
-        c = self.coordinator
-        started, up_before, down_before = time.perf_counter(), c.bytes_up, c.bytes_down
-        round_id = c.round_id + 1
-        c.quarantine.start_round(round_id, c.offences.counts())
+        return self.coordinator.run_round(self)
+
+    def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
+        """See `Schedule.collect`: fill the buffer, or run a synchronous round on the clock."""
         tally = _Tally()
         if self.settings is None:
-            self._synchronous_round(round_id, tally)
-        else:
-            self._fill_buffer(round_id, self.settings, tally)
+            return self._synchronous_round(round_id, tally)
+        self._fill_buffer(round_id, self.settings, tally)
+        return self.collected(tally)
+
+    def collected(self, tally: _Tally) -> Collected:
+        """The buffer, in device-id order, as the engine's round takes it (then emptied)."""
         entries = [self.buffer[d] for d in sorted(self.buffer)]
         self.fair_share.record(self.buffer)
         self.buffer.clear()
         updates = [update for update, _ in entries]
         staleness = [s for _, s in entries]
-        if updates:
-            scalars, norm_median = c.apply_updates(round_id, updates)
-            scalars["update_norm_median"] = norm_median
-        else:
-            logger.warning("round %d: no update arrived in time; the model is unchanged", round_id)
-            scalars = {"aggregate_rejected": 1.0}
-        scalars.update(self._scalars(tally, staleness))
-        c.finish_round(round_id, scalars)
-        samples = sum(u.num_samples for u in updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
-        return RoundRecord(
-            round_id=round_id,
+        return Collected(
+            updates,
             participants=len(updates),
             selected=tally.asked,
-            train_loss=loss,
-            bytes_up=c.bytes_up - up_before,
-            bytes_down=c.bytes_down - down_before,
-            wall_seconds=time.perf_counter() - started,
-            scalars=scalars,
-            skipped=tally.declined,
+            within_clip=[u.within_clip for u in updates],
+            declined=tally.declined,
+            scalars=self._scalars(tally, staleness),
             sim_seconds=None if self.clock is None else self.clock.now,
         )
 
@@ -397,7 +389,7 @@ class BufferedRounds:
 
     # -- synchronous, on the simulated clock ------------------------------------------------
 
-    def _synchronous_round(self, round_id: int, tally: _Tally) -> None:
+    def _synchronous_round(self, round_id: int, tally: _Tally) -> Collected | Skipped:
         """One synchronous round: the cohort trains from now; late and lost updates miss it."""
         clock = self.clock
         assert clock is not None
@@ -416,16 +408,20 @@ class BufferedRounds:
             if cohort.online():
                 break
             self._wait_for_simulated_devices(round_id)
-        plan = c.strategy.plan_round(round_id, cohort, c.rng)
+        return c.collect_planned(round_id, cohort, _ClockCohort(self, tally))
+
+    def run_on_clock(self, host: UplinkHost, request: UplinkRound, tally: _Tally) -> None:
+        """The planned cohort trains from now: survivors in time go into the buffer."""
+        clock, plan, round_id = self.clock, request.plan, request.round_id
+        assert clock is not None
         jobs = {d: self._dispatch(d, round_id) for d in plan.devices}
         asked = tuple(d for d in plan.devices if jobs[d].survives)
         for device_id in asked:
             self.inbox.dispatch(device_id, round_id)
         tally.asked = len(plan.devices)
         if asked:
-            c.relay.start_round(round_id)
             scalars = {d: plan.scalars[d] for d in asked if d in plan.scalars}
-            c.announce(round_id, "train", RoundPlan(asked, scalars))
+            host.announce(round_id, "train", RoundPlan(asked, scalars), privacy=request.privacy)
             self._wait_for_answers(list(asked))
         deadline = clock.now + clock.deadline_s if clock.deadline_s else math.inf
         for device_id in plan.devices:
@@ -440,3 +436,16 @@ class BufferedRounds:
                 self.buffer[device_id] = (update, 0)
         ends = [job.event_s for job in jobs.values()]
         clock.now = min(max(ends, default=clock.now), deadline)
+
+
+class _ClockCohort:
+    """The collection of a synchronous round on the simulated clock (`BufferedRounds`)."""
+
+    def __init__(self, rounds: BufferedRounds, tally: _Tally) -> None:
+        self.rounds = rounds
+        self.tally = tally
+
+    def collect(self, host: UplinkHost, request: UplinkRound) -> Collected:
+        """See `Collection.collect`: the survivors' updates fill the scheduler's buffer."""
+        self.rounds.run_on_clock(host, request, self.tally)
+        return self.rounds.collected(self.tally)

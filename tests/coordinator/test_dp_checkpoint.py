@@ -11,6 +11,7 @@ from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from coordinator.stages.ftrl import TreeNoise
 from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.privacy_stage import PrivacyStage
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from protocols.algorithms import parse_algorithm_config
@@ -25,14 +26,13 @@ FLEET = FleetSnapshot(tuple(DeviceInfo(f"dev-{i}", 10, True) for i in range(3)))
 
 
 def _coordinator(privacy: PrivacyEngine | None) -> Coordinator:
-    coordinator = Coordinator(
+    return Coordinator(
         InProcessBroker().connect("coord"),
         build_strategy(parse_algorithm_config("fedavg", {}), 1.0),
         {"w": torch.zeros(4)},
         EngineSettings(seed=1),
+        stages=() if privacy is None else (PrivacyStage(privacy),),
     )
-    coordinator.privacy = privacy
-    return coordinator
 
 
 def _rounds(engine: PrivacyEngine, count: int) -> None:
@@ -108,7 +108,7 @@ def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Pa
     save_checkpoint(tmp_path, _coordinator(None), {})
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint is not None
-    with pytest.raises(StateError, match="no differential privacy state"):
+    with pytest.raises(StateError, match="no privacy state"):
         restore_checkpoint(_coordinator(PrivacyEngine(TREE, 1.0, None)), checkpoint)
     original = PrivacyEngine(TREE, 1.0, None)
     save_checkpoint(tmp_path, _coordinator(original), {})

@@ -101,7 +101,9 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)
-    state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["privacy_state"]
+    state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["stages"][
+        "privacy"
+    ]
     resumed = run_serve(_settings(mosquitto.url, tmp_path, rounds=5, dp_noise=3.0, resume=True))
     # Assert: rounds 1..5 once each, every epsilon that of its round count in one tree
     assert 2 <= killed_at < 5, processes.log("coordinator")
