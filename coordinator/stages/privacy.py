@@ -10,6 +10,8 @@ refused with the reason (`privacy_problem`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -131,6 +133,25 @@ def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) 
             DeviceInfo(d.device_id, d.num_train_samples, d.device_id in kept) for d in fleet.devices
         )
     )
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A noise generator's state, as text a JSON checkpoint holds."""
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode()
+
+
+def restore_generator(generator: torch.Generator, state: str) -> None:
+    """Put `generator` where `generator_state` found it.
+
+    Raises:
+        ValueError: not a generator's state.
+    """
+    try:
+        raw = base64.b64decode(state, validate=True)
+        generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    except (TypeError, RuntimeError, binascii.Error) as error:
+        msg = f"not a noise generator's state: {error}"
+        raise ValueError(msg) from error
 
 
 class FreshNoise:
@@ -447,7 +468,11 @@ class PrivacyEngine:
         return scalars
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism."""
+        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism.
+
+        With the noise stream's state, so a resumed run draws the noise the uninterrupted one
+        would have (the checkpoint is the coordinator's, which central DP trusts with the sums).
+        """
         return {
             "rounds": [
                 [
@@ -463,6 +488,8 @@ class PrivacyEngine:
             "fleet": {d: sorted(counts.items()) for d, counts in self.fleet.taken.items()},
             "clip_norm": self.clip_norm,
             "mechanism": self.settings.mechanism,
+            "generator": generator_state(self._generator),
+            "ring": None if self._ring is None else list(self._ring),
             **self.mechanism.state_dict(),
         }
 
@@ -492,6 +519,11 @@ class PrivacyEngine:
                 for d, counts in state["fleet"].items()
             }
             clip_norm = float(state["clip_norm"])
+            ring = state.get("ring")
+            grid = None if ring is None else (float(ring[0]), int(ring[1]))
+            generator = state.get("generator")  # absent from older checkpoints: fresh noise
+            if generator is not None:
+                restore_generator(self._generator, generator)
             self.mechanism.load_state_dict(state)
         except (KeyError, TypeError, ValueError) as error:
             msg = f"not a DP engine's state: {error}"
@@ -502,6 +534,7 @@ class PrivacyEngine:
             self.fleet.restore(taken) if self.mechanism.secret_sampling else self.spent
         )
         self.clip_norm = clip_norm
+        self._ring = grid
 
     @property
     def epsilon(self) -> float:
