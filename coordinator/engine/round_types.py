@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coordinator.engine.downlink import DownlinkCodec
 from coordinator.stages.aggregate_guard import GuardSettings
@@ -13,6 +13,10 @@ from protocols.codec import encode_frame
 from protocols.compression import NO_COMPRESSION
 from protocols.messages import Compression, CoordinatorStatus
 from protocols.transport.base import Will
+
+if TYPE_CHECKING:
+    from coordinator.engine.rounds import Coordinator
+    from coordinator.stages.base import Collected, Skipped
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,15 @@ def coordinator_will(fleet: str) -> Will:
         topics.coordinator_status(fleet),
         encode_frame(CoordinatorStatus(state="offline", fleet=fleet)),
     )
+
+
+class Schedule(Protocol):
+    """When and whom a round asks (`coordinator.scheduling`): the collection step of a round."""
+
+    def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
+        """Collect round `round_id`'s updates (e.g. `engine.collect_planned` on a cohort).
+
+        Raises:
+            RoundError: the round cannot be collected.
+        """
+        ...

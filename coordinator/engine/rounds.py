@@ -10,12 +10,12 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from coordinator.engine.device_messages import DeviceMessages
+from coordinator.engine.device_messages import DeviceIntake, IntakeParts, Traffic
 from coordinator.engine.downlink import ModelPublisher
 from coordinator.engine.flapping import FlapWatch
 from coordinator.engine.fleet_view import fleet_status
@@ -25,7 +25,7 @@ from coordinator.engine.intake import (
 from coordinator.engine.metrics import summarize_evaluations
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
-from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.round_types import EngineSettings, RoundRecord, Schedule, coordinator_will
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.aggregate_guard import guarded_aggregate
 from coordinator.stages.base import Collected, RoundStage, Skipped, StageChain
@@ -59,19 +59,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Coordinator", "EngineSettings", "RoundRecord", "Schedule", "coordinator_will"]
 
 
-class Schedule(Protocol):
-    """When and whom a round asks (`coordinator.scheduling`): the collection step of a round."""
-
-    def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
-        """Collect round `round_id`'s updates (e.g. `engine.collect_planned` on a cohort).
-
-        Raises:
-            RoundError: the round cannot be collected.
-        """
-        ...
-
-
-class Coordinator(DeviceMessages):
+class Coordinator:
     """Drives rounds over any transport.
 
     It holds the whole model: the shared tensors it aggregates, and the initial values of the
@@ -106,9 +94,7 @@ class Coordinator(DeviceMessages):
         self.rng = np.random.default_rng(settings.seed)
         self.round_id = 0
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.rejected = 0
+        self.traffic = Traffic()
         self.offences = Offences() if offences is None else offences
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.silent = SilentDevices()
@@ -119,13 +105,45 @@ class Coordinator(DeviceMessages):
         self._state = "online"
         self._announcement: bytes | None = None
         self._specs = describe_tensors(self.shared)
-        self._train: Collector[ReceivedUpdate] | None = None
-        self._evaluation: Collector[EvaluationReport] | None = None
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
         self.stages = tuple(stages)
         self.stage: RoundStage = StageChain(self.stages)
         self.uplink: UplinkPath = PlainUplink() if uplink is None else uplink
+        parts = IntakeParts(
+            transport,
+            self.registry,
+            self.models,
+            self.offences,
+            self.quarantine,
+            self.flaps,
+            self.silent,
+            self.traffic,
+        )
+        self.intake = DeviceIntake(self, parts)
+
+    @property
+    def bytes_up(self) -> int:
+        """Payload bytes devices sent the engine."""
+        return self.traffic.bytes_up
+
+    @bytes_up.setter
+    def bytes_up(self, value: int) -> None:
+        self.traffic.bytes_up = value
+
+    @property
+    def bytes_down(self) -> int:
+        """Payload bytes the engine sent devices."""
+        return self.traffic.bytes_down
+
+    @bytes_down.setter
+    def bytes_down(self, value: int) -> None:
+        self.traffic.bytes_down = value
+
+    @property
+    def rejected(self) -> int:
+        """Device messages dropped (malformed, stale, over a limit)."""
+        return self.traffic.rejected
 
     @property
     def shared(self) -> Tensors:
@@ -152,18 +170,8 @@ class Coordinator(DeviceMessages):
     def start(self) -> None:
         """Subscribe to device topics, publish status and the initial model, ask for hellos."""
         fleet = self.settings.fleet
-        handlers: dict[topics.DeviceTopicKind, Callable[[str, bytes], None]] = {
-            "hello": self._on_hello,
-            "status": self._on_status,
-            "update": self._on_update,
-            "request": self._on_request,
-            "evaluation": self._on_evaluation,
-            "secagg": self._on_uplink,
-        }
-        for kind, handler in handlers.items():
-            self.transport.subscribe(
-                topics.device_subscription(fleet, kind), self._guarded(handler)
-            )
+        for kind, handler in self.intake.handlers().items():
+            self.transport.subscribe(topics.device_subscription(fleet, kind), handler)
         self.publish_status("online")
         self.publish_model()
         self._broadcast(topics.command(fleet), encode_frame(Command(action="hello")))
@@ -320,17 +328,9 @@ class Coordinator(DeviceMessages):
             self.settings.guard,
             restorable=self.relay.resends_model,
         )
-        for device_id, reason in guarded.cut.items():
-            logger.warning("round %d: %s: %s", round_id, device_id, reason)
-        scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
         if guarded.aggregate is not None:
             self.shared = guarded.aggregate.shared
-        else:
-            logger.error("round %d skipped, the model is unchanged: %s", round_id, guarded.rejected)
-            scalars["aggregate_rejected"] = 1.0
-        if guarded.cut:
-            scalars["guard_cut"] = float(len(guarded.cut))
-        return scalars, guarded.norm_median
+        return guarded.scalars(round_id), guarded.norm_median
 
     def finish_round(self, round_id: int, scalars: dict[str, float]) -> None:
         """Round `round_id` is aggregated: publish its model and the fleet's status."""
@@ -341,7 +341,7 @@ class Coordinator(DeviceMessages):
 
     def open_inbox(self, inbox: Collector[ReceivedUpdate] | None) -> None:
         """Collect training updates into `inbox` until closed with None."""
-        self._train = inbox
+        self.intake.train = inbox
         if inbox is not None:
             self._pass_over_quarantined(inbox)
 
@@ -373,13 +373,13 @@ class Coordinator(DeviceMessages):
         """
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
-        self._evaluation = collector
+        self.intake.evaluation = collector
         self._pass_over_quarantined(collector)
         self.announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
         )
-        self._evaluation = None
+        self.intake.evaluation = None
         reports = collector.sorted_answers()
         if len(reports) < len(devices):
             logger.warning(
