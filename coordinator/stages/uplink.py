@@ -45,12 +45,10 @@ class UplinkHost(Protocol):
         phase: str,
         plan: RoundPlan | None,
         *,
-        final: bool = False,
         privacy: DevicePrivacy | None = None,
         secure: SecureRound | None = None,
-        asynchronous: bool = False,
     ) -> None:
-        """Publish a call for work."""
+        """Publish a call for work (`Coordinator.announce`)."""
         ...
 
     def open_inbox(self, inbox: Collector[ReceivedUpdate] | None) -> None:

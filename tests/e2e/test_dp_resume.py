@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, kill_after_checkpoint
+from tests.e2e.conftest import Processes, kill_after_checkpoint, serve_settings
 from tests.e2e.seeded_noise import seeded_generator
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
@@ -31,17 +31,7 @@ RUN = {
 
 
 def _settings(url: str, directory: Path, **options: object) -> ServeSettings:
-    return ServeSettings.load(
-        None,
-        **RUN,
-        **options,
-        broker=url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=60.0,
-        out=directory / "run",
-        checkpoint_dir=directory / "checkpoint",
-    )
+    return serve_settings(url, directory, **RUN, **options)
 
 
 def _model(directory: Path) -> dict[str, torch.Tensor]:
