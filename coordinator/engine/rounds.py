@@ -251,7 +251,6 @@ class Coordinator:
         if isinstance(collected, Skipped):
             scalars = {**collected.scalars, **self.stage.skipped(collected)}
             participants, loss, declined, selected = 0, math.nan, 0, collected.selected
-            sim_seconds = None
         else:
             updates = self.stage.transform(collected.updates, self.shared, collected.presummed)
             scalars = self._aggregate(round_id, updates, collected)
@@ -259,7 +258,7 @@ class Coordinator:
             loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
             loss = self.stage.train_loss(loss)
             participants, declined = collected.participants, collected.declined
-            selected, sim_seconds = collected.selected, collected.sim_seconds
+            selected = collected.selected
         self.finish_round(round_id, scalars)
         return RoundRecord(
             round_id=round_id,
@@ -271,7 +270,7 @@ class Coordinator:
             wall_seconds=time.perf_counter() - started,
             scalars=scalars,
             skipped=declined,
-            sim_seconds=sim_seconds,
+            sim_seconds=collected.sim_seconds,
         )
 
     def collect_planned(

@@ -210,17 +210,7 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
 def buffered_rounds(
     coordinator: Coordinator, settings: SimulationSettings, clock: SimulatedClock
 ) -> BufferedRounds:
-    """Asynchronous rounds, or synchronous ones, on the simulated clock.
-
-    Raises:
-        ValueError: a synchronous run on the simulated clock with DP or secure aggregation.
-    """
-    if settings.mode == "sync" and (settings.privacy() is not None or settings.secagg):
-        msg = (
-            "the --sim-* settings run rounds on a simulated clock, which does not combine with "
-            "differential privacy or secure aggregation yet"
-        )
-        raise ValueError(msg)
+    """Asynchronous rounds, or synchronous ones, on the simulated clock."""
     return BufferedRounds(coordinator, settings.async_settings(), clock, settings.participation)
 
 

@@ -33,10 +33,10 @@ from coordinator.engine.round_types import RoundRecord
 from coordinator.engine.rounds import Coordinator
 from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
+from coordinator.scheduling.clock_cohort import ClockCohort
 from coordinator.scheduling.fair_share import NO_FAIR_SHARE
 from coordinator.scheduling.staleness import weigh_update
 from coordinator.stages.base import Collected, Skipped
-from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.errors import RoundError
 
@@ -132,7 +132,7 @@ class DispatchInbox(Collector[ReceivedUpdate]):
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What happened to the work that ended during one aggregation."""
 
     asked: int = 0
@@ -193,13 +193,13 @@ class BufferedRounds:
 
     def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
         """See `Schedule.collect`: fill the buffer, or run a synchronous round on the clock."""
-        tally = _Tally()
+        tally = Tally()
         if self.settings is None:
             return self._synchronous_round(round_id, tally)
         self._fill_buffer(round_id, self.settings, tally)
         return self.collected(tally)
 
-    def collected(self, tally: _Tally) -> Collected:
+    def collected(self, tally: Tally) -> Collected:
         """The buffer, in device-id order, as the engine's round takes it (then emptied)."""
         entries = [self.buffer[d] for d in sorted(self.buffer)]
         self.fair_share.record(self.buffer)
@@ -212,11 +212,12 @@ class BufferedRounds:
             selected=tally.asked,
             within_clip=[u.within_clip for u in updates],
             declined=tally.declined,
-            scalars=self._scalars(tally, staleness),
+            scalars=self.tally_scalars(tally, staleness),
             sim_seconds=None if self.clock is None else self.clock.now,
         )
 
-    def _scalars(self, tally: _Tally, staleness: list[int]) -> dict[str, float]:
+    def tally_scalars(self, tally: Tally, staleness: list[int]) -> dict[str, float]:
+        """The round record's view of `tally` (and, asynchronous, of the buffer's staleness)."""
         out = {"lost": float(tally.lost), "late": float(tally.late)}
         if self.settings is not None:
             out["stale_dropped"] = float(tally.stale)
@@ -228,7 +229,7 @@ class BufferedRounds:
 
     # -- asynchronous -----------------------------------------------------------------------
 
-    def _fill_buffer(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _fill_buffer(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         """Ask devices and take their updates until the buffer is full or nobody can add to it."""
         progress_by = time.monotonic() + self.timeout_s
         while len(self.buffer) < settings.buffer:
@@ -252,7 +253,7 @@ class BufferedRounds:
             c = self.coordinator
             c.transport.wait_until(lambda: self._askable(round_id) != [], POLL_S)
         if self.clock is not None:  # devices still fetching must find the model they were sent
-            self._wait_for_answers([d for d, job in self.in_flight.items() if job.survives])
+            self.wait_for_answers([d for d, job in self.in_flight.items() if job.survives])
 
     def _concurrency(self, settings: AsyncSettings) -> int:
         if settings.concurrency:
@@ -278,7 +279,7 @@ class BufferedRounds:
             if d not in self.in_flight and self._asked_for.get(d) != round_id
         ]
 
-    def _ask(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _ask(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         free = self._concurrency(settings) - len(self.in_flight)
         candidates = self._askable(round_id) if free > 0 else []
         candidates = self.fair_share.admit(candidates, len(self._active()), idle=not self.in_flight)
@@ -289,7 +290,7 @@ class BufferedRounds:
         chosen = sorted(candidates[i] for i in picked)
         asked = []
         for device_id in chosen:
-            dispatch = self._dispatch(device_id, round_id)
+            dispatch = self.dispatch_job(device_id, round_id)
             self.in_flight[device_id] = dispatch
             self._asked_for[device_id] = round_id
             if dispatch.survives:  # a device that drops out first never gets to answer
@@ -299,7 +300,8 @@ class BufferedRounds:
         if asked:
             c.announce(round_id, "train", RoundPlan(tuple(asked)), asynchronous=True)
 
-    def _dispatch(self, device_id: str, round_id: int) -> Dispatch:
+    def dispatch_job(self, device_id: str, round_id: int) -> Dispatch:
+        """Work `device_id` is asked for: when it ends (simulated) or is given up (real time)."""
         if self.clock is None:
             return Dispatch(round_id, deadline=time.monotonic() + self.timeout_s)
         event_s, survives = self.clock.job(device_id, *self._work(device_id))
@@ -311,13 +313,13 @@ class BufferedRounds:
         samples = c.registry.declared_samples(device_id) or 0
         return samples, int(getattr(c.strategy.config, "local_epochs", 1))
 
-    def _next_events(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _next_events(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         if self.clock is not None:
             device_id = min(self.in_flight, key=lambda d: (self.in_flight[d].event_s, d))
             dispatch = self.in_flight.pop(device_id)
             self.clock.now = max(self.clock.now, dispatch.event_s)
             if dispatch.survives:
-                self._wait_for_answers([device_id])
+                self.wait_for_answers([device_id])
             self._land(device_id, dispatch, settings, tally)
             return
         c = self.coordinator
@@ -344,7 +346,7 @@ class BufferedRounds:
                 self._land(device_id, dispatch, settings, tally)
 
     def _land(
-        self, device_id: str, dispatch: Dispatch, settings: AsyncSettings, tally: _Tally
+        self, device_id: str, dispatch: Dispatch, settings: AsyncSettings, tally: Tally
     ) -> None:
         """A device's work ended: buffer its update (scaled by staleness), or count why not."""
         update, declined = self.inbox.settle(device_id)
@@ -367,7 +369,7 @@ class BufferedRounds:
         weight = settings.staleness.weight(staleness) * fair
         self.buffer[device_id] = (weigh_update(update, weight), staleness)
 
-    def _wait_for_answers(self, device_ids: list[str]) -> None:
+    def wait_for_answers(self, device_ids: list[str]) -> None:
         """Simulated time: let the machine compute until these devices answered (or left)."""
         c = self.coordinator
         c.transport.wait_until(
@@ -389,7 +391,7 @@ class BufferedRounds:
 
     # -- synchronous, on the simulated clock ------------------------------------------------
 
-    def _synchronous_round(self, round_id: int, tally: _Tally) -> Collected | Skipped:
+    def _synchronous_round(self, round_id: int, tally: Tally) -> Collected | Skipped:
         """One synchronous round: the cohort trains from now; late and lost updates miss it."""
         clock = self.clock
         assert clock is not None
@@ -408,44 +410,4 @@ class BufferedRounds:
             if cohort.online():
                 break
             self._wait_for_simulated_devices(round_id)
-        return c.collect_planned(round_id, cohort, _ClockCohort(self, tally))
-
-    def run_on_clock(self, host: UplinkHost, request: UplinkRound, tally: _Tally) -> None:
-        """The planned cohort trains from now: survivors in time go into the buffer."""
-        clock, plan, round_id = self.clock, request.plan, request.round_id
-        assert clock is not None
-        jobs = {d: self._dispatch(d, round_id) for d in plan.devices}
-        asked = tuple(d for d in plan.devices if jobs[d].survives)
-        for device_id in asked:
-            self.inbox.dispatch(device_id, round_id)
-        tally.asked = len(plan.devices)
-        if asked:
-            scalars = {d: plan.scalars[d] for d in asked if d in plan.scalars}
-            host.announce(round_id, "train", RoundPlan(asked, scalars), privacy=request.privacy)
-            self._wait_for_answers(list(asked))
-        deadline = clock.now + clock.deadline_s if clock.deadline_s else math.inf
-        for device_id in plan.devices:
-            update, declined = self.inbox.settle(device_id)
-            if update is None and not declined:
-                tally.lost += 1
-            elif update is None:
-                tally.declined += 1
-            elif jobs[device_id].event_s > deadline:
-                tally.late += 1
-            else:
-                self.buffer[device_id] = (update, 0)
-        ends = [job.event_s for job in jobs.values()]
-        clock.now = min(max(ends, default=clock.now), deadline)
-
-
-class _ClockCohort:
-    """The collection of a synchronous round on the simulated clock (`BufferedRounds`)."""
-
-    def __init__(self, rounds: BufferedRounds, tally: _Tally) -> None:
-        self.rounds = rounds
-        self.tally = tally
-
-    def collect(self, host: UplinkHost, request: UplinkRound) -> Collected:
-        """See `Collection.collect`: the survivors' updates fill the scheduler's buffer."""
-        self.rounds.run_on_clock(host, request, self.tally)
-        return self.rounds.collected(self.tally)
+        return c.collect_planned(round_id, cohort, ClockCohort(self, tally))

@@ -55,6 +55,7 @@ class Skipped:
     unmasked: int
     """Devices in a sum that was seen and refused (0: none was seen)."""
     scalars: dict[str, float] = field(default_factory=dict)
+    sim_seconds: float | None = None
 
 
 class RoundStage(Protocol):

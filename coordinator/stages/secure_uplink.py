@@ -21,6 +21,7 @@ class SecureUplink:
     """Collects each round as a secure sum through `aggregator`."""
 
     shows_losses = False
+    presums = True
 
     def __init__(self, aggregator: SecureAggregator) -> None:
         self.aggregator = aggregator

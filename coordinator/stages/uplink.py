@@ -33,6 +33,7 @@ class UplinkHost(Protocol):
     settings: EngineSettings
     registry: FleetRegistry
     stage: RoundStage
+    uplink: UplinkPath
 
     @property
     def specs(self) -> tuple[TensorSpec, ...]:
@@ -101,6 +102,8 @@ class UplinkPath(Collection, Protocol):
 
     shows_losses: bool
     """Whether a device's own train loss reaches the coordinator."""
+    presums: bool
+    """Whether it collects one sum over the devices, not each device's update."""
 
     def decline(self, device_id: str, round_id: int | None = None) -> None:
         """A device will not answer (it skipped `round_id`, or is quarantined)."""
@@ -127,6 +130,7 @@ class PlainUplink:
     """Each selected device sends its own update; the round waits for them until its deadline."""
 
     shows_losses = True
+    presums = False
 
     def collect(self, host: UplinkHost, request: UplinkRound) -> Collected:
         """Announce, then wait for the plain updates: those in by the deadline.
