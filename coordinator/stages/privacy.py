@@ -10,8 +10,6 @@ refused with the reason (`privacy_problem`).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +22,7 @@ from coordinator.engine.selection import poisson_sample
 from coordinator.stages.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
 from coordinator.stages.discrete_accountant import RingRound
 from coordinator.stages.ftrl import ParticipationLimit, TreeNoise
+from coordinator.stages.noise_state import generator_state, restore_generator
 from coordinator.stages.tree_accountant import TreeAccountant
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -135,25 +134,6 @@ def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) 
     )
 
 
-def generator_state(generator: torch.Generator) -> str:
-    """A noise generator's state, as text a JSON checkpoint holds."""
-    return base64.b64encode(generator.get_state().numpy().tobytes()).decode()
-
-
-def restore_generator(generator: torch.Generator, state: str) -> None:
-    """Put `generator` where `generator_state` found it.
-
-    Raises:
-        ValueError: not a generator's state.
-    """
-    try:
-        raw = base64.b64decode(state, validate=True)
-        generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-    except (TypeError, RuntimeError, binascii.Error) as error:
-        msg = f"not a noise generator's state: {error}"
-        raise ValueError(msg) from error
-
-
 class FreshNoise:
     """DP-FedAvg's noise: a new N(0, std^2) on every round's sum."""
 
@@ -192,7 +172,7 @@ class Mechanism:
         """Note a round's selected devices (nothing to note here)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs beyond the rounds accounted (nothing: noise is fresh)."""
+        """What a resumed run needs beyond the rounds accounted and the engine's generator."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
