@@ -1,8 +1,9 @@
 """The round engine's seams: what an uplink collected, and the stages a round passes through.
 
 The engine runs one round: cohort -> plan -> announce -> uplink.collect -> stages -> aggregate ->
-finish. What differs between features sits behind two seams, each with a null object, so the
-engine holds no feature branches:
+finish. What differs between features sits behind two seams, each with a null object (the plain
+uplink; a `StageChain` of no stages), so the engine holds no feature branches; a scheduler
+(`coordinator.engine.round_types.Schedule`) may supply the round's collection:
 
 - an uplink path (`coordinator.stages.uplink`) collects a round's updates: plain ones, or a
   secure sum (`coordinator.stages.secure_uplink`), or a buffer a scheduler filled; it returns a
@@ -43,6 +44,7 @@ class Collected:
     scalars: dict[str, float] = field(default_factory=dict)
     """The uplink's own scalars for the round record."""
     sim_seconds: float | None = None
+    """On a simulated clock: when the round's collection ended."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ and the uplink path as it does without a clock.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -57,3 +58,17 @@ def test_secure_aggregation_on_the_clock_sums_the_devices_that_plain_rounds_aver
         assert record.sim_seconds == reference.sim_seconds
     for name, tensor in plain.final_shared.items():
         assert torch.allclose(secure.final_shared[name], tensor, atol=1e-4), name
+
+
+def test_device_noised_dp_over_secure_aggregation_runs_on_the_clock() -> None:
+    # Execute: each device adds its share of the noise; only the sum in time is unmasked
+    dp = {"dp_noise": 1.0, "dp_placement": "device", "dp_sampling": "fixed"}
+    result = _run(secagg=True, **dp)
+    # Assert
+    for record in result.records:
+        assert record.scalars["late"] > 0
+        assert record.scalars["secagg_survivors"] == record.participants
+        assert record.participants + record.scalars["late"] == record.selected
+        assert record.scalars["dp_epsilon"] > 0
+        assert math.isnan(record.train_loss)
+    assert all(torch.isfinite(v).all() for v in result.final_shared.values())
