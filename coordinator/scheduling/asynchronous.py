@@ -14,10 +14,12 @@ up after the round timeout or when it goes offline) or simulated (`pfl-coord sim
 whatever order the machine computed them in, so results depend on the seed alone). On the
 simulated clock synchronous rounds run here too (`settings=None`): the round's cohort is drawn
 from the devices online at its start and it ends when its last device finishes, or at the
-deadline, which late updates miss.
+deadline, which late updates miss (`coordinator.scheduling.clock_cohort`).
 
-Each call of `run_round` returns one aggregation as a `RoundRecord`, so the run loop, periodic
-evaluation, metrics, checkpoints and dashboards are those of synchronous runs.
+This scheduler decides when and whom; it is the collection step (`Schedule`) of the engine's one
+round, whose stages, aggregation, record and publishing are those of every run. Each call of
+`run_round` returns one aggregation as a `RoundRecord`, so the run loop, periodic evaluation,
+metrics, checkpoints and dashboards are those of synchronous runs.
 """
 
 from __future__ import annotations
