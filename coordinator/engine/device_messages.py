@@ -2,15 +2,16 @@
 
 Every handler runs behind `_guarded`: nothing a device sends raises out of it, a failure drops
 that one message and counts it against the sender, and a sender over its limit sits out the rest
-of the round. The round engine (`coordinator.engine.rounds`) mixes these in; they touch only
-what the engine declares below.
+of the round. The round engine (`coordinator.engine.rounds`) holds a `DeviceIntake`; it reads
+the engine through `IntakeHost` and records into the collaborators it was given.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from coordinator.engine.downlink import ModelPublisher
 from coordinator.engine.flapping import FlapWatch
@@ -28,7 +29,7 @@ from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.relay import RelayHook
-from coordinator.stages.secure_aggregation import SecureAggregator
+from coordinator.stages.uplink import UplinkPath
 from coordinator.strategies.base import ReceivedUpdate, Strategy
 from protocols import topics
 from protocols.errors import PflError, RoundError, describe
@@ -47,37 +48,77 @@ from protocols.transport.inbound import UNKNOWN_SENDER, sender_of
 logger = logging.getLogger(__name__)
 
 
-class DeviceMessages:
-    """The engine's intake of device messages (hello, status, update, request, evaluation)."""
+@dataclass
+class Traffic:
+    """What crossed the wire for the engine: payload bytes each way, messages dropped."""
 
-    transport: Transport
+    bytes_up: int = 0
+    bytes_down: int = 0
+    rejected: int = 0
+
+
+class IntakeHost(Protocol):
+    """What the intake reads of the engine that may change during a run."""
+
+    run_id: str
     settings: EngineSettings
     strategy: Strategy
+    relay: RelayHook
+    uplink: UplinkPath
+
+    @property
+    def specs(self) -> tuple[TensorSpec, ...]:
+        """The shared tensors' layout."""
+        ...
+
+    def publish_fleet_status(self) -> None:
+        """Retain the registry's view."""
+        ...
+
+
+@dataclass
+class IntakeParts:
+    """The engine's collaborators the intake records into (fixed for a run)."""
+
+    transport: Transport
     registry: FleetRegistry
     models: ModelPublisher
-    relay: RelayHook
     offences: Offences
     quarantine: Quarantine
     flaps: FlapWatch
     silent: SilentDevices
-    secure: SecureAggregator | None
-    run_id: str
-    bytes_up: int
-    bytes_down: int
-    rejected: int
-    _train: Collector[ReceivedUpdate] | None
-    _evaluation: Collector[EvaluationReport] | None
-    _specs: tuple[TensorSpec, ...]
+    traffic: Traffic
 
-    def publish_fleet_status(self) -> None:
-        """Retain the registry's view (the engine's)."""
-        raise NotImplementedError
 
-    def _guarded(self, handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
+class DeviceIntake:
+    """The engine's intake of device messages (hello, status, update, request, evaluation).
+
+    `train` and `evaluation` are the inboxes the engine has open (None: none).
+    """
+
+    def __init__(self, host: IntakeHost, parts: IntakeParts) -> None:
+        self.host = host
+        self.parts = parts
+        self.train: Collector[ReceivedUpdate] | None = None
+        self.evaluation: Collector[EvaluationReport] | None = None
+
+    def handlers(self) -> dict[topics.DeviceTopicKind, Callable[[str, bytes], None]]:
+        """Each device topic's handler, guarded (`guarded`)."""
+        handlers: dict[topics.DeviceTopicKind, Callable[[str, bytes], None]] = {
+            "hello": self._on_hello,
+            "status": self._on_status,
+            "update": self._on_update,
+            "request": self._on_request,
+            "evaluation": self._on_evaluation,
+            "secagg": self._on_uplink,
+        }
+        return {kind: self.guarded(handler) for kind, handler in handlers.items()}
+
+    def guarded(self, handler: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
         """Nothing a device sends raises out of a handler: a failure drops that one message."""
 
         def guarded(topic: str, payload: bytes) -> None:
-            self.bytes_up += len(payload)
+            self.parts.traffic.bytes_up += len(payload)
             sender = sender_of(topic)
             if self._quarantined(sender):
                 self._drop(sender, topic, "quarantined for the rest of the round")
@@ -93,42 +134,41 @@ class DeviceMessages:
         return guarded
 
     def _drop(self, sender: str, topic: str, reason: str) -> None:
-        self.rejected += 1
-        self.offences.record(sender, topic, reason)
+        self.parts.traffic.rejected += 1
+        self.parts.offences.record(sender, topic, reason)
 
     def _quarantined(self, sender: str) -> bool:
         """Over its limit this round: the round stops waiting for it, status shows it."""
         if sender == UNKNOWN_SENDER:
             return False
-        held, newly = self.quarantine.holds(sender, self.offences.count(sender))
+        held, newly = self.parts.quarantine.holds(sender, self.parts.offences.count(sender))
         if newly:
-            for collector in (self._train, self._evaluation):
+            for collector in (self.train, self.evaluation):
                 if collector is not None:
                     collector.decline(sender)
-            if self.secure is not None:
-                self.secure.decline(sender)
-            self.publish_fleet_status()
+            self.host.uplink.decline(sender)
+            self.host.publish_fleet_status()
         return held
 
     def _on_hello(self, topic: str, payload: bytes) -> None:
         hello, _ = device_message(topic, payload, DeviceHello)
-        check_hello(hello, self.settings.task, self.settings.guard.max_samples, topic)
-        clash = self.registry.on_hello(hello)
-        self.models.forget(hello.device_id)
-        if self.flaps.note(hello.device_id, clash, hello.instance):
-            self.publish_fleet_status()
+        check_hello(hello, self.host.settings.task, self.host.settings.guard.max_samples, topic)
+        clash = self.parts.registry.on_hello(hello)
+        self.parts.models.forget(hello.device_id)
+        if self.parts.flaps.note(hello.device_id, clash, hello.instance):
+            self.host.publish_fleet_status()
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = device_message(topic, payload, DeviceStatus)
-        self.registry.on_status(status)
+        self.parts.registry.on_status(status)
         if status.state != "skipped":
             return
-        if self.secure is not None and status.run_id == self.run_id:
-            self.secure.decline(status.device_id, status.round_id)
-        for collector in (self._train, self._evaluation):
+        if status.run_id == self.host.run_id:
+            self.host.uplink.decline(status.device_id, status.round_id)
+        for collector in (self.train, self.evaluation):
             if (
                 collector is not None
-                and status.run_id == self.run_id
+                and status.run_id == self.host.run_id
                 and status.round_id is not None
                 and collector.asks(status.device_id, status.round_id)
             ):
@@ -140,24 +180,24 @@ class DeviceMessages:
                     status.detail,
                 )
                 collector.decline(status.device_id)
-                self.models.acknowledge(status.device_id)
+                self.parts.models.acknowledge(status.device_id)
 
     def _on_update(self, topic: str, payload: bytes) -> None:
         update, blob = device_message(topic, payload, DeviceUpdate)
-        if self.secure is not None and self.secure.active():
-            check_claims(update, self.strategy.name, 1, topic)  # its real count is masked
-            self.secure.on_update(update, blob)
-            self.models.acknowledge(update.device_id)
-            self.registry.on_update(update.device_id, update.round_id, None)
+        if self.host.uplink.takes_updates():
+            check_claims(update, self.host.strategy.name, 1, topic)  # its real count is masked
+            self.host.uplink.on_update(update, blob)
+            self.parts.models.acknowledge(update.device_id)
+            self.parts.registry.on_update(update.device_id, update.round_id, None)
             return
-        if update.run_id == self.run_id:  # even after its round closed: a sign of life
-            self.silent.heard([update.device_id])
-        collector = answered_collector(self._train, update, self.run_id, topic)
-        declared = self.registry.declared_samples(update.device_id)
-        check_claims(update, self.strategy.name, declared, topic)
-        expected = self.relay.update_layout(update.round_id, update.device_id, self._specs)
-        delta = unpack_delta(update, blob, expected, self.settings.uplink)
-        self.models.acknowledge(update.device_id)
+        if update.run_id == self.host.run_id:  # even after its round closed: a sign of life
+            self.parts.silent.heard([update.device_id])
+        collector = answered_collector(self.train, update, self.host.run_id, topic)
+        declared = self.parts.registry.declared_samples(update.device_id)
+        check_claims(update, self.host.strategy.name, declared, topic)
+        expected = self.host.relay.update_layout(update.round_id, update.device_id, self.host.specs)
+        delta = unpack_delta(update, blob, expected, self.host.settings.uplink)
+        self.parts.models.acknowledge(update.device_id)
         received = ReceivedUpdate(
             update.device_id,
             update.num_samples,
@@ -166,7 +206,7 @@ class DeviceMessages:
             dict(update.scalars),
             update.within_clip,
         )
-        self.registry.on_update(update.device_id, update.round_id, update.train_loss)
+        self.parts.registry.on_update(update.device_id, update.round_id, update.train_loss)
         if not collector.offer(update.device_id, received):
             logger.info(
                 "ignored duplicate or unrequested update from %s for round %d",
@@ -174,29 +214,30 @@ class DeviceMessages:
                 update.round_id,
             )
 
-    def _on_secagg(self, topic: str, payload: bytes) -> None:
-        if self.secure is None:
-            msg = "secure aggregation message, but this run does not aggregate securely"
-            raise RoundError(msg, topic=topic)
-        self.secure.on_message(topic, payload)
+    def _on_uplink(self, topic: str, payload: bytes) -> None:
+        self.host.uplink.on_message(topic, payload)  # a protocol of the uplink path's own
 
     def _on_request(self, topic: str, payload: bytes) -> None:
         """Relay the models a device asked for, to its own relay topic (FedeRiCo)."""
         request, _ = device_message(topic, payload, PeerRequest)
         collector: Collector[Any] | None = (
-            self._train if request.phase == "train" else self._evaluation
+            self.train if request.phase == "train" else self.evaluation
         )
-        asked = answered_collector(collector, request, self.run_id, topic).expected
+        asked = answered_collector(collector, request, self.host.run_id, topic).expected
         if request.device_id not in asked:
             msg = f"{request.phase} request from a device not asked this round"
             raise RoundError(msg, device_id=request.device_id, round_id=request.round_id)
-        frame = self.relay.answer(request)
-        self.transport.publish(topics.relay(self.settings.fleet, request.device_id), frame)
-        self.bytes_down += len(frame)
+        frame = self.host.relay.answer(request)
+        self.parts.transport.publish(
+            topics.relay(self.host.settings.fleet, request.device_id), frame
+        )
+        self.parts.traffic.bytes_down += len(frame)
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
         report, _ = device_message(topic, payload, EvaluationReport)
-        collector = answered_collector(self._evaluation, report, self.run_id, topic)
-        self.models.acknowledge(report.device_id)
-        check_evaluation(report, self.settings.metric, self.settings.guard.max_eval_loss, topic)
+        collector = answered_collector(self.evaluation, report, self.host.run_id, topic)
+        self.parts.models.acknowledge(report.device_id)
+        check_evaluation(
+            report, self.host.settings.metric, self.host.settings.guard.max_eval_loss, topic
+        )
         collector.offer(report.device_id, report)

@@ -10,12 +10,12 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from coordinator.engine.device_messages import DeviceMessages
+from coordinator.engine.device_messages import DeviceIntake, IntakeParts, Traffic
 from coordinator.engine.downlink import ModelPublisher
 from coordinator.engine.flapping import FlapWatch
 from coordinator.engine.fleet_view import fleet_status
@@ -28,16 +28,16 @@ from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.aggregate_guard import guarded_aggregate
-from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.base import Collected, RoundStage, Skipped, StageChain
 from coordinator.stages.relay import RelayHook, relay_for
-from coordinator.stages.secure_aggregation import SecureAggregator, SecureSum, weight_bound
-from coordinator.stages.secure_retry import (
-    SecureRequest,
-    SkippedRound,
-    account_skipped,
-    secure_round,
+from coordinator.stages.uplink import Collection, PlainUplink, UplinkPath, UplinkRound
+from coordinator.strategies.base import (
+    FleetSnapshot,
+    ModelBuilder,
+    ReceivedUpdate,
+    RoundPlan,
+    Strategy,
 )
-from coordinator.strategies.base import ModelBuilder, ReceivedUpdate, RoundPlan, Strategy
 from protocols import topics
 from protocols.codec import Tensors, describe_tensors, encode_frame
 from protocols.errors import RoundError
@@ -50,15 +50,28 @@ from protocols.messages import (
     FleetStatus,
     RoundAnnouncement,
     SecureRound,
+    TensorSpec,
 )
 from protocols.offences import Offences
 from protocols.transport.base import Transport
 
 logger = logging.getLogger(__name__)
-__all__ = ["Coordinator", "EngineSettings", "RoundRecord", "coordinator_will"]
+__all__ = ["Coordinator", "EngineSettings", "RoundRecord", "Schedule", "coordinator_will"]
 
 
-class Coordinator(DeviceMessages):
+class Schedule(Protocol):
+    """When and whom a round asks (`coordinator.scheduling`): the collection step of a round."""
+
+    def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
+        """Collect round `round_id`'s updates (e.g. `engine.collect_planned` on a cohort).
+
+        Raises:
+            RoundError: the round cannot be collected.
+        """
+        ...
+
+
+class Coordinator:
     """Drives rounds over any transport.
 
     It holds the whole model: the shared tensors it aggregates, and the initial values of the
@@ -66,6 +79,9 @@ class Coordinator(DeviceMessages):
     with the shared ones so a new or stateless device can start its personal part from them.
     That initialization is global, not personal: sending it leaks nothing (spec
     partial-personalization.md §3.3).
+
+    The run's round stages (e.g. differential privacy's) and uplink path (plain, or secure
+    aggregation's) are given here (`coordinator.stages`); the engine's round names neither.
     """
 
     def __init__(
@@ -76,6 +92,10 @@ class Coordinator(DeviceMessages):
         settings: EngineSettings,
         shared_names: Sequence[str] | None = None,
         build_model: ModelBuilder | None = None,
+        *,
+        stages: Sequence[RoundStage] = (),
+        uplink: UplinkPath | None = None,
+        offences: Offences | None = None,
     ) -> None:
         self.transport = transport
         self.strategy = strategy
@@ -86,10 +106,8 @@ class Coordinator(DeviceMessages):
         self.rng = np.random.default_rng(settings.seed)
         self.round_id = 0
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.rejected = 0
-        self.offences = Offences()
+        self.traffic = Traffic()
+        self.offences = Offences() if offences is None else offences
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.silent = SilentDevices()
         self.flaps = FlapWatch()
@@ -99,12 +117,45 @@ class Coordinator(DeviceMessages):
         self._state = "online"
         self._announcement: bytes | None = None
         self._specs = describe_tensors(self.shared)
-        self._train: Collector[ReceivedUpdate] | None = None
-        self._evaluation: Collector[EvaluationReport] | None = None
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
-        self.privacy: PrivacyEngine | None = None  # differential privacy, when the run asks
-        self.secure: SecureAggregator | None = None  # secure aggregation, when the run asks
+        self.stages = tuple(stages)
+        self.stage: RoundStage = StageChain(self.stages)
+        self.uplink: UplinkPath = PlainUplink() if uplink is None else uplink
+        parts = IntakeParts(
+            transport,
+            self.registry,
+            self.models,
+            self.offences,
+            self.quarantine,
+            self.flaps,
+            self.silent,
+            self.traffic,
+        )
+        self.intake = DeviceIntake(self, parts)
+
+    @property
+    def bytes_up(self) -> int:
+        """Payload bytes devices sent the engine."""
+        return self.traffic.bytes_up
+
+    @bytes_up.setter
+    def bytes_up(self, value: int) -> None:
+        self.traffic.bytes_up = value
+
+    @property
+    def bytes_down(self) -> int:
+        """Payload bytes the engine sent devices."""
+        return self.traffic.bytes_down
+
+    @bytes_down.setter
+    def bytes_down(self, value: int) -> None:
+        self.traffic.bytes_down = value
+
+    @property
+    def rejected(self) -> int:
+        """Device messages dropped (malformed, stale, over a limit)."""
+        return self.traffic.rejected
 
     @property
     def shared(self) -> Tensors:
@@ -131,18 +182,8 @@ class Coordinator(DeviceMessages):
     def start(self) -> None:
         """Subscribe to device topics, publish status and the initial model, ask for hellos."""
         fleet = self.settings.fleet
-        handlers: dict[topics.DeviceTopicKind, Callable[[str, bytes], None]] = {
-            "hello": self._on_hello,
-            "status": self._on_status,
-            "update": self._on_update,
-            "request": self._on_request,
-            "evaluation": self._on_evaluation,
-            "secagg": self._on_secagg,
-        }
-        for kind, handler in handlers.items():
-            self.transport.subscribe(
-                topics.device_subscription(fleet, kind), self._guarded(handler)
-            )
+        for kind, handler in self.intake.handlers().items():
+            self.transport.subscribe(topics.device_subscription(fleet, kind), handler)
         self.publish_status("online")
         self.publish_model()
         self._broadcast(topics.command(fleet), encode_frame(Command(action="hello")))
@@ -201,8 +242,12 @@ class Coordinator(DeviceMessages):
 
     # -- rounds -----------------------------------------------------------------------------
 
-    def run_round(self) -> RoundRecord:
-        """One training round: plan, announce, collect, aggregate, publish the new model.
+    def run_round(self, schedule: Schedule | None = None) -> RoundRecord:
+        """One training round: collect (as `schedule` says), run the stages, aggregate, publish.
+
+        The default schedule is synchronous: cohort -> plan -> announce -> the uplink's collection
+        (`collect_planned`). A scheduler (`coordinator.scheduling`) supplies its own collection;
+        the stages, the aggregation and the round's record are this one code path.
 
         Raises:
             RoundError: no device is online, or fewer than the quorum answered by the deadline.
@@ -211,87 +256,72 @@ class Coordinator(DeviceMessages):
         up_before, down_before = self.bytes_up, self.bytes_down
         round_id = self.round_id + 1
         self.quarantine.start_round(round_id, self.offences.counts())
-        fleet = self.registry.snapshot()
-        cohort = fleet if self.privacy is None else self.privacy.cohort(fleet, self.rng)
-        plan = self.strategy.plan_round(round_id, cohort, self.rng)
-        nobody = not plan.devices
-        if nobody and (self.privacy is None or not self.privacy.releases_empty(fleet)):
-            msg = "no device is online to train"
-            raise RoundError(msg, round_id=round_id)
-        self.relay.start_round(round_id)
-        needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
-        dp = None if self.privacy is None else self.privacy.plan(fleet, plan.devices)
-        secure_sum: SecureSum | None = None
-        updates: list[ReceivedUpdate] = []
-        declined = 0
-        if nobody:  # nothing to collect
-            logger.info("round %d: the Poisson draw is empty: only noise is released", round_id)
-        elif self.secure is None:
-            updates, declined = self._collect_updates(round_id, plan, needed, dp)
+        if schedule is None:
+            collected = self.collect_planned(round_id, self.registry.snapshot())
         else:
-            outcome = self._collect_secure_sum(round_id, plan, needed, dp)
-            if isinstance(outcome, SkippedRound):
-                traffic = (up_before, down_before, started)
-                return self._skip(round_id, plan, outcome, len(fleet.online()), traffic)
-            secure_sum = outcome
-            updates, declined = [secure_sum.as_update(mean=self.privacy is None)], 0
-        within_clip = (
-            [u.within_clip for u in updates] if secure_sum is None else [secure_sum.within]
-        )
-        participants = len(updates) if secure_sum is None else len(secure_sum.survivors)
-        if self.privacy is not None:
-            updates = self.privacy.privatize(updates, self.shared, presummed=secure_sum is not None)
-        scalars, norm_median = self.apply_updates(round_id, updates)
-        if secure_sum is not None:
-            scalars.update(secure_sum.scalars())
-        elif self.privacy is None:
-            scalars["update_norm_median"] = norm_median
-        if self.privacy is not None:  # released, even if skipped (the noise was drawn)
-            scalars.update(self.privacy.finish(within_clip, reporters=participants))
+            collected = schedule.collect(self, round_id)
+        if isinstance(collected, Skipped):
+            scalars = {**collected.scalars, **self.stage.skipped(collected)}
+            participants, loss, declined, selected = 0, math.nan, 0, collected.selected
+        else:
+            updates = self.stage.transform(collected.updates, self.shared, collected.presummed)
+            scalars = self._aggregate(round_id, updates, collected)
+            samples = sum(u.num_samples for u in updates)
+            loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
+            loss = self.stage.train_loss(loss)
+            participants, declined = collected.participants, collected.declined
+            selected = collected.selected
         self.finish_round(round_id, scalars)
-        samples = sum(u.num_samples for u in updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
-        if self.privacy is not None:
-            loss = math.nan  # devices do not report it under DP
         return RoundRecord(
             round_id=round_id,
             participants=participants,
-            selected=len(plan.devices),
+            selected=selected,
             train_loss=loss,
             bytes_up=self.bytes_up - up_before,
             bytes_down=self.bytes_down - down_before,
             wall_seconds=time.perf_counter() - started,
             scalars=scalars,
             skipped=declined,
+            sim_seconds=collected.sim_seconds,
         )
 
-    def _skip(
-        self,
-        round_id: int,
-        plan: RoundPlan,
-        skipped: SkippedRound,
-        population: int,
-        since: tuple[int, int, float],
-    ) -> RoundRecord:
-        """A secure round that gave no sum: the model unchanged, any release accounted.
+    def collect_planned(
+        self, round_id: int, fleet: FleetSnapshot, uplink: Collection | None = None
+    ) -> Collected | Skipped:
+        """Cohort -> plan -> announce -> collect, from `fleet` (default uplink: the engine's).
 
-        `since`: bytes up, bytes down and the clock when the round started.
+        Raises:
+            RoundError: nobody to train (and no stage releases an empty round), or the uplink
+                failed the round.
         """
-        up_before, down_before, started = since
-        scalars = skipped.scalars()
-        if self.privacy is not None:
-            scalars.update(account_skipped(self.privacy, skipped, population, len(plan.devices)))
-        self.finish_round(round_id, scalars)
-        return RoundRecord(
-            round_id=round_id,
-            participants=0,
-            selected=len(plan.devices),
-            train_loss=math.nan,
-            bytes_up=self.bytes_up - up_before,
-            bytes_down=self.bytes_down - down_before,
-            wall_seconds=time.perf_counter() - started,
-            scalars=scalars,
-        )
+        cohort = self.stage.cohort(fleet, self.rng)
+        plan = self.strategy.plan_round(round_id, cohort, self.rng)
+        if not plan.devices and not self.stage.releases_empty(fleet):
+            msg = "no device is online to train"
+            raise RoundError(msg, round_id=round_id)
+        self.relay.start_round(round_id)
+        needed = max(1, math.ceil(self.settings.quorum * len(plan.devices)))
+        told = self.stage.device_privacy(fleet, plan.devices)
+        if not plan.devices:  # nothing to collect
+            logger.info("round %d: the draw is empty: the stages release without updates", round_id)
+            return Collected([], participants=0, selected=0)
+        request = UplinkRound(round_id, plan, needed, told, len(fleet.online()))
+        return (uplink or self.uplink).collect(self, request)
+
+    def _aggregate(
+        self, round_id: int, updates: list[ReceivedUpdate], collected: Collected
+    ) -> dict[str, float]:
+        """Apply `updates` through the guard, then the uplink's and the stages' scalars."""
+        if updates:
+            scalars, norm_median = self.apply_updates(round_id, updates)
+            if collected.reports_norm:
+                scalars["update_norm_median"] = norm_median
+        else:
+            logger.warning("round %d: no update arrived in time; the model is unchanged", round_id)
+            scalars = {"aggregate_rejected": 1.0}
+        scalars.update(collected.scalars)
+        self.stage.release(collected, scalars)  # even if rejected: e.g. DP's noise was drawn
+        return scalars
 
     def apply_updates(
         self, round_id: int, updates: Sequence[ReceivedUpdate]
@@ -309,17 +339,9 @@ class Coordinator(DeviceMessages):
             self.settings.guard,
             restorable=self.relay.resends_model,
         )
-        for device_id, reason in guarded.cut.items():
-            logger.warning("round %d: %s: %s", round_id, device_id, reason)
-        scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
         if guarded.aggregate is not None:
             self.shared = guarded.aggregate.shared
-        else:
-            logger.error("round %d skipped, the model is unchanged: %s", round_id, guarded.rejected)
-            scalars["aggregate_rejected"] = 1.0
-        if guarded.cut:
-            scalars["guard_cut"] = float(len(guarded.cut))
-        return scalars, guarded.norm_median
+        return guarded.scalars(round_id), guarded.norm_median
 
     def finish_round(self, round_id: int, scalars: dict[str, float]) -> None:
         """Round `round_id` is aggregated: publish its model and the fleet's status."""
@@ -329,76 +351,28 @@ class Coordinator(DeviceMessages):
         self.publish_fleet_status()
 
     def open_inbox(self, inbox: Collector[ReceivedUpdate] | None) -> None:
-        """Collect training updates into `inbox` until closed with None (asynchronous rounds)."""
-        self._train = inbox
+        """Collect training updates into `inbox` until closed with None."""
+        self.intake.train = inbox
+        if inbox is not None:
+            self._pass_over_quarantined(inbox)
 
-    def _collect_updates(
-        self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
-    ) -> tuple[list[ReceivedUpdate], int]:
-        """Announce, then wait for the plain updates: (those in by the deadline, declines).
-
-        The wait ends early once no asked device is left to answer (all answered, declined or
-        went offline): a round nobody can answer fails at once, not at its deadline.
-
-        Raises:
-            RoundError: fewer than `needed` answered.
-        """
-        collector: Collector[ReceivedUpdate] = Collector(round_id, "train", set(plan.devices))
-        self._train = collector
-        self._pass_over_quarantined(collector)
-        self.announce(round_id, "train", plan, privacy=dp)
+    def wait_for_answers(self, collector: Collector[Any]) -> bool:
+        """Wait until `collector` settles or the round's deadline: whether it settled."""
         online = self.registry.online_ids
-        settled = self.silent.wait(self.transport, collector, online, self.settings.round_timeout_s)
-        self._train = None
-        updates = collector.sorted_answers()
-        if len(updates) < needed:
-            why = "the others declined or went offline" if settled else "by the deadline"
-            msg = f"only {len(updates)} of {len(plan.devices)} updates, {why} (quorum {needed})"
-            raise RoundError(msg, round_id=round_id)
-        if len(updates) < len(plan.devices):
-            missing = sorted(set(plan.devices) - {u.device_id for u in updates})
-            logger.warning("round %d closed on quorum without %s", round_id, ", ".join(missing))
-        return updates, len(collector.declined)
+        return self.silent.wait(self.transport, collector, online, self.settings.round_timeout_s)
 
-    def _collect_secure_sum(
-        self, round_id: int, plan: RoundPlan, needed: int, dp: DevicePrivacy | None
-    ) -> SecureSum | SkippedRound:
-        """Announce a secure round and run its phases (coordinator.stages.secure_aggregation).
+    def hold(self, device_id: str, reason: str) -> None:
+        """Quarantine a device for the rest of the round."""
+        self.quarantine.hold(device_id, reason)
 
-        A round that fails is retried or skipped there (coordinator.stages.secure_retry).
-        """
-        secure = self.secure
-        assert secure is not None
-        declared = [self.registry.declared_samples(d) for d in plan.devices]
-        private = self.privacy is not None
-        weights = weight_bound(self.strategy, declared, private, secure.settings.max_weight_share)
+    def count_down(self, sent: int) -> None:
+        """Count bytes an uplink path sent to devices itself."""
+        self.bytes_down += sent
 
-        def announce(cohort: tuple[str, ...], secure_round: SecureRound) -> None:
-            kept = RoundPlan(cohort, {d: plan.scalars[d] for d in cohort if d in plan.scalars})
-            self.announce(round_id, "train", kept, privacy=dp, secure=secure_round)
-
-        def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
-            secure_round = secure.plan(cohort, dp, weights, min(needed, len(cohort)))
-            if self.privacy is not None:  # the grid a discrete Gaussian is counted on
-                self.privacy.ring(secure_round, sum(math.prod(s.shape) for s in self._specs))
-            return secure_round
-
-        request = SecureRequest(
-            self.run_id,
-            round_id,
-            tuple(plan.devices),
-            self._specs,
-            self.settings.round_timeout_s,
-            self.registry.online_ids,
-            plan_secure,
-            announce,
-            self.quarantine.hold,
-        )
-        sent_before = secure.bytes_down
-        try:
-            return secure_round(secure, request)
-        finally:
-            self.bytes_down += secure.bytes_down - sent_before
+    @property
+    def specs(self) -> tuple[TensorSpec, ...]:
+        """The shared tensors' layout, as updates must have it."""
+        return self._specs
 
     def evaluate(
         self, *, final: bool = False
@@ -410,13 +384,13 @@ class Coordinator(DeviceMessages):
         """
         devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
         collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
-        self._evaluation = collector
+        self.intake.evaluation = collector
         self._pass_over_quarantined(collector)
         self.announce(self.round_id, "evaluate", None, final=final)
         self.transport.wait_until(
             lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
         )
-        self._evaluation = None
+        self.intake.evaluation = None
         reports = collector.sorted_answers()
         if len(reports) < len(devices):
             logger.warning(

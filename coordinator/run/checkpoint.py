@@ -56,8 +56,17 @@ class CheckpointRecord(BaseModel):
     rng_state: dict[str, Any]
     bytes_up: int = 0
     bytes_down: int = 0
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Each round stage's state by its name (`RoundStage.state`): e.g. DP's epsilon spent, its
+    clip, its noise stream and DP-FTRL's tree."""
     privacy_state: dict[str, Any] | None = None
-    """A DP run's engine state (`PrivacyEngine.state_dict`): the epsilon spent, DP-FTRL's tree."""
+    """Read from older checkpoints only: the DP stage's state before `stages` held it."""
+
+    def stage_states(self) -> dict[str, dict[str, Any]]:
+        """`stages`, with an older checkpoint's DP state under its stage's name."""
+        if self.privacy_state is None or "privacy" in self.stages:
+            return dict(self.stages)
+        return {**self.stages, "privacy": self.privacy_state}
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ def save_checkpoint(directory: Path, coordinator: Coordinator, settings: dict[st
         rng_state=dict(coordinator.rng.bit_generator.state),
         bytes_up=coordinator.bytes_up,
         bytes_down=coordinator.bytes_down,
-        privacy_state=None if coordinator.privacy is None else coordinator.privacy.state_dict(),
+        stages={stage.name: stage.state() for stage in coordinator.stages},
     )
     path = directory / RECORD_FILE
     write_atomically(path, record.model_dump_json(indent=2).encode())
@@ -155,15 +164,10 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
     if expected != found or record.shared_names != coordinator.shared_names:
         msg = "the checkpoint's tensors do not match this task, algorithm and stage"
         raise StateError(msg)
-    if coordinator.privacy is not None:  # the epsilon spent goes on, never starts again
-        if record.privacy_state is None:
-            msg = "the checkpoint holds no differential privacy state: it cannot resume a DP run"
-            raise StateError(msg)
-        try:
-            coordinator.privacy.load_state_dict(record.privacy_state)
-        except ValueError as error:
-            msg = f"the checkpoint's differential privacy state: {error}"
-            raise StateError(msg) from error
+    try:  # e.g. DP's epsilon spent goes on, never starts again
+        coordinator.stage.load_state(record.stage_states())
+    except ValueError as error:
+        raise StateError(str(error)) from error
     coordinator.model = dict(checkpoint.model)
     coordinator.round_id = record.round_id
     coordinator.run_id = record.run_id or coordinator.run_id

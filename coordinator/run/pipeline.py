@@ -22,7 +22,10 @@ from coordinator.run.settings import RunSettings
 from coordinator.run.summary import RunSummary
 from coordinator.stages.compatibility import check
 from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.privacy_stage import PrivacyStage
 from coordinator.stages.secure_aggregation import SecureAggregator
+from coordinator.stages.secure_uplink import SecureUplink
+from coordinator.stages.uplink import PlainUplink, UplinkPath
 from coordinator.strategies import build_strategy
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
@@ -30,6 +33,7 @@ from protocols import topics
 from protocols.algorithms import AlgorithmConfig, parse_algorithm_config
 from protocols.codec import Tensors
 from protocols.messages import EvaluationReport
+from protocols.offences import Offences
 from protocols.secure_aggregation import SecureAggregationSettings
 
 RoundCallback = Callable[[RoundRecord], None]
@@ -123,37 +127,48 @@ def build_coordinator(
     engine_settings: Any,
     task: Task | None = None,
     privacy: PrivacyEngine | None = None,
+    offences: Offences | None = None,
 ) -> Coordinator:
     """A coordinator holding `model`'s initial tensors, set up for the first stage.
 
     With `task`, a relay algorithm (FedeRiCo) starts each device's model from the task's own
-    initialization with a per-device seed; with `privacy`, rounds are differentially private.
+    initialization with a per-device seed; with `privacy`, rounds are differentially private;
+    `offences` counts each device's dropped messages (the transport's too, when it shares it).
     """
     first = stages.stages[0]
     tensors = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    transport = connect_coordinator()
+    offences = Offences() if offences is None else offences
+    uplink: UplinkPath = PlainUplink()
+    if stages.secure is not None:
+        fleet = engine_settings.fleet
+
+        def blame(device_id: str, reason: str) -> None:
+            offences.record(device_id, topics.device(fleet, device_id, "secagg"), reason)
+
+        uplink = SecureUplink(SecureAggregator(stages.secure, transport, fleet, blame))
     coordinator = Coordinator(
-        connect_coordinator(),
+        transport,
         build_strategy(first.config, stages.participation),
         tensors,
         engine_settings,
         shared_names=first.shared_names,
         build_model=None if task is None else model_builder(task),
+        stages=() if privacy is None else (PrivacyStage(privacy),),
+        uplink=uplink,
+        offences=offences,
     )
-    coordinator.privacy = privacy
     # under DP or secure aggregation no device's loss is shown (a hostile or older device may
     # still send one): the fleet status every device reads must not republish it
-    coordinator.registry.keeps_losses = privacy is None and stages.secure is None
+    coordinator.registry.keeps_losses = privacy is None and uplink.shows_losses
     coordinator.transport.on_reconnect(coordinator.republish)  # a restarted broker forgot us
-    if stages.secure is not None:
-        fleet = engine_settings.fleet
-
-        def blame(device_id: str, reason: str) -> None:
-            coordinator.offences.record(
-                device_id, topics.device(fleet, device_id, "secagg"), reason
-            )
-
-        coordinator.secure = SecureAggregator(stages.secure, coordinator.transport, fleet, blame)
     return coordinator
+
+
+def privacy_of(coordinator: Coordinator) -> PrivacyEngine | None:
+    """The run's differential privacy engine, if its rounds have one."""
+    found = [s.engine for s in coordinator.stages if isinstance(s, PrivacyStage)]
+    return found[0] if found else None
 
 
 def model_builder(task: Task) -> Callable[[int], Tensors]:
@@ -211,7 +226,7 @@ def drive_rounds(
 
 def out_of_budget(coordinator: Coordinator) -> bool:
     """Whether DP's budget stops the run before its next round (a warning when it only warns)."""
-    privacy = coordinator.privacy
+    privacy = privacy_of(coordinator)
     if privacy is None:
         return False
     reason = privacy.over_budget(coordinator.registry.online_count())
@@ -242,6 +257,7 @@ def summarize_run(
     `time.perf_counter()` at its start.
     """
     config = stages.final.config
+    privacy = privacy_of(coordinator)
     return RunSummary(
         algorithm=config.name,
         task=coordinator.settings.task,
@@ -258,5 +274,5 @@ def summarize_run(
         bytes_down=traffic[1],
         rejected_messages=coordinator.rejected,
         config=config.model_dump(mode="json"),
-        privacy=None if coordinator.privacy is None else coordinator.privacy.report(),
+        privacy=None if privacy is None else privacy.report(),
     )

@@ -139,9 +139,8 @@ def run_serve(
                     tap = ViewTap(transport, settings.fleet, board.offer)
                     engine_transport = dashboard.enter_context(tap)
                 coordinator = build_coordinator(
-                    lambda: engine_transport, stages, workspace, engine, task, privacy
+                    lambda: engine_transport, stages, workspace, engine, task, privacy, offences
                 )
-                coordinator.offences = offences
                 return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
         finally:
             transport.close()

@@ -14,131 +14,36 @@ up after the round timeout or when it goes offline) or simulated (`pfl-coord sim
 whatever order the machine computed them in, so results depend on the seed alone). On the
 simulated clock synchronous rounds run here too (`settings=None`): the round's cohort is drawn
 from the devices online at its start and it ends when its last device finishes, or at the
-deadline, which late updates miss.
+deadline, which late updates miss (`coordinator.scheduling.clock_cohort`).
 
-Each call of `run_round` returns one aggregation as a `RoundRecord`, so the run loop, periodic
-evaluation, metrics, checkpoints and dashboards are those of synchronous runs.
+This scheduler decides when and whom; it is the collection step (`Schedule`) of the engine's one
+round, whose stages, aggregation, record and publishing are those of every run. Each call of
+`run_round` returns one aggregation as a `RoundRecord`, so the run loop, periodic evaluation,
+metrics, checkpoints and dashboards are those of synchronous runs.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from coordinator.engine.intake import Collector
 from coordinator.engine.round_types import RoundRecord
 from coordinator.engine.rounds import Coordinator
 from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
+from coordinator.scheduling.clock_cohort import ClockCohort
+from coordinator.scheduling.dispatch import Dispatch, DispatchInbox, Tally
 from coordinator.scheduling.fair_share import NO_FAIR_SHARE
 from coordinator.scheduling.staleness import weigh_update
+from coordinator.stages.base import Collected, Skipped
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.errors import RoundError
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.5
 """How often a real-time coordinator looks for devices that came online or ran out of time."""
-
-
-@dataclass(frozen=True)
-class Dispatch:
-    """Work a device was asked for."""
-
-    round_id: int
-    """The aggregation it was meant for: the model version it started from, plus one."""
-    event_s: float = 0.0
-    """Simulated: when the device finishes, or drops out."""
-    survives: bool = True
-    """Simulated: whether it stays online until it finishes."""
-    deadline: float = math.inf
-    """Real time (`time.monotonic()`): when the coordinator gives the work up."""
-
-
-class DispatchInbox(Collector[ReceivedUpdate]):
-    """Updates from devices asked at different times for different aggregations.
-
-    Each device answers the work it was last asked for, once; the engine settles that work
-    (takes the answer or gives it up) before asking the device again.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(0, "train", set())
-        self.rounds: dict[str, int] = {}
-        self._arrivals: list[str] = []
-        self._news = threading.Event()
-
-    def dispatch(self, device_id: str, round_id: int) -> None:
-        """`device_id` was asked to train for aggregation `round_id`."""
-        with self._lock:
-            self.expected.add(device_id)
-            self.rounds[device_id] = round_id
-            self.answers.pop(device_id, None)
-            self.declined.discard(device_id)
-
-    def asks(self, device_id: str, round_id: int) -> bool:
-        """Only the work a device was asked for and has not answered yet."""
-        with self._lock:
-            return self.rounds.get(device_id) == round_id and device_id not in self.answers
-
-    def offer(self, device_id: str, answer: ReceivedUpdate) -> bool:
-        """Take the first answer to a device's open work; note its arrival."""
-        if not super().offer(device_id, answer):
-            return False
-        with self._lock:
-            self._arrivals.append(device_id)
-        return True
-
-    def decline(self, device_id: str) -> None:
-        """The device will not answer its open work (it said so, or it is quarantined)."""
-        with self._lock:
-            if device_id in self.expected and device_id not in self.answers:
-                self.declined.add(device_id)
-                self._arrivals.append(device_id)
-
-    def landed(self, device_id: str) -> bool:
-        """The device answered or declined its open work."""
-        with self._lock:
-            return device_id in self.answers or device_id in self.declined
-
-    def has_arrivals(self) -> bool:
-        """Whether an answer or decline arrived since `arrivals()` was last called."""
-        with self._lock:
-            return bool(self._arrivals)
-
-    def arrivals(self) -> list[str]:
-        """Devices whose answer or decline arrived since the last call, in arrival order."""
-        with self._lock:
-            arrived, self._arrivals = self._arrivals, []
-            return arrived
-
-    def requeue(self, device_ids: list[str]) -> None:
-        """Arrivals taken but not settled (the buffer filled first): first in the next call."""
-        with self._lock:
-            self._arrivals[:0] = device_ids
-
-    def settle(self, device_id: str) -> tuple[ReceivedUpdate | None, bool]:
-        """Close a device's open work: (its answer or None, whether it declined)."""
-        with self._lock:
-            self.expected.discard(device_id)
-            self.rounds.pop(device_id, None)
-            declined = device_id in self.declined
-            self.declined.discard(device_id)
-            return self.answers.pop(device_id, None), declined
-
-
-@dataclass
-class _Tally:
-    """What happened to the work that ended during one aggregation."""
-
-    asked: int = 0
-    declined: int = 0
-    lost: int = 0
-    stale: int = 0
-    late: int = 0
-    over_share: int = 0
 
 
 class BufferedRounds:
@@ -181,50 +86,41 @@ class BufferedRounds:
         self.coordinator.open_inbox(None)
 
     def run_round(self) -> RoundRecord:
-        """Collect one aggregation's updates, aggregate them and publish the new model.
+        """One aggregation: the engine's round, with this scheduler's collection.
 
         Raises:
             RoundError: no device answered within the round timeout (real time), or no device
                 will ever be online again (simulated).
         """
-        c = self.coordinator
-        started, up_before, down_before = time.perf_counter(), c.bytes_up, c.bytes_down
-        round_id = c.round_id + 1
-        c.quarantine.start_round(round_id, c.offences.counts())
-        tally = _Tally()
+        return self.coordinator.run_round(self)
+
+    def collect(self, engine: Coordinator, round_id: int) -> Collected | Skipped:
+        """See `Schedule.collect`: fill the buffer, or run a synchronous round on the clock."""
+        tally = Tally()
         if self.settings is None:
-            self._synchronous_round(round_id, tally)
-        else:
-            self._fill_buffer(round_id, self.settings, tally)
+            return self._synchronous_round(round_id, tally)
+        self._fill_buffer(round_id, self.settings, tally)
+        return self.collected(tally)
+
+    def collected(self, tally: Tally) -> Collected:
+        """The buffer, in device-id order, as the engine's round takes it (then emptied)."""
         entries = [self.buffer[d] for d in sorted(self.buffer)]
         self.fair_share.record(self.buffer)
         self.buffer.clear()
         updates = [update for update, _ in entries]
         staleness = [s for _, s in entries]
-        if updates:
-            scalars, norm_median = c.apply_updates(round_id, updates)
-            scalars["update_norm_median"] = norm_median
-        else:
-            logger.warning("round %d: no update arrived in time; the model is unchanged", round_id)
-            scalars = {"aggregate_rejected": 1.0}
-        scalars.update(self._scalars(tally, staleness))
-        c.finish_round(round_id, scalars)
-        samples = sum(u.num_samples for u in updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / samples if samples else 0.0
-        return RoundRecord(
-            round_id=round_id,
+        return Collected(
+            updates,
             participants=len(updates),
             selected=tally.asked,
-            train_loss=loss,
-            bytes_up=c.bytes_up - up_before,
-            bytes_down=c.bytes_down - down_before,
-            wall_seconds=time.perf_counter() - started,
-            scalars=scalars,
-            skipped=tally.declined,
+            within_clip=[u.within_clip for u in updates],
+            declined=tally.declined,
+            scalars=self.tally_scalars(tally, staleness),
             sim_seconds=None if self.clock is None else self.clock.now,
         )
 
-    def _scalars(self, tally: _Tally, staleness: list[int]) -> dict[str, float]:
+    def tally_scalars(self, tally: Tally, staleness: list[int]) -> dict[str, float]:
+        """The round record's view of `tally` (and, asynchronous, of the buffer's staleness)."""
         out = {"lost": float(tally.lost), "late": float(tally.late)}
         if self.settings is not None:
             out["stale_dropped"] = float(tally.stale)
@@ -236,7 +132,7 @@ class BufferedRounds:
 
     # -- asynchronous -----------------------------------------------------------------------
 
-    def _fill_buffer(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _fill_buffer(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         """Ask devices and take their updates until the buffer is full or nobody can add to it."""
         progress_by = time.monotonic() + self.timeout_s
         while len(self.buffer) < settings.buffer:
@@ -260,7 +156,7 @@ class BufferedRounds:
             c = self.coordinator
             c.transport.wait_until(lambda: self._askable(round_id) != [], POLL_S)
         if self.clock is not None:  # devices still fetching must find the model they were sent
-            self._wait_for_answers([d for d, job in self.in_flight.items() if job.survives])
+            self.wait_for_answers([d for d, job in self.in_flight.items() if job.survives])
 
     def _concurrency(self, settings: AsyncSettings) -> int:
         if settings.concurrency:
@@ -286,7 +182,7 @@ class BufferedRounds:
             if d not in self.in_flight and self._asked_for.get(d) != round_id
         ]
 
-    def _ask(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _ask(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         free = self._concurrency(settings) - len(self.in_flight)
         candidates = self._askable(round_id) if free > 0 else []
         candidates = self.fair_share.admit(candidates, len(self._active()), idle=not self.in_flight)
@@ -297,7 +193,7 @@ class BufferedRounds:
         chosen = sorted(candidates[i] for i in picked)
         asked = []
         for device_id in chosen:
-            dispatch = self._dispatch(device_id, round_id)
+            dispatch = self.dispatch_job(device_id, round_id)
             self.in_flight[device_id] = dispatch
             self._asked_for[device_id] = round_id
             if dispatch.survives:  # a device that drops out first never gets to answer
@@ -307,7 +203,8 @@ class BufferedRounds:
         if asked:
             c.announce(round_id, "train", RoundPlan(tuple(asked)), asynchronous=True)
 
-    def _dispatch(self, device_id: str, round_id: int) -> Dispatch:
+    def dispatch_job(self, device_id: str, round_id: int) -> Dispatch:
+        """Work `device_id` is asked for: when it ends (simulated) or is given up (real time)."""
         if self.clock is None:
             return Dispatch(round_id, deadline=time.monotonic() + self.timeout_s)
         event_s, survives = self.clock.job(device_id, *self._work(device_id))
@@ -319,13 +216,13 @@ class BufferedRounds:
         samples = c.registry.declared_samples(device_id) or 0
         return samples, int(getattr(c.strategy.config, "local_epochs", 1))
 
-    def _next_events(self, round_id: int, settings: AsyncSettings, tally: _Tally) -> None:
+    def _next_events(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         if self.clock is not None:
             device_id = min(self.in_flight, key=lambda d: (self.in_flight[d].event_s, d))
             dispatch = self.in_flight.pop(device_id)
             self.clock.now = max(self.clock.now, dispatch.event_s)
             if dispatch.survives:
-                self._wait_for_answers([device_id])
+                self.wait_for_answers([device_id])
             self._land(device_id, dispatch, settings, tally)
             return
         c = self.coordinator
@@ -352,7 +249,7 @@ class BufferedRounds:
                 self._land(device_id, dispatch, settings, tally)
 
     def _land(
-        self, device_id: str, dispatch: Dispatch, settings: AsyncSettings, tally: _Tally
+        self, device_id: str, dispatch: Dispatch, settings: AsyncSettings, tally: Tally
     ) -> None:
         """A device's work ended: buffer its update (scaled by staleness), or count why not."""
         update, declined = self.inbox.settle(device_id)
@@ -375,7 +272,7 @@ class BufferedRounds:
         weight = settings.staleness.weight(staleness) * fair
         self.buffer[device_id] = (weigh_update(update, weight), staleness)
 
-    def _wait_for_answers(self, device_ids: list[str]) -> None:
+    def wait_for_answers(self, device_ids: list[str]) -> None:
         """Simulated time: let the machine compute until these devices answered (or left)."""
         c = self.coordinator
         c.transport.wait_until(
@@ -397,7 +294,7 @@ class BufferedRounds:
 
     # -- synchronous, on the simulated clock ------------------------------------------------
 
-    def _synchronous_round(self, round_id: int, tally: _Tally) -> None:
+    def _synchronous_round(self, round_id: int, tally: Tally) -> Collected | Skipped:
         """One synchronous round: the cohort trains from now; late and lost updates miss it."""
         clock = self.clock
         assert clock is not None
@@ -416,27 +313,4 @@ class BufferedRounds:
             if cohort.online():
                 break
             self._wait_for_simulated_devices(round_id)
-        plan = c.strategy.plan_round(round_id, cohort, c.rng)
-        jobs = {d: self._dispatch(d, round_id) for d in plan.devices}
-        asked = tuple(d for d in plan.devices if jobs[d].survives)
-        for device_id in asked:
-            self.inbox.dispatch(device_id, round_id)
-        tally.asked = len(plan.devices)
-        if asked:
-            c.relay.start_round(round_id)
-            scalars = {d: plan.scalars[d] for d in asked if d in plan.scalars}
-            c.announce(round_id, "train", RoundPlan(asked, scalars))
-            self._wait_for_answers(list(asked))
-        deadline = clock.now + clock.deadline_s if clock.deadline_s else math.inf
-        for device_id in plan.devices:
-            update, declined = self.inbox.settle(device_id)
-            if update is None and not declined:
-                tally.lost += 1
-            elif update is None:
-                tally.declined += 1
-            elif jobs[device_id].event_s > deadline:
-                tally.late += 1
-            else:
-                self.buffer[device_id] = (update, 0)
-        ends = [job.event_s for job in jobs.values()]
-        clock.now = min(max(ends, default=clock.now), deadline)
+        return c.collect_planned(round_id, cohort, ClockCohort(self, tally))

@@ -173,6 +173,18 @@ class Guarded:
     rejected: str = ""
     norm_median: float = 0.0
 
+    def scalars(self, round_id: int) -> dict[str, float]:
+        """The round's scalars: the aggregate's, and what the guard cut or rejected (logged)."""
+        for device_id, reason in self.cut.items():
+            logger.warning("round %d: %s: %s", round_id, device_id, reason)
+        scalars = dict(self.aggregate.scalars) if self.aggregate is not None else {}
+        if self.aggregate is None:
+            logger.error("round %d skipped, the model is unchanged: %s", round_id, self.rejected)
+            scalars["aggregate_rejected"] = 1.0
+        if self.cut:
+            scalars["guard_cut"] = float(len(self.cut))
+        return scalars
+
 
 def guarded_aggregate(
     strategy: Strategy,

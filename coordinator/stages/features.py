@@ -263,12 +263,6 @@ FEATURES: Final[tuple[Feature, ...]] = (
         "--sim-*",
         {"sim_speeds": "lognormal:4"},
         lambda run: run.simulated_clock,
-        conflicts={
-            DP: "synchronous rounds on the simulated clock do not combine with differential "
-            "privacy yet",
-            SECAGG: "synchronous rounds on the simulated clock do not combine with secure "
-            "aggregation yet",
-        },
     ),
     Feature(
         "stateless",

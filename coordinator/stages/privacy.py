@@ -22,6 +22,7 @@ from coordinator.engine.selection import poisson_sample
 from coordinator.stages.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
 from coordinator.stages.discrete_accountant import RingRound
 from coordinator.stages.ftrl import ParticipationLimit, TreeNoise
+from coordinator.stages.noise_state import generator_state, restore_generator
 from coordinator.stages.tree_accountant import TreeAccountant
 from coordinator.strategies.base import (
     DeviceInfo,
@@ -107,7 +108,7 @@ class Mechanism:
         """Note a round's selected devices (nothing to note here)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs beyond the rounds accounted (nothing: noise is fresh)."""
+        """What a resumed run needs beyond the rounds accounted and the engine's generator."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -383,7 +384,11 @@ class PrivacyEngine:
         return scalars
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism."""
+        """The engine's state for a checkpoint (JSON): the rounds accounted, clip, mechanism.
+
+        With the noise stream's state, so a resumed run draws the noise the uninterrupted one
+        would have (the checkpoint is the coordinator's, which central DP trusts with the sums).
+        """
         return {
             "rounds": [
                 [
@@ -399,6 +404,8 @@ class PrivacyEngine:
             "fleet": {d: sorted(counts.items()) for d, counts in self.fleet.taken.items()},
             "clip_norm": self.clip_norm,
             "mechanism": self.settings.mechanism,
+            "generator": generator_state(self._generator),
+            "ring": None if self._ring is None else list(self._ring),
             **self.mechanism.state_dict(),
         }
 
@@ -428,6 +435,11 @@ class PrivacyEngine:
                 for d, counts in state["fleet"].items()
             }
             clip_norm = float(state["clip_norm"])
+            ring = state.get("ring")
+            grid = None if ring is None else (float(ring[0]), int(ring[1]))
+            generator = state.get("generator")  # absent from older checkpoints: fresh noise
+            if generator is not None:
+                restore_generator(self._generator, generator)
             self.mechanism.load_state_dict(state)
         except (KeyError, TypeError, ValueError) as error:
             msg = f"not a DP engine's state: {error}"
@@ -438,6 +450,7 @@ class PrivacyEngine:
             self.fleet.restore(taken) if self.mechanism.secret_sampling else self.spent
         )
         self.clip_norm = clip_norm
+        self._ring = grid
 
     @property
     def epsilon(self) -> float:

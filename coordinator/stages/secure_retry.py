@@ -22,6 +22,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from coordinator.stages.accountant import DpRound
+from coordinator.stages.base import Skipped
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.secure_aggregation import (
     MIN_COHORT,
@@ -122,7 +123,7 @@ def _skipped(
 
 
 def account_skipped(
-    privacy: PrivacyEngine, skipped: SkippedRound, population: int, selected: int
+    privacy: PrivacyEngine, skipped: SkippedRound | Skipped, population: int, selected: int
 ) -> dict[str, float]:
     """What a skipped round costs under DP, told to the accountant; its privacy scalars.
 

@@ -11,7 +11,8 @@ import torch
 from coordinator.engine.rounds import Coordinator
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import SimulationResult, run_simulation
-from coordinator.scheduling.asynchronous import BufferedRounds, DispatchInbox
+from coordinator.scheduling.asynchronous import BufferedRounds
+from coordinator.scheduling.dispatch import DispatchInbox
 from coordinator.strategies.base import ReceivedUpdate
 
 pytestmark = pytest.mark.slow

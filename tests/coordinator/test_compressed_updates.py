@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from coordinator.engine.rounds import Coordinator
+from coordinator.run.pipeline import privacy_of
 from coordinator.run.settings import SimulationSettings
-from coordinator.stages.privacy import privacy_engine
 from device_agent.context import RESIDUAL_PREFIX
 from device_agent.state_store import MemoryStateStore
 from protocols import topics
@@ -149,8 +149,7 @@ def test_under_dp_an_int8_update_decoding_to_inf_is_dropped_and_no_round_is_skip
     )
     broker = InProcessBroker()
     coordinator = hub_coordinator(broker, "fedavg", len(HONEST) + 1, rounds, run=run)
-    privacy = privacy_engine(settings.privacy(), settings.participation, 0)
-    coordinator.privacy = privacy
+    privacy = privacy_of(coordinator)  # hub_coordinator's, seeded with the run's seed 0
     coordinator.settings = replace(coordinator.settings, guard=settings.guard_settings())
     coordinator.start()
     hub_agents(broker, HONEST)

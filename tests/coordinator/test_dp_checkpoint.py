@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from coordinator.stages.ftrl import TreeNoise
 from coordinator.stages.privacy import PrivacyEngine
+from coordinator.stages.privacy_stage import PrivacyStage
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from protocols.algorithms import parse_algorithm_config
@@ -25,14 +27,13 @@ FLEET = FleetSnapshot(tuple(DeviceInfo(f"dev-{i}", 10, True) for i in range(3)))
 
 
 def _coordinator(privacy: PrivacyEngine | None) -> Coordinator:
-    coordinator = Coordinator(
+    return Coordinator(
         InProcessBroker().connect("coord"),
         build_strategy(parse_algorithm_config("fedavg", {}), 1.0),
         {"w": torch.zeros(4)},
         EngineSettings(seed=1),
+        stages=() if privacy is None else (PrivacyStage(privacy),),
     )
-    coordinator.privacy = privacy
-    return coordinator
 
 
 def _rounds(engine: PrivacyEngine, count: int) -> None:
@@ -108,7 +109,7 @@ def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Pa
     save_checkpoint(tmp_path, _coordinator(None), {})
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint is not None
-    with pytest.raises(StateError, match="no differential privacy state"):
+    with pytest.raises(StateError, match="no privacy state"):
         restore_checkpoint(_coordinator(PrivacyEngine(TREE, 1.0, None)), checkpoint)
     original = PrivacyEngine(TREE, 1.0, None)
     save_checkpoint(tmp_path, _coordinator(original), {})
@@ -117,3 +118,47 @@ def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Pa
     other = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
     with pytest.raises(StateError, match="of mechanism 'ftrl-tree'"):
         restore_checkpoint(_coordinator(other), checkpoint)
+
+
+def _released(engine: PrivacyEngine) -> tuple[torch.Tensor, float]:
+    """One more round: the noised update the strategy sees, and the clip adapted after it."""
+    engine.plan(FLEET, ["dev-0", "dev-1"])
+    updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(4)}) for d in ("dev-0", "dev-1")]
+    private = engine.privatize(updates, {"w": torch.zeros(4)})
+    engine.finish([0.5, -0.5])
+    return private[0].shared_delta["w"], engine.clip_norm
+
+
+def test_a_resumed_dp_fedavg_run_draws_the_noise_the_uninterrupted_run_would(
+    tmp_path: Path,
+) -> None:
+    # Prepare: unseeded noise (as `serve` runs it) and adaptive clipping, whose count is noised
+    settings = PrivacySettings(sampling="fixed", adaptive_clipping=True, quantile_noise=0.5)
+    original = PrivacyEngine(settings, 1.0, None)
+    _rounds(original, 3)
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    # Execute
+    resumed = PrivacyEngine(settings, 1.0, None)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    # Assert: the same noise and the same clip, round after round
+    for _ in range(2):
+        (noised, clip), (again, clip_again) = _released(original), _released(resumed)
+        assert torch.equal(noised, again)
+        assert clip == clip_again
+    assert resumed.epsilon == original.epsilon
+
+
+def test_a_checkpoint_with_a_broken_noise_state_is_refused(tmp_path: Path) -> None:
+    original = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    record = tmp_path / "checkpoint.json"
+    state = json.loads(record.read_text())
+    state["stages"]["privacy"]["generator"] = "not base64!"
+    record.write_text(json.dumps(state))
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    resumed = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
+    with pytest.raises(StateError, match="not a noise generator's state"):
+        restore_checkpoint(_coordinator(resumed), checkpoint)

@@ -18,7 +18,7 @@ import torch
 
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.engine.silence import GRACE_SHARE
-from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.pipeline import build_coordinator, plan_stages, privacy_of
 from coordinator.run.settings import SimulationSettings
 from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import device_will
@@ -213,7 +213,7 @@ def test_a_garbage_masked_vector_skips_the_round_after_one_unmasking_and_the_run
 def test_a_refused_sum_under_dp_is_accounted_once_and_never_unmasked_again() -> None:
     run = fleet(Liar(masked=garbage), dp_noise=1.0, dp_sampling="fixed", dp_placement="device")
     record = run.coordinator.run_round()
-    privacy = run.coordinator.privacy
+    privacy = privacy_of(run.coordinator)
     assert privacy is not None
     assert record.scalars["secagg_skipped"] == 1
     assert run.unmaskings == [1]
@@ -319,7 +319,7 @@ def test_a_device_that_drops_out_after_its_keys_costs_no_phase_its_deadline() ->
 def test_a_poisson_draw_of_too_few_devices_is_skipped_and_counted_not_drawn_again() -> None:
     run = fleet(None, honest=5, dp_noise=1.0, participation=0.4)
     records = [run.coordinator.run_round() for _ in range(8)]
-    privacy = run.coordinator.privacy
+    privacy = privacy_of(run.coordinator)
     assert privacy is not None
     skipped = [r for r in records if r.scalars.get("secagg_skipped")]
     assert skipped
@@ -337,7 +337,7 @@ def test_a_round_that_fails_before_unmasking_is_retried_then_skipped_releasing_n
     # the 3 a sum needs, every attempt
     run = fleet(Liar(masked=lambda vector: None), honest=2, dp_noise=1.0, dp_sampling="fixed")
     record = run.coordinator.run_round()
-    privacy = run.coordinator.privacy
+    privacy = privacy_of(run.coordinator)
     assert privacy is not None
     assert record.scalars["secagg_skipped"] == 1
     assert record.scalars["secagg_attempts"] == 3  # the first and the 2 retries

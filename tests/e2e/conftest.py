@@ -10,9 +10,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from coordinator.run.settings import ServeSettings
 from coordinator.run.simulate import device_name
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -114,6 +116,20 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     children = Processes(tmp_path)
     yield children
     children.stop_all()
+
+
+def serve_settings(url: str, directory: Path, **options: Any) -> ServeSettings:
+    """A serve run of three agents over `url`, its metrics and checkpoint under `directory`."""
+    return ServeSettings.load(
+        None,
+        **options,
+        broker=url,
+        min_devices=3,
+        round_timeout=30.0,
+        join_timeout=60.0,
+        out=directory / "run",
+        checkpoint_dir=directory / "checkpoint",
+    )
 
 
 def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, round_id: int) -> int:

@@ -15,7 +15,7 @@ from coordinator.run.simulate import run_simulation
 from coordinator.stages.accountant import DpRound
 from coordinator.stages.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, kill_after_checkpoint
+from tests.e2e.conftest import Processes, kill_after_checkpoint, serve_settings
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
 RUN = {
@@ -29,16 +29,7 @@ RUN = {
 
 
 def _settings(url: str, tmp_path: Path, **options: object) -> ServeSettings:
-    return ServeSettings.load(
-        None,
-        **{**RUN, **options},
-        broker=url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=60.0,
-        out=tmp_path / "run",
-        checkpoint_dir=tmp_path / "checkpoint",
-    )
+    return serve_settings(url, tmp_path, **{**RUN, **options})
 
 
 def _serve(url: str, processes: Processes, tmp_path: Path, **options: object) -> ServeResult:
@@ -101,7 +92,9 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
     )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
     killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)
-    state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["privacy_state"]
+    state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["stages"][
+        "privacy"
+    ]
     resumed = run_serve(_settings(mosquitto.url, tmp_path, rounds=5, dp_noise=3.0, resume=True))
     # Assert: rounds 1..5 once each, every epsilon that of its round count in one tree
     assert 2 <= killed_at < 5, processes.log("coordinator")

@@ -417,10 +417,5 @@ def test_handlers_reject_malformed_messages_with_protocol_errors(
 
 def _coordinator_handler(coordinator: Coordinator, topic: str) -> Callable[[str, bytes], None]:
     kind = topic.rsplit("/", 1)[1]
-    handlers = {
-        "hello": coordinator._on_hello,
-        "status": coordinator._on_status,
-        "update": coordinator._on_update,
-        "evaluation": coordinator._on_evaluation,
-    }
-    return coordinator._guarded(handlers[kind])
+    assert kind in ("hello", "status", "update", "evaluation")
+    return next(h for k, h in coordinator.intake.handlers().items() if k == kind)

@@ -1,0 +1,91 @@
+"""The secure uplink path: a round's updates come in as one masked sum over its survivors.
+
+It runs secure aggregation's phases (`coordinator.stages.secure_aggregation`), retrying or
+skipping a failed round there (`coordinator.stages.secure_retry`), and hands the engine one
+presummed update, or a `Skipped` round that leaves the model unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+from coordinator.stages.base import Collected, Skipped
+from coordinator.stages.secure_aggregation import SecureAggregator, weight_bound
+from coordinator.stages.secure_retry import SecureRequest, SkippedRound, secure_round
+from coordinator.stages.uplink import UplinkHost, UplinkRound
+from coordinator.strategies.base import RoundPlan
+from protocols.messages import DeviceUpdate, SecureRound
+
+
+class SecureUplink:
+    """Collects each round as a secure sum through `aggregator`."""
+
+    shows_losses = False
+    presums = True
+
+    def __init__(self, aggregator: SecureAggregator) -> None:
+        self.aggregator = aggregator
+
+    def collect(self, host: UplinkHost, request: UplinkRound) -> Collected | Skipped:
+        """Announce a secure round and run its phases: the survivors' sum, or a skip."""
+        secure, plan, dp = self.aggregator, request.plan, request.privacy
+        declared = [host.registry.declared_samples(d) for d in plan.devices]
+        weights = weight_bound(
+            host.strategy, declared, dp is not None, secure.settings.max_weight_share
+        )
+        dimension = sum(math.prod(s.shape) for s in host.specs)
+
+        def announce(cohort: tuple[str, ...], secure_round: SecureRound) -> None:
+            kept = RoundPlan(cohort, {d: plan.scalars[d] for d in cohort if d in plan.scalars})
+            host.announce(request.round_id, "train", kept, privacy=dp, secure=secure_round)
+
+        def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
+            secure_round = secure.plan(cohort, dp, weights, min(request.needed, len(cohort)))
+            host.stage.dealt(secure_round, dimension)  # the grid a discrete Gaussian counts on
+            return secure_round
+
+        secure_request = SecureRequest(
+            host.run_id,
+            request.round_id,
+            tuple(plan.devices),
+            host.specs,
+            host.settings.round_timeout_s,
+            host.registry.online_ids,
+            plan_secure,
+            announce,
+            host.hold,
+        )
+        sent_before = secure.bytes_down
+        try:
+            outcome = secure_round(secure, secure_request)
+        finally:
+            host.count_down(secure.bytes_down - sent_before)
+        if isinstance(outcome, SkippedRound):
+            return Skipped(
+                len(plan.devices), request.population, outcome.unmasked, outcome.scalars()
+            )
+        return Collected(
+            [outcome.as_update(mean=dp is None)],
+            participants=len(outcome.survivors),
+            selected=len(plan.devices),
+            within_clip=[outcome.within],
+            presummed=True,
+            reports_norm=False,
+            scalars=outcome.scalars(),
+        )
+
+    def decline(self, device_id: str, round_id: int | None = None) -> None:
+        """See `UplinkPath.decline`: no later phase of the round waits for it."""
+        self.aggregator.decline(device_id, round_id)
+
+    def takes_updates(self) -> bool:
+        """See `UplinkPath.takes_updates`: masked updates while a secure round collects."""
+        return self.aggregator.active()
+
+    def on_update(self, update: DeviceUpdate, blob: bytes) -> None:
+        """See `UplinkPath.on_update`: a masked update."""
+        self.aggregator.on_update(update, blob)
+
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """See `UplinkPath.on_message`: keys, shares or a reveal."""
+        self.aggregator.on_message(topic, payload)
