@@ -26,6 +26,7 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -35,8 +36,8 @@ from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext
 from device_agent.memory_plan import memory_model, plan_training
 from device_agent.training import StepBudget, TrainSpec, difference, snapshot, train
-from pfl_tasks.base import DeviceData, Split
-from pfl_tasks.models import classification_loss, count_correct, insert_adapters
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.models import Classification, build_seeded, insert_adapters
 from pfl_tasks.presets import resolve_preset
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import parse_algorithm_config
@@ -62,16 +63,20 @@ WIDTH = 2048
 INPUTS = 512
 
 
-class _WideTask:
-    name = "wide-mlp"
-    metric_name = "accuracy"
-    personal_patterns = ("output.*",)
+class _WideTask(Classification):
+    """The wide MLP's task; the benchmark makes its data itself, so there is no fleet."""
 
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return classification_loss(outputs, targets)
+    name: ClassVar[str] = "wide-mlp"
+    personal_patterns: tuple[str, ...] = ("output.*",)
+    input_names: tuple[str, ...] = ("inputs",)
+    output_names: tuple[str, ...] = ("logits",)
 
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        return count_correct(outputs, targets)
+    def build_model(self, seed: int) -> nn.Module:
+        return build_seeded(seed, _wide_mlp)
+
+    def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
+        msg = "the memory benchmark makes its own data"
+        raise NotImplementedError(msg)
 
 
 def _peak_kib() -> int:
@@ -111,7 +116,8 @@ class _SharedAndPersonal(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The mean of both copies' logits."""
-        return (self.shared_copy(inputs) + self.personal_copy(inputs)) / 2
+        logits: torch.Tensor = (self.shared_copy(inputs) + self.personal_copy(inputs)) / 2
+        return logits
 
 
 def _mode_model(mode: str) -> tuple[nn.Module, tuple[str, ...]]:
@@ -205,26 +211,27 @@ def child(fraction: float | None, increment: int) -> dict[str, object]:
     return result
 
 
-def _in_fresh_process(flag: str, argument: str) -> dict[str, object]:
+def _in_fresh_process(flag: str, argument: str) -> dict[str, Any]:
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory", flag, argument],
         check=True,
         capture_output=True,
         text=True,
     )
-    return json.loads(output.stdout.strip().splitlines()[-1])
+    measured: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
+    return measured
 
 
-def measure(fraction: float | None, increment: int) -> dict[str, object]:
+def measure(fraction: float | None, increment: int) -> dict[str, Any]:
     """Run `child` in a fresh interpreter, so peaks do not carry over."""
     return _in_fresh_process("--child", json.dumps([fraction, increment]))
 
 
-def measure_mode(mode: str, repeats: int = 3) -> dict[str, object]:
+def measure_mode(mode: str, repeats: int = 3) -> dict[str, Any]:
     """`mode_child` in fresh interpreters; the median increment of `repeats` runs."""
     runs = sorted(
         (_in_fresh_process("--mode-child", mode) for _ in range(repeats)),
-        key=lambda run: int(run["increment"]),  # type: ignore[call-overload]
+        key=lambda run: int(run["increment"]),
     )
     return runs[len(runs) // 2]
 

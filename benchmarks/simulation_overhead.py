@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig
 
-WORKLOAD = {
+WORKLOAD: dict[str, Any] = {
     "task": "digits",
     "algorithm": "fedavg",
     "devices": 50,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from protocols.codec import decode_frame
+from protocols.messages import Message
 from protocols.transport.base import MessageHandler, Transport, TransportWrapper
+
+M = TypeVar("M", bound=Message)
 
 
 class Wiretap(TransportWrapper):
@@ -24,3 +30,26 @@ class Wiretap(TransportWrapper):
     def topics_since(self, mark: int) -> list[str]:
         """The topics delivered after log entry `mark`."""
         return [topic for topic, _ in self.log[mark:]]
+
+
+def recorded_into(into: list[tuple[str, bytes]]) -> MessageHandler:
+    """A handler that keeps each delivery's topic and payload in `into`."""
+
+    def keep(topic: str, payload: bytes) -> None:
+        into.append((topic, payload))
+
+    return keep
+
+
+def decoded_into(kind: type[M], into: list[M]) -> MessageHandler:
+    """A handler that decodes each frame and keeps its message in `into` if it is a `kind`.
+
+    Subscribed to a topic that carries one kind only, it keeps every message delivered there.
+    """
+
+    def keep(_topic: str, payload: bytes) -> None:
+        message, _ = decode_frame(payload)
+        if isinstance(message, kind):
+            into.append(message)
+
+    return keep

@@ -11,7 +11,7 @@ from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
-from protocols.transport.inprocess import InProcessBroker
+from protocols.transport.inprocess import InProcessBroker, InProcessTransport
 
 DEVICES = 10
 FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
@@ -61,6 +61,7 @@ def _failing(agent: DeviceAgent, failure: str):
         if announcement.round_id < 2:
             original(announcement, model, peer_models)
         elif failure == "crash":  # trained or not, the process is gone: only its will remains
+            assert isinstance(agent.transport, InProcessTransport)
             agent.transport.vanish()
         else:
             agent.publish_status(

@@ -19,6 +19,7 @@ from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceUpdate, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
+from tests.wiretap import decoded_into
 
 HONEST = 3
 
@@ -89,7 +90,7 @@ def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() 
     watcher = broker.connect("operator")
     watcher.subscribe(
         topics.fleet_status("default"),
-        lambda _, payload: seen.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(FleetStatus, seen),
     )
     sent = _liar(broker, samples=10**6)
     assert coordinator.wait_for_devices(HONEST + 1, 2.0)
