@@ -7,11 +7,11 @@ import torch
 from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
-from device_agent.state_store import MemoryStateStore
+from device_agent.agent import DeviceAgent
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker, InProcessTransport
+from tests.hub_fleet import hub_agent
 
 DEVICES = 10
 FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
@@ -32,18 +32,7 @@ def _run(failure: str) -> dict[str, torch.Tensor]:
     fleet = task.make_fleet(DEVICES, PartitionSpec(), 0)
     for index, data in enumerate(fleet):
         device_id = f"dev-{index:02d}"
-        workspace = task.build_model(0)
-        agent = DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        )
+        agent = hub_agent(broker, device_id, task, data)
         if device_id in FAILING:
             agent._train = _failing(agent, failure)  # type: ignore[method-assign]
         agent.start()
@@ -106,19 +95,7 @@ def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> No
         fleet[1], test=Split(broken.inputs, torch.full_like(broken.targets, 3e38))
     )
     for index, data in enumerate(fleet):
-        device_id = f"dev-{index:02d}"
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        ).start()
+        hub_agent(broker, f"dev-{index:02d}", task, data).start()
     coordinator.start()
     coordinator.wait_for_devices(3, 1.0)
     coordinator.run_round()

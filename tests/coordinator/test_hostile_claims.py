@@ -10,15 +10,14 @@ import torch
 from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
-from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceUpdate, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agent
 from tests.wiretap import decoded_into
 
 HONEST = 3
@@ -73,19 +72,7 @@ def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() 
     )
     coordinator.start()
     for index, data in enumerate(task.make_fleet(HONEST, PartitionSpec(), 0)):
-        device_id = f"dev-{index}"
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        ).start()
+        hub_agent(broker, f"dev-{index}", task, data).start()
     seen: list[FleetStatus] = []
     watcher = broker.connect("operator")
     watcher.subscribe(

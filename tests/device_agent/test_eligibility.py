@@ -4,12 +4,11 @@ from pathlib import Path
 from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent
 from device_agent.eligibility import EligibilityPolicy, on_battery
-from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agent
 
 
 def _supply(root: Path, name: str, kind: str, online: str | None = None) -> None:
@@ -52,12 +51,9 @@ def test_a_skipping_device_is_reported_and_not_waited_for() -> None:
     for index, policy in enumerate(
         (EligibilityPolicy(), EligibilityPolicy(min_free_memory_bytes=10**18))
     ):
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=f"dev-{index}", fleet="default", transport=broker.connect(f"dev-{index}"),
-            task=task, data=fleet[index], seed=0, store=MemoryStateStore(), workspace=workspace,
-            initial_state=dict(workspace.state_dict()), eligibility=policy,
-        ).start()  # fmt: skip
+        hub_agent(
+            broker, f"dev-{index}", task, fleet[index], will=False, eligibility=policy
+        ).start()
     coordinator.start()
     coordinator.wait_for_devices(2, 1.0)
     # Execute: in-process time does not pass, so the round must settle without its deadline
