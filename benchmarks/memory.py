@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from benchmarks.common import write_section
+from benchmarks.common import publish_section, write_section
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext
 from device_agent.memory_plan import memory_model, plan_training
@@ -339,9 +339,10 @@ def budget_section(out: Path) -> None:
             f"{int(run['estimated_peak']) / mib:.0f} | {int(run['peak']) / mib:.0f} | "
             f"{int(run['peak']) / mib / budget:.2f} |"
         )
-    section = "\n".join(
+    publish_section(
+        out,
+        MARKER,
         [
-            MARKER,
             "## Peak memory of one local update under a budget",
             "",
             f"An MLP {INPUTS}-{WIDTH}-{WIDTH}-10 ({int(free['parameters']):,} parameters), one SGD "
@@ -351,11 +352,8 @@ def budget_section(out: Path) -> None:
             *rows,
             "",
             "Command: `python -m benchmarks.memory`.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(out, section, MARKER)
-    print(section)
 
 
 if __name__ == "__main__":
