@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TypeVar
 
 from protocols.codec import decode_frame
@@ -53,3 +55,29 @@ def decoded_into(kind: type[M], into: list[M]) -> MessageHandler:
             into.append(message)
 
     return keep
+
+
+class Inbox:
+    """A handler that collects (topic, payload) pairs from a transport's dispatch thread."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, bytes]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, topic: str, payload: bytes) -> None:
+        with self._lock:
+            self.messages.append((topic, payload))
+
+    def topics(self) -> list[str]:
+        """The topics received so far."""
+        with self._lock:
+            return [topic for topic, _ in self.messages]
+
+    def payloads(self) -> list[bytes]:
+        """The payloads received so far."""
+        with self._lock:
+            return [payload for _, payload in self.messages]
+
+    def has(self, count: int) -> Callable[[], bool]:
+        """A condition: at least `count` messages have arrived."""
+        return lambda: len(self.payloads()) >= count

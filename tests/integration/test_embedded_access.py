@@ -19,7 +19,7 @@ from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.run_access import DEVICE_USER, coordinator_client_id
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import HOST, free_port
-from tests.integration.test_provision_acl import Inbox
+from tests.wiretap import Inbox
 
 FLEET = "lab"
 QUIET_S = 0.5  # how long a denied message gets to (wrongly) arrive after the marker did
