@@ -194,18 +194,25 @@ def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:
     assert all(f < a for f, a in zip(federico, alone, strict=True)), (federico, alone)
 
 
+def _sent_updates(broker: InProcessBroker) -> dict[str, dict[str, torch.Tensor]]:
+    """Filled as the run goes: each device's last update tensors, by device id."""
+    sent: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep_update(_topic: str, payload: bytes) -> None:
+        update, blob = decode_frame(payload)
+        assert isinstance(update, DeviceUpdate)
+        sent[update.device_id] = unpack_tensors(update.manifest, blob)
+
+    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    return sent
+
+
 def test_one_round_with_every_peer_sampled_is_one_step_of_centralized_em() -> None:
     # Prepare / Execute: M = K - 1 (no staleness), one round; every model kept in the mixture
     lr = 0.01
     options = {"neighbours": 3, "min_weight": 0.0, "loss_tracking": "cumulative"}
     broker = InProcessBroker()
-    sent: dict[str, dict[str, torch.Tensor]] = {}
-
-    def keep_update(topic: str, payload: bytes) -> None:
-        update, blob = decode_frame(payload)
-        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
-
-    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    sent = _sent_updates(broker)
     settings = _settings(devices=4, rounds=1, lr=lr, algorithm_options=options)
     result = run_simulation(settings, broker=broker)
     # Assert: the spec's Eq. 3 E-step (w_i = softmax of minus each model's summed loss on D_i)
@@ -250,13 +257,7 @@ def test_delta_mode_sends_weighted_deltas_of_local_sgd() -> None:
         "beta": 0.6,  # the EMA from zero: the weights are softmax(-0.6 x summed loss)
     }
     broker = InProcessBroker()
-    sent: dict[str, dict[str, torch.Tensor]] = {}
-
-    def keep_update(topic: str, payload: bytes) -> None:
-        update, blob = decode_frame(payload)
-        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
-
-    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    sent = _sent_updates(broker)
     settings = _settings(devices=4, rounds=1, algorithm_options=options, batch_size=50)
     result = run_simulation(settings, broker=broker)
     # Assert: device i sent owner b w_ib * (-local_lr * grad of the mean loss), and each owner
