@@ -62,6 +62,17 @@ def hub_coordinator(
     )
 
 
+def hub_engine(
+    broker: InProcessBroker, settings: SimulationSettings, engine: EngineSettings
+) -> Coordinator:
+    """A coordinator on the hub for `settings`, starting from its task's seed-0 model."""
+    task = load_task(settings.task)
+    model = task.build_model(0)
+    return build_coordinator(
+        lambda: broker.connect("coordinator"), plan_stages(settings, task, model), model, engine
+    )
+
+
 def hub_agents(
     broker: InProcessBroker,
     device_ids: Sequence[str],

@@ -5,13 +5,12 @@ import dataclasses
 import torch
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker, InProcessTransport
-from tests.hub_fleet import hub_agent
+from tests.hub_fleet import hub_agent, hub_engine
 
 DEVICES = 10
 FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
@@ -21,14 +20,8 @@ def _run(failure: str) -> dict[str, torch.Tensor]:
     """Four FedAvg rounds; from round 2 on the FAILING devices crash or decline mid-round."""
     settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=DEVICES)
     task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="digits", rounds=4, quorum=0.5),
-    )
+    coordinator = hub_engine(broker, settings, EngineSettings(task="digits", rounds=4, quorum=0.5))
     fleet = task.make_fleet(DEVICES, PartitionSpec(), 0)
     for index, data in enumerate(fleet):
         device_id = f"dev-{index:02d}"
@@ -78,14 +71,10 @@ def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> No
     from pfl_tasks.base import Split
 
     task = load_task("sine")
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(None, task="sine", algorithm="fedavg", devices=3)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="sine", rounds=1, round_timeout_s=30.0),
+    coordinator = hub_engine(
+        broker, settings, EngineSettings(task="sine", rounds=1, round_timeout_s=30.0)
     )
     statuses = []
     broker.connect("tap").subscribe("pfl/+/device/+/status", lambda _t, p: statuses.append(p))

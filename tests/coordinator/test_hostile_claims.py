@@ -8,7 +8,6 @@ import math
 import torch
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from device_agent.capabilities import probe_capabilities
 from pfl_tasks.base import PartitionSpec
@@ -17,7 +16,7 @@ from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceUpdate, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import hub_agent
+from tests.hub_fleet import hub_agent, hub_engine
 from tests.wiretap import decoded_into
 
 HONEST = 3
@@ -61,14 +60,10 @@ def _liar(broker: InProcessBroker, samples: int) -> list[str]:
 
 def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() -> None:
     task = load_task("sine")
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(None, task="sine", algorithm="fedavg", devices=HONEST)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="sine", rounds=2, quorum=0.5, round_timeout_s=1.0),
+    coordinator = hub_engine(
+        broker, settings, EngineSettings(task="sine", rounds=2, quorum=0.5, round_timeout_s=1.0)
     )
     coordinator.start()
     for index, data in enumerate(task.make_fleet(HONEST, PartitionSpec(), 0)):
