@@ -8,7 +8,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -41,7 +40,7 @@ def tiny(words: list[str]) -> list[str]:
 def parses(words: list[str]) -> None:
     """The command line is valid for its program: known command, known flags, right types."""
     group = typer.main.get_command(APPS[words[0]])
-    assert isinstance(group, click.Group)
+    assert isinstance(group, typer.core.TyperGroup)
     command = group.commands[words[1]]
     command.make_context(" ".join(words[:2]), words[2:])
 
@@ -56,7 +55,7 @@ def test_cli_md_documents_every_command() -> None:
     text = CLI_MD.read_text()
     for program, app in APPS.items():
         group = typer.main.get_command(app)
-        assert isinstance(group, click.Group)
+        assert isinstance(group, typer.core.TyperGroup)
         for name in group.commands:
             assert f"### `{program} {name}`" in text
 
