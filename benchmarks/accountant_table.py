@@ -145,6 +145,7 @@ def reference(config: Config, *, with_prv: bool = False) -> Reference:
     (Poisson), and by up to two under replace-one (fixed size).
     """
     z, q = released_multiplier(config), config.cohort / config.population
+    prv: tuple[float, float] | None
     if config.sampling == "poisson":
         event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
         relation, tight, prv = Relation.ADD_OR_REMOVE_ONE, event, (z, q)

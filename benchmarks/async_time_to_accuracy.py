@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/async.json")
     parser.add_argument("--render", action="store_true", help="only redraw from --json")
     args = parser.parse_args()
+    results: dict[str, Any]
     if args.render:
         results = json.loads(args.json.read_text())
         plot(results)
@@ -157,7 +158,7 @@ def main() -> None:
         for config in CONFIGS
         for seed in range(args.seeds)
     ]
-    results: dict[str, Any] = {}
+    results = {}
     with ProcessPoolExecutor(args.jobs) as pool:
         for key, run in zip(keys, pool.map(run_one, *zip(*keys, strict=True)), strict=True):
             task, algorithm, config, _ = key

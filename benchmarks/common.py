@@ -69,6 +69,13 @@ def write_section(path: Path, section: str, marker: str) -> None:
     write_atomically(path, text.encode("utf-8"))
 
 
+def publish_section(path: Path, marker: str, lines: Sequence[str]) -> None:
+    """Write `lines` as one benchmark's section of `path` (`write_section`) and print it."""
+    section = "\n".join([marker, *lines, marker])
+    write_section(path, section, marker)
+    print(section)
+
+
 def write_table_section(
     path: Path, marker: str, header: Sequence[str], rows: Sequence[Sequence[str]], footer: str
 ) -> None:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import markdown_table, write_section
+from benchmarks.common import markdown_table, publish_section
 from benchmarks.doc_commands import fenced_commands, flag_value, toml_block, without_flags
 
 MARKER = "<!-- defaults-check -->"
@@ -140,9 +140,10 @@ def main() -> None:
             )
             print(" | ".join(rows[-1]), flush=True)
     header = ["algorithm", "workload", "metric", "defaults", "as written", "local", "beats local"]
-    section = "\n".join(
+    publish_section(
+        args.out,
+        MARKER,
         [
-            MARKER,
             "## Defaults against each algorithm's documented examples",
             "",
             "Every `pfl-coord simulate` example of the algorithm pages, at the algorithm's "
@@ -154,11 +155,8 @@ def main() -> None:
             "",
             "Command: `OMP_NUM_THREADS=1 python -m benchmarks.defaults_check "
             f"--seeds {args.seeds}`.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(args.out, section, MARKER)
-    print(section)
 
 
 if __name__ == "__main__":

@@ -135,13 +135,21 @@ def simulate(kwargs: dict[str, Any]) -> dict[str, float]:
     from coordinator.run.simulate import run_simulation
 
     values = run_values(run_simulation(SimulationSettings.load(None, **kwargs)).summary)
-    return {
-        "mean": values["personalized_mean"],
-        "worst": values["personalized_worst10"],
-        "up": values["bytes_up_per_round"],
-        "down": values["bytes_down_per_round"],
-        "seconds": values["wall_seconds"],
+    columns = {
+        "mean": "personalized_mean",
+        "worst": "personalized_worst10",
+        "up": "bytes_up_per_round",
+        "down": "bytes_down_per_round",
+        "seconds": "wall_seconds",
     }
+    row: dict[str, float] = {}
+    for key, column in columns.items():
+        value = values[column]
+        if value is None:
+            msg = f"the run reported no {column}"
+            raise RuntimeError(msg)
+        row[key] = value
+    return row
 
 
 def oracle(seed: int) -> dict[str, float]:

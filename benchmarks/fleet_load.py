@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import one_thread, write_section
+from benchmarks.common import one_thread, publish_section
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
@@ -99,9 +99,10 @@ def main() -> None:
         ]
     times = [line["wall_seconds"] for line in lines]
     lost = sum(line["selected"] - line["participants"] for line in lines)
-    section = "\n".join(
+    publish_section(
+        args.out,
+        MARKER,
         [
-            MARKER,
             "## Load: 100 agents over loopback mosquitto",
             "",
             f"{args.agents} agents (MQTT clients in one process, a digits MLP each) against "
@@ -115,11 +116,8 @@ def main() -> None:
             f"{_percentile(times, 0.95):.2f} | {peak / 2**20:.0f} |",
             "",
             "Command: `python -m benchmarks.fleet_load`.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(args.out, section, MARKER)
-    print(section)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import write_section
+from benchmarks.common import publish_section
 from benchmarks.simulation_overhead import WORKLOAD, local_sgd, mean_test_metric
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
@@ -166,9 +166,10 @@ def main() -> None:
         (f"`pfl-coord simulate` (default: {cores} workers)", "ours"),
         ("`pfl-coord simulate --workers 1`", "ours1"),
     ]
-    table = "\n".join(
+    publish_section(
+        args.out,
+        MARKER,
         [
-            MARKER,
             "## Side by side with Flower's simulation",
             "",
             "Workload: " + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items()) + "; Flower's "
@@ -188,11 +189,8 @@ def main() -> None:
             "Command (Flower is optional and not a dependency): see `benchmarks/flower_compare.py`"
             '\'s docstring; in short `pip install "flwr[simulation]"` into a separate virtual '
             "environment and run `python -m benchmarks.flower_compare` there. Target: 20x.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(args.out, table, MARKER)
-    print(table)
 
 
 if __name__ == "__main__":

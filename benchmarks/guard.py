@@ -34,7 +34,10 @@ def guarded_accuracy(seed: int, stateless: bool) -> dict[str, float]:
         _, update, ctx = agent.exports.context()
         update.personalize(ctx)
         personal_model = copy.deepcopy(ctx.model)
-        agent._slots.load(agent._model.decoded)  # the shared model with global starting points
+        received = agent._model  # every device trained: each holds the decoded shared model
+        assert received is not None
+        assert received.decoded is not None
+        agent._slots.load(received.decoded)  # the shared model with global starting points
         global_model = copy.deepcopy(agent.workspace)
         chosen, which, _ = choose_model(personal_model, global_model, agent.task, agent.data.val)
         personalized.append(evaluate(personal_model, agent.task, agent.data.test))

@@ -26,17 +26,18 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from benchmarks.common import write_section
+from benchmarks.common import publish_section, write_section
 from device_agent.algorithms import build_local_update
 from device_agent.algorithms.base import LocalContext
 from device_agent.memory_plan import memory_model, plan_training
 from device_agent.training import StepBudget, TrainSpec, difference, snapshot, train
-from pfl_tasks.base import DeviceData, Split
-from pfl_tasks.models import classification_loss, count_correct, insert_adapters
+from pfl_tasks.base import DeviceData, PartitionSpec, Split
+from pfl_tasks.models import Classification, build_seeded, insert_adapters
 from pfl_tasks.presets import resolve_preset
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import parse_algorithm_config
@@ -62,31 +63,29 @@ WIDTH = 2048
 INPUTS = 512
 
 
-class _WideTask:
-    name = "wide-mlp"
-    metric_name = "accuracy"
-    personal_patterns = ("output.*",)
+class _WideTask(Classification):
+    """The wide MLP's task; the benchmark makes its data itself, so there is no fleet."""
 
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return classification_loss(outputs, targets)
+    name: ClassVar[str] = "wide-mlp"
+    personal_patterns: tuple[str, ...] = ("output.*",)
+    input_names: tuple[str, ...] = ("inputs",)
+    output_names: tuple[str, ...] = ("logits",)
 
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        return count_correct(outputs, targets)
+    def build_model(self, seed: int) -> nn.Module:
+        return build_seeded(seed, _wide_mlp)
+
+    def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
+        msg = "the memory benchmark makes its own data"
+        raise NotImplementedError(msg)
 
 
-def _peak_kib() -> int:
+def _status_kib(field: str) -> int:
+    """One kB figure of /proc/self/status: VmHWM (peak resident set) or VmRSS (now)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    msg = "VmHWM not found: peak memory needs Linux /proc"
+    msg = f"{field} not found: memory figures need Linux /proc"
     raise RuntimeError(msg)
-
-
-def _rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def _wide_mlp() -> nn.Sequential:
@@ -111,7 +110,8 @@ class _SharedAndPersonal(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The mean of both copies' logits."""
-        return (self.shared_copy(inputs) + self.personal_copy(inputs)) / 2
+        logits: torch.Tensor = (self.shared_copy(inputs) + self.personal_copy(inputs)) / 2
+        return logits
 
 
 def _mode_model(mode: str) -> tuple[nn.Module, tuple[str, ...]]:
@@ -134,7 +134,7 @@ def mode_child(mode: str) -> dict[str, object]:
     warm = nn.Sequential(nn.Linear(INPUTS, 64), nn.ReLU(), nn.Linear(64, 10))
     task.loss(warm(train_split.inputs[:MODE_BATCH]), train_split.targets[:MODE_BATCH]).backward()
     del warm  # the runtime (threads, kernels, allocator) is warm; nothing of the model exists yet
-    baseline = _rss_kib() * 1024
+    baseline = _status_kib("VmRSS") * 1024
     Path("/proc/self/clear_refs").write_text("5")
     model, patterns = _mode_model(mode)
     split = ParamSplit.for_model(model, patterns)
@@ -156,7 +156,7 @@ def mode_child(mode: str) -> dict[str, object]:
     )
     result = build_local_update(algorithm).run(ctx)
     pack_tensors(result.shared_delta)
-    peak = _peak_kib() * 1024
+    peak = _status_kib("VmHWM") * 1024
     del received, personal, ctx, result
     terms = memory_model(model, task, train_split, split)
     parameters = dict(model.named_parameters())
@@ -180,7 +180,7 @@ def child(fraction: float | None, increment: int) -> dict[str, object]:
     split = ParamSplit.for_model(model, ())
     names = tuple(n for n, _ in model.named_parameters())
     terms = memory_model(model, task, data, split)  # probes: afterwards the runtime is warm
-    baseline = _rss_kib() * 1024
+    baseline = _status_kib("VmRSS") * 1024
     terms = dataclasses.replace(terms, runtime_bytes=baseline)
     budget = None if fraction is None else baseline + int(fraction * increment)
     result: dict[str, object] = {"fraction": fraction, "baseline": baseline, "budget": budget}
@@ -199,32 +199,33 @@ def child(fraction: float | None, increment: int) -> dict[str, object]:
     result.update(
         micro_batch=micro or BATCH,
         estimated_peak=plan.estimated_peak_bytes if plan is not None else terms.peak(BATCH),
-        peak=_peak_kib() * 1024,
+        peak=_status_kib("VmHWM") * 1024,
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return result
 
 
-def _in_fresh_process(flag: str, argument: str) -> dict[str, object]:
+def _in_fresh_process(flag: str, argument: str) -> dict[str, Any]:
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory", flag, argument],
         check=True,
         capture_output=True,
         text=True,
     )
-    return json.loads(output.stdout.strip().splitlines()[-1])
+    measured: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
+    return measured
 
 
-def measure(fraction: float | None, increment: int) -> dict[str, object]:
+def measure(fraction: float | None, increment: int) -> dict[str, Any]:
     """Run `child` in a fresh interpreter, so peaks do not carry over."""
     return _in_fresh_process("--child", json.dumps([fraction, increment]))
 
 
-def measure_mode(mode: str, repeats: int = 3) -> dict[str, object]:
+def measure_mode(mode: str, repeats: int = 3) -> dict[str, Any]:
     """`mode_child` in fresh interpreters; the median increment of `repeats` runs."""
     runs = sorted(
         (_in_fresh_process("--mode-child", mode) for _ in range(repeats)),
-        key=lambda run: int(run["increment"]),  # type: ignore[call-overload]
+        key=lambda run: int(run["increment"]),
     )
     return runs[len(runs) // 2]
 
@@ -332,9 +333,10 @@ def budget_section(out: Path) -> None:
             f"{int(run['estimated_peak']) / mib:.0f} | {int(run['peak']) / mib:.0f} | "
             f"{int(run['peak']) / mib / budget:.2f} |"
         )
-    section = "\n".join(
+    publish_section(
+        out,
+        MARKER,
         [
-            MARKER,
             "## Peak memory of one local update under a budget",
             "",
             f"An MLP {INPUTS}-{WIDTH}-{WIDTH}-10 ({int(free['parameters']):,} parameters), one SGD "
@@ -344,11 +346,8 @@ def budget_section(out: Path) -> None:
             *rows,
             "",
             "Command: `python -m benchmarks.memory`.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(out, section, MARKER)
-    print(section)
 
 
 if __name__ == "__main__":

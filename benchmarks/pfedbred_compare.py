@@ -77,7 +77,9 @@ READINGS = """Readings of the 3-seed, T = 60 run (what reproduced, what did not)
 * **Reporting:** P and G are final-round values, not the official code's best-over-rounds."""
 
 
-def run_one(task: str, algorithm: str, options: dict[str, Any], seed: int, rounds: int) -> dict:
+def run_one(
+    task: str, algorithm: str, options: dict[str, Any], seed: int, rounds: int
+) -> dict[str, Any]:
     """One simulation's final personalized and global accuracy (device means)."""
     from coordinator.run.compare import run_values
     from coordinator.run.settings import SimulationSettings
@@ -109,7 +111,7 @@ def _cell(values: Sequence[float]) -> str:
 
 
 def render(
-    results: dict[tuple[str, str], list[dict]], seeds: int, rounds: int, wall_s: float
+    results: dict[tuple[str, str], list[dict[str, Any]]], seeds: int, rounds: int, wall_s: float
 ) -> str:
     """The markdown section: one table per task, paper columns beside, then the readings."""
     lines = [
@@ -164,7 +166,7 @@ def main() -> None:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, get_context("spawn"), init_worker) as pool:
         futures = {key: pool.submit(run_one, *job) for key, job in jobs.items()}
-        results: dict[tuple[str, str], list[dict]] = {}
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for (task, label, _), future in futures.items():
             results.setdefault((task, label), []).append(future.result())
     section = render(results, seeds, rounds, time.perf_counter() - started)

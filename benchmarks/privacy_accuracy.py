@@ -40,8 +40,10 @@ REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-accuracy -->"
 DELTA: Final = 1e-5
 ROUNDS: Final = 30
-ARMS: Final = (("fedavg", "dp-fedavg"), ("fedalt", "dp-fedavg"), ("fedavg", "ftrl-tree"),
-               ("fedalt", "ftrl-tree"), ("fedavg", "distributed-discrete-gaussian"))  # fmt: skip
+ARMS: Final[tuple[tuple[str, str], ...]] = (
+    ("fedavg", "dp-fedavg"), ("fedalt", "dp-fedavg"), ("fedavg", "ftrl-tree"),
+    ("fedalt", "ftrl-tree"), ("fedavg", "distributed-discrete-gaussian"),
+)  # fmt: skip
 """(algorithm, DP mechanism) pairs, a row group each."""
 
 

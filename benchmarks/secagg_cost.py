@@ -51,9 +51,9 @@ def main() -> None:
     rows = []
     for devices in (int(d) for d in args.devices.split(",")):
         plain = measure(devices, args.rounds)
-        variants = [("SecAgg (all pairs)", {"secagg": True})]
+        variants: list[tuple[str, dict[str, object]]] = [("SecAgg (all pairs)", {"secagg": True})]
         if devices > SPARSE + 1:
-            sparse = {"secagg": True, "secagg_neighbors": SPARSE}
+            sparse: dict[str, object] = {"secagg": True, "secagg_neighbors": SPARSE}
             variants.append((f"SecAgg+ ({SPARSE} neighbours)", sparse))
         up, down = f"{plain['up'] / 1e6:.2f}", f"{plain['down'] / 1e6:.2f}"
         seconds = f"{plain['seconds']:.3f}"

@@ -7,12 +7,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from benchmarks.common import one_thread, write_section
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
+from device_agent.state_store import MemoryStateStore, StateStore
 
 MARKER = "<!-- selffl -->"
 CASES = {1: (0.001, 10, 20), 2: (1.0, 10, 200)}  # sigma_0^2, N_min, N_max (selffl.md §5.1)
@@ -117,7 +120,13 @@ def selffl_closed_form(
     return glob, np.where(seen, personal, glob[:, None]), float(steps.mean())
 
 
-def baselines(f: Fleet, rate: float, rng: np.random.Generator) -> dict[str, tuple]:
+def _kept_tensors(store: StateStore) -> dict[str, torch.Tensor] | None:
+    """What a simulated device keeps: its MemoryStateStore's own tensors, None if nothing yet."""
+    assert isinstance(store, MemoryStateStore)
+    return store._tensors
+
+
+def baselines(f: Fleet, rate: float, rng: np.random.Generator) -> dict[str, tuple[Any, ...]]:
     """FedAvg (50 steps, sample weights), FedAvg+FT, Ditto-style (best lambda) and local."""
     c = (1 - ETA / f.sig) ** BASE_STEPS
     n = OBS_VAR / f.sig
@@ -222,7 +231,7 @@ def simulation_agreement(reps: int) -> list[str]:
                 z = np.array([[a.data.train.targets.double().mean().item() for a in agents]])
                 sig = OBS_VAR / np.array([[len(a.data.train) for a in agents]])
                 f = Fleet(theta, z, sig, sigma0_sq)
-                store = [a.store._tensors for a in agents]  # MemoryStateStore's own tensors
+                store = [_kept_tensors(a.store) for a in agents]
                 glob = result.final_shared["theta"].item()
                 personal = np.array(
                     [[s["state:personal.theta"].item() if s else glob for s in store]]

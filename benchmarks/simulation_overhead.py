@@ -17,10 +17,11 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from benchmarks.common import write_section
+from benchmarks.common import publish_section
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from coordinator.run.simulation_workers import threads_per_worker, worker_count
@@ -29,7 +30,7 @@ from pfl_tasks.base import DeviceData, Split, Task
 from pfl_tasks.registry import load_task
 from protocols.algorithms import AlgorithmConfig
 
-WORKLOAD = {
+WORKLOAD: dict[str, Any] = {
     "task": "digits",
     "algorithm": "fedavg",
     "devices": 50,
@@ -169,9 +170,10 @@ def main() -> None:
     config = SimulationSettings.load(None, **WORKLOAD).algorithm_config()
     task = load_task(settings.task)
     threads = same_threads(settings, task, simulated_fleet(settings, task))
-    table = "\n".join(
+    publish_section(
+        args.out,
+        MARKER,
         [
-            MARKER,
             "## Simulation overhead against a bare PyTorch loop",
             "",
             "Workload: "
@@ -189,11 +191,8 @@ def main() -> None:
             *rows,
             "",
             "Command: `python -m benchmarks.simulation_overhead`. Target: within 1.3x.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(args.out, table, MARKER)
-    print(table)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import core_balance
-from benchmarks.common import write_section
+from benchmarks.common import publish_section
 from device_agent.compute_threads import available_cores
 
 MARKER = "<!-- simulation-scale -->"
@@ -159,9 +159,10 @@ def main() -> None:
     print("\n".join(rows + ceilings + balance))
     big = simulate({**BIG, "rounds": args.big_rounds}, workers=cores)
     per_device = idle_device_bytes(2000)
-    section = "\n".join(
+    publish_section(
+        args.out,
+        MARKER,
         [
-            MARKER,
             "## Simulation on every core, and at 10,000 devices",
             "",
             f"Machine: {platform.machine()}, {cores} cores available, load average "
@@ -223,11 +224,8 @@ def main() -> None:
             "devices); this run measures scale, the personalized algorithms measure accuracy.",
             "",
             "Command: `python -m benchmarks.simulation_scale`. Target: >= 1.8x on 2 cores.",
-            MARKER,
-        ]
+        ],
     )
-    write_section(args.out, section, MARKER)
-    print(section)
 
 
 if __name__ == "__main__":

@@ -91,8 +91,8 @@ class Mosquitto:
             )
         if not wait_for_port(self.port):
             self.stop()
-            log = self.log.read_text() if self.log.exists() else ""
-            pytest.fail(f"mosquitto did not listen on {self.url}; its log:\n{log}")
+            written = self.log.read_text() if self.log.exists() else ""
+            pytest.fail(f"mosquitto did not listen on {self.url}; its log:\n{written}")
 
     def stop(self) -> None:
         """Terminate mosquitto (its clients see the connection drop)."""

@@ -9,10 +9,10 @@ from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from coordinator.stages.privacy import privacy_engine
-from device_agent.agent import DeviceAgent
+from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
-from pfl_tasks.base import PartitionSpec, Task
+from pfl_tasks.base import DeviceData, PartitionSpec, Task
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
@@ -62,6 +62,17 @@ def hub_coordinator(
     )
 
 
+def hub_engine(
+    broker: InProcessBroker, settings: SimulationSettings, engine: EngineSettings
+) -> Coordinator:
+    """A coordinator on the hub for `settings`, starting from its task's seed-0 model."""
+    task = load_task(settings.task)
+    model = task.build_model(0)
+    return build_coordinator(
+        lambda: broker.connect("coordinator"), plan_stages(settings, task, model), model, engine
+    )
+
+
 def hub_agents(
     broker: InProcessBroker,
     device_ids: Sequence[str],
@@ -92,6 +103,35 @@ def hub_agents(
         agent.start()
         agents.append(agent)
     return agents
+
+
+def hub_agent(
+    broker: InProcessBroker,
+    device_id: str,
+    task: Task,
+    data: DeviceData,
+    *,
+    will: bool = True,
+    **overrides: Any,
+) -> DeviceAgent:
+    """One agent (not started) on the hub: the task's seed-0 model as its starting state.
+
+    With `will`, its connection leaves the offline status a crashed device's broker publishes.
+    """
+    workspace = task.build_model(0)
+    transport = broker.connect(device_id, device_will("default", device_id) if will else None)
+    arguments: dict[str, Any] = {
+        "device_id": device_id,
+        "fleet": "default",
+        "transport": transport,
+        "task": task,
+        "data": data,
+        "seed": 0,
+        "store": MemoryStateStore(),
+        "workspace": workspace,
+        "initial_state": dict(workspace.state_dict()),
+    }
+    return DeviceAgent(**{**arguments, **overrides})
 
 
 def hub_impostor(

@@ -41,6 +41,7 @@ def tiny(words: list[str]) -> list[str]:
 def parses(words: list[str]) -> None:
     """The command line is valid for its program: known command, known flags, right types."""
     group = typer.main.get_command(APPS[words[0]])
+    assert isinstance(group, typer.core.TyperGroup)
     command = group.commands[words[1]]
     command.make_context(" ".join(words[:2]), words[2:])
 
@@ -60,7 +61,9 @@ def test_compatibility_md_is_current() -> None:
 def test_cli_md_documents_every_command() -> None:
     text = CLI_MD.read_text()
     for program, app in APPS.items():
-        for name in typer.main.get_command(app).commands:
+        group = typer.main.get_command(app)
+        assert isinstance(group, typer.core.TyperGroup)
+        for name in group.commands:
             assert f"### `{program} {name}`" in text
 
 
@@ -96,7 +99,7 @@ def test_simulate_compare_report_commands_run_as_written(tmp_path, monkeypatch) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_quickstart_fleet_runs_as_written(tmp_path) -> None:
+def test_quickstart_fleet_runs_as_written(tmp_path: Path) -> None:
     """Serve with the embedded broker, two agents, status, then the offline export."""
     # Prepare: the quickstart's fleet commands, on a free port and with 2 rounds
     commands = fenced_commands((REPO / "docs" / "quickstart.md").read_text())

@@ -34,7 +34,7 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
     def excess(eps: float) -> float:
         phi = stats.norm.cdf
-        return phi(mu / 2 - eps / mu) - math.exp(eps) * phi(-mu / 2 - eps / mu) - delta
+        return float(phi(mu / 2 - eps / mu) - math.exp(eps) * phi(-mu / 2 - eps / mu) - delta)
 
     return float(optimize.brentq(excess, 0.0, 500.0, xtol=1e-10))
 
@@ -65,6 +65,7 @@ def test_full_participation_is_the_exact_gaussian_mechanism(
     exact = gaussian_epsilon(sensitivity * math.sqrt(rounds) / z, DELTA)
     spent = epsilons_of([DpRound(z, population, population)] * rounds, sampling, DELTA)
     assert spent.pld == pytest.approx(exact, rel=0.005)
+    assert spent.pld is not None
     assert spent.tighter == spent.pld < spent.rdp
 
 

@@ -13,6 +13,7 @@ from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save
 from coordinator.strategies import build_strategy
 from device_agent.capabilities import probe_capabilities
 from protocols.algorithms import parse_algorithm_config
+from protocols.atomic import write_atomically
 from protocols.errors import StateError
 from protocols.messages import DeviceHello
 from protocols.transport.inprocess import InProcessBroker
@@ -83,7 +84,7 @@ def test_a_crash_during_a_checkpoint_write_leaves_the_previous_checkpoint(
     coordinator.round_id = 2
     coordinator.shared = {"w": torch.full((2, 3), 2.0), "b": torch.zeros(3)}
     save_checkpoint(tmp_path, coordinator, {})
-    real_write = checkpoint_module.write_atomically
+    real_write = write_atomically
 
     def crash_on_record(path, data):  # the process dies between the two files
         if path.name == "checkpoint.json":

@@ -6,6 +6,7 @@ import pytest
 
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
+from tests.run_metrics import fleet_metric
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def _mean_accuracy(
             if algorithm == "fedavg-ft"
             else {},
         )
-        scores.append(run_simulation(settings).summary.metrics["personalized_mean"])
+        scores.append(fleet_metric(run_simulation(settings).summary))
     return scores
 
 

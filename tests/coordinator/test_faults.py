@@ -5,13 +5,12 @@ import dataclasses
 import torch
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
-from device_agent.state_store import MemoryStateStore
+from device_agent.agent import DeviceAgent
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
-from protocols.transport.inprocess import InProcessBroker
+from protocols.transport.inprocess import InProcessBroker, InProcessTransport
+from tests.hub_fleet import hub_agent, hub_engine
 
 DEVICES = 10
 FAILING = ("dev-02", "dev-05", "dev-08")  # 30% of the fleet
@@ -21,29 +20,12 @@ def _run(failure: str) -> dict[str, torch.Tensor]:
     """Four FedAvg rounds; from round 2 on the FAILING devices crash or decline mid-round."""
     settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=DEVICES)
     task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="digits", rounds=4, quorum=0.5),
-    )
+    coordinator = hub_engine(broker, settings, EngineSettings(task="digits", rounds=4, quorum=0.5))
     fleet = task.make_fleet(DEVICES, PartitionSpec(), 0)
     for index, data in enumerate(fleet):
         device_id = f"dev-{index:02d}"
-        workspace = task.build_model(0)
-        agent = DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        )
+        agent = hub_agent(broker, device_id, task, data)
         if device_id in FAILING:
             agent._train = _failing(agent, failure)  # type: ignore[method-assign]
         agent.start()
@@ -61,6 +43,7 @@ def _failing(agent: DeviceAgent, failure: str):
         if announcement.round_id < 2:
             original(announcement, model, peer_models)
         elif failure == "crash":  # trained or not, the process is gone: only its will remains
+            assert isinstance(agent.transport, InProcessTransport)
             agent.transport.vanish()
         else:
             agent.publish_status(
@@ -88,14 +71,10 @@ def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> No
     from pfl_tasks.base import Split
 
     task = load_task("sine")
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(None, task="sine", algorithm="fedavg", devices=3)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="sine", rounds=1, round_timeout_s=30.0),
+    coordinator = hub_engine(
+        broker, settings, EngineSettings(task="sine", rounds=1, round_timeout_s=30.0)
     )
     statuses = []
     broker.connect("tap").subscribe("pfl/+/device/+/status", lambda _t, p: statuses.append(p))
@@ -105,19 +84,7 @@ def test_a_device_whose_model_scores_inf_declines_the_evaluation_clearly() -> No
         fleet[1], test=Split(broken.inputs, torch.full_like(broken.targets, 3e38))
     )
     for index, data in enumerate(fleet):
-        device_id = f"dev-{index:02d}"
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        ).start()
+        hub_agent(broker, f"dev-{index:02d}", task, data).start()
     coordinator.start()
     coordinator.wait_for_devices(3, 1.0)
     coordinator.run_round()

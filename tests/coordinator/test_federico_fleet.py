@@ -7,6 +7,7 @@ still served, and the mixture exports.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,12 +17,15 @@ import torch
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from coordinator.strategies.federico import owner_seed
+from device_agent.agent import DeviceAgent
 from device_agent.algorithms.federico import Collaborators
 from pfl_tasks.registry import load_task
 from protocols.algorithms import FEDERICO_COLLABORATORS, FEDERICO_ENTROPY, FedericoConfig
 from protocols.codec import decode_frame, unpack_tensors
 from protocols.messages import DeviceUpdate, PeerRequest
 from protocols.transport.inprocess import InProcessBroker
+from tests.run_metrics import fleet_metric
+from tests.wiretap import decoded_into
 
 
 def _settings(**values: object) -> SimulationSettings:
@@ -80,8 +84,10 @@ def test_no_weight_or_loss_leaves_a_device() -> None:
     # Assert: updates carry contributions and aggregate scalars only ...
     updates = [decode_frame(p)[0] for t, p in payloads if t.endswith("/update")]
     assert updates
-    assert all(isinstance(u, DeviceUpdate) for u in updates)
-    assert all(set(u.scalars) <= {FEDERICO_ENTROPY, FEDERICO_COLLABORATORS} for u in updates)
+    assert all(
+        isinstance(u, DeviceUpdate) and set(u.scalars) <= {FEDERICO_ENTROPY, FEDERICO_COLLABORATORS}
+        for u in updates
+    )
     # ... and no device's losses, moving averages or weights appear anywhere, in any encoding
     wire = b"".join(p for _, p in payloads)
     config = FedericoConfig()
@@ -99,16 +105,16 @@ def test_no_weight_or_loss_leaves_a_device() -> None:
     assert checked > 50
 
 
-def test_an_offline_owner_model_is_still_served_and_trained() -> None:
+def test_an_offline_owner_model_is_still_served_and_trained(monkeypatch) -> None:
     # Prepare: stop one device after round 2; the others keep sampling all 5 owners
     broker = InProcessBroker()
     requests: list[PeerRequest] = []
     tap = broker.connect("wiretap")
     tap.subscribe(
         "pfl/+/device/+/request",
-        lambda topic, payload: requests.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(PeerRequest, requests),
     )
-    agents = []
+    agents: list[DeviceAgent] = []
 
     def stop_one(record) -> None:
         if record.round_id == 2:
@@ -116,7 +122,9 @@ def test_an_offline_owner_model_is_still_served_and_trained() -> None:
 
     settings = _settings(devices=5, rounds=8, algorithm_options={"neighbours": 3, "epsilon": 1.0})
     # Execute
-    result = run_simulation(settings, on_round=stop_one, broker=_capture(broker, agents))
+    result = run_simulation(
+        settings, on_round=stop_one, broker=_capture(broker, agents, monkeypatch)
+    )
     # Assert: later rounds train without dev-0000 yet its model keeps being requested and served
     late = [r for r in requests if r.round_id > 2 and r.phase == "train"]
     assert late
@@ -125,28 +133,19 @@ def test_an_offline_owner_model_is_still_served_and_trained() -> None:
     assert [r.participants for r in result.records][2:] == [4] * 6
 
 
-def _capture(broker: InProcessBroker, agents: list) -> InProcessBroker:
+def _capture(
+    broker: InProcessBroker, agents: list[DeviceAgent], monkeypatch: pytest.MonkeyPatch
+) -> InProcessBroker:
     """Keep the device agents as they connect (the first one is stopped mid-run)."""
     from device_agent import virtual_fleet
 
-    original = virtual_fleet.DeviceAgent
-
-    class Recording(original):  # type: ignore[misc, valid-type]
-        def __init__(self, **kwargs: object) -> None:
+    class Recording(DeviceAgent):
+        def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             agents.append(self)
 
-    virtual_fleet.DeviceAgent = Recording  # restored by the fixture below
+    monkeypatch.setattr(virtual_fleet, "DeviceAgent", Recording)  # restored after the test
     return broker
-
-
-@pytest.fixture(autouse=True)
-def _restore_agent_class():
-    from device_agent import virtual_fleet
-
-    original = virtual_fleet.DeviceAgent
-    yield
-    virtual_fleet.DeviceAgent = original
 
 
 def test_stateless_devices_are_refused_with_a_clear_error() -> None:
@@ -177,7 +176,7 @@ def _sine_mse(algorithm: str, seed: int, **values: object) -> float:
     settings = SimulationSettings.load(
         None, task="sine", algorithm=algorithm, devices=8, rounds=300, seed=seed, **values
     )
-    return run_simulation(settings).summary.metrics["personalized_mean"]
+    return fleet_metric(run_simulation(settings).summary)
 
 
 def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:
@@ -195,18 +194,25 @@ def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:
     assert all(f < a for f, a in zip(federico, alone, strict=True)), (federico, alone)
 
 
+def _sent_updates(broker: InProcessBroker) -> dict[str, dict[str, torch.Tensor]]:
+    """Filled as the run goes: each device's last update tensors, by device id."""
+    sent: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keep_update(_topic: str, payload: bytes) -> None:
+        update, blob = decode_frame(payload)
+        assert isinstance(update, DeviceUpdate)
+        sent[update.device_id] = unpack_tensors(update.manifest, blob)
+
+    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    return sent
+
+
 def test_one_round_with_every_peer_sampled_is_one_step_of_centralized_em() -> None:
     # Prepare / Execute: M = K - 1 (no staleness), one round; every model kept in the mixture
     lr = 0.01
     options = {"neighbours": 3, "min_weight": 0.0, "loss_tracking": "cumulative"}
     broker = InProcessBroker()
-    sent: dict[str, dict[str, torch.Tensor]] = {}
-
-    def keep_update(topic: str, payload: bytes) -> None:
-        update, blob = decode_frame(payload)
-        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
-
-    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    sent = _sent_updates(broker)
     settings = _settings(devices=4, rounds=1, lr=lr, algorithm_options=options)
     result = run_simulation(settings, broker=broker)
     # Assert: the spec's Eq. 3 E-step (w_i = softmax of minus each model's summed loss on D_i)
@@ -251,13 +257,7 @@ def test_delta_mode_sends_weighted_deltas_of_local_sgd() -> None:
         "beta": 0.6,  # the EMA from zero: the weights are softmax(-0.6 x summed loss)
     }
     broker = InProcessBroker()
-    sent: dict[str, dict[str, torch.Tensor]] = {}
-
-    def keep_update(topic: str, payload: bytes) -> None:
-        update, blob = decode_frame(payload)
-        sent[update.device_id] = unpack_tensors(update.manifest, blob)  # type: ignore[union-attr]
-
-    broker.connect("wiretap").subscribe("pfl/+/device/+/update", keep_update)
+    sent = _sent_updates(broker)
     settings = _settings(devices=4, rounds=1, algorithm_options=options, batch_size=50)
     result = run_simulation(settings, broker=broker)
     # Assert: device i sent owner b w_ib * (-local_lr * grad of the mean loss), and each owner

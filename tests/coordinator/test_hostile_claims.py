@@ -8,17 +8,16 @@ import math
 import torch
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
-from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceUpdate, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agent, hub_engine
+from tests.wiretap import decoded_into
 
 HONEST = 3
 
@@ -61,35 +60,19 @@ def _liar(broker: InProcessBroker, samples: int) -> list[str]:
 
 def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() -> None:
     task = load_task("sine")
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(None, task="sine", algorithm="fedavg", devices=HONEST)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task="sine", rounds=2, quorum=0.5, round_timeout_s=1.0),
+    coordinator = hub_engine(
+        broker, settings, EngineSettings(task="sine", rounds=2, quorum=0.5, round_timeout_s=1.0)
     )
     coordinator.start()
     for index, data in enumerate(task.make_fleet(HONEST, PartitionSpec(), 0)):
-        device_id = f"dev-{index}"
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=device_id,
-            fleet="default",
-            transport=broker.connect(device_id, device_will("default", device_id)),
-            task=task,
-            data=data,
-            seed=0,
-            store=MemoryStateStore(),
-            workspace=workspace,
-            initial_state=dict(workspace.state_dict()),
-        ).start()
+        hub_agent(broker, f"dev-{index}", task, data).start()
     seen: list[FleetStatus] = []
     watcher = broker.connect("operator")
     watcher.subscribe(
         topics.fleet_status("default"),
-        lambda _, payload: seen.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(FleetStatus, seen),
     )
     sent = _liar(broker, samples=10**6)
     assert coordinator.wait_for_devices(HONEST + 1, 2.0)

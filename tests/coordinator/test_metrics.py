@@ -1,10 +1,11 @@
 import pytest
 
 from coordinator.engine.metrics import summarize_evaluations
+from pfl_tasks.base import MetricName
 from protocols.messages import EvaluationReport
 
 
-def _report(i: int, value: float, n_train: int, n_test: int, metric: str = "accuracy"):
+def _report(i: int, value: float, n_train: int, n_test: int, metric: MetricName = "accuracy"):
     return EvaluationReport(
         run_id="0" * 32,
         round_id=1,

@@ -7,6 +7,7 @@ import torch
 
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
+from tests.run_metrics import fleet_metric
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def _personalized(algorithm: str, seed: int) -> float:
         seed=seed,
         algorithm_options=PAPER_STEPS,
     )
-    return float(run_simulation(settings).summary.metrics["personalized_mean"])
+    return fleet_metric(run_simulation(settings).summary)
 
 
 def test_pfedbred_mh_beats_pfedme_on_mean_personalized_accuracy() -> None:

@@ -153,7 +153,10 @@ def test_coordinator_noise_on_the_mean_has_variance_z_clip_over_cohort_squared()
     engine = _engine(noise_multiplier=z, clip_norm=clip)
     engine.plan(_fleet(50), ["dev-0000", "dev-0001"])  # expected cohort 5
     private = engine.privatize(_updates([{"w": torch.zeros(n)}] * 2), {"w": torch.zeros(n)})
-    mean = sum(u.shared_delta["w"].double() for u in private) / len(private)
+    total = sum(
+        (u.shared_delta["w"].double() for u in private), torch.zeros(n, dtype=torch.float64)
+    )
+    mean = total / len(private)
     assert mean.var().item() == pytest.approx((z * clip / 5) ** 2, rel=0.02)
     assert abs(mean.mean().item()) < 5 * (z * clip / 5) / math.sqrt(n)
 

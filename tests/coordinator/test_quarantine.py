@@ -10,12 +10,13 @@ from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.stages.aggregate_guard import GuardSettings
 from coordinator.strategies import build_strategy
-from coordinator.strategies.fedavg import FedAvgConfig
 from protocols import topics
+from protocols.algorithms import FedAvgConfig
 from protocols.codec import decode_frame, encode_frame
 from protocols.messages import EvaluationReport, FleetStatus, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
 from tests.coordinator.test_robust_aggregate import RUN, ScriptedFleet, update_frame
+from tests.wiretap import decoded_into
 
 
 def test_drops_past_the_limit_quarantine_until_the_next_round() -> None:
@@ -64,7 +65,7 @@ def test_a_device_over_its_limit_is_ignored_for_the_round_and_shown_in_the_statu
     watcher = broker.connect("watcher")
     watcher.subscribe(
         topics.fleet_status("default"),
-        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(FleetStatus, statuses),
     )
     coordinator.start()
     fleet.hello()

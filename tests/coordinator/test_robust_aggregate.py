@@ -136,7 +136,9 @@ def test_strategies_subclassing_fedavg_inherit_the_defence() -> None:
 class ScriptedFleet:
     """Devices on the in-process hub that answer each train round with a delta chosen per device."""
 
-    def __init__(self, broker: InProcessBroker, deltas: dict[str, Callable[[], bytes]]) -> None:
+    def __init__(
+        self, broker: InProcessBroker, deltas: dict[str, Callable[[int, str], bytes]]
+    ) -> None:
         self.transport = broker.connect("scripted-fleet")
         self.deltas = deltas
         self.transport.subscribe(topics.round_announcement("default"), self._on_round)

@@ -33,6 +33,7 @@ from protocols.messages import (
     DeviceUpdate,
     Message,
     RoundAnnouncement,
+    SecAggKeys,
     SecAggUnmask,
 )
 from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
@@ -78,7 +79,7 @@ class Liar:
 
     def _publish_secure(self, message: Message) -> None:
         self.transport.publish(topics.device(FLEET, LIAR, "secagg"), encode_frame(message))
-        if message.kind == "secagg-keys":
+        if isinstance(message, SecAggKeys):
             self.after_keys(self)
 
     def _on_round(self, _topic: str, payload: bytes) -> None:
@@ -191,7 +192,8 @@ def garbage(vector: np.ndarray) -> np.ndarray:
     (Uniformly random words are out of range too in all but a vanishing share of draws; a sum
     that lands in range is a bounded liar's, see docs/security.md.)
     """
-    return vector + np.uint32(2**30)
+    shifted: np.ndarray = vector + np.uint32(2**30)
+    return shifted
 
 
 # -- a garbage masked vector ------------------------------------------------------------------

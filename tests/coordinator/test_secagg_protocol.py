@@ -27,7 +27,9 @@ from protocols.messages import (
     Message,
     RevealedShare,
     RoundAnnouncement,
+    SecAggKeys,
     SecAggReveal,
+    SecAggShares,
     SecAggUnmask,
     SecureRound,
     TensorSpec,
@@ -331,7 +333,7 @@ def test_devices_that_never_deal_are_left_out_before_anyone_masks_with_them() ->
     harness = build(6)
 
     def no_shares(message: Message) -> Message | None:
-        return None if message.kind == "secagg-shares" else message
+        return None if isinstance(message, SecAggShares) else message
 
     harness.devices["dev-02"].tweak = no_shares
     result = harness.run()
@@ -377,7 +379,7 @@ def test_a_dealer_whose_shares_rebuild_another_seed_is_named_and_the_round_refus
     liar = harness.devices["dev-02"]
 
     def swap_seed_after_committing(message: Message) -> Message | None:
-        if message.kind == "secagg-keys":
+        if isinstance(message, SecAggKeys):
             liar.client._round.seed = secrets.token_bytes(32)  # type: ignore[union-attr]
         return message
 
@@ -391,7 +393,7 @@ def test_an_out_of_range_masked_update_is_detected_in_the_sum() -> None:
     harness = build(6)
 
     def inflate(vector: np.ndarray) -> np.ndarray:
-        out = vector.copy()
+        out: np.ndarray = vector.copy()
         out[:136] += np.uint32(2**29)  # what masking hides: a huge update, 15 in every entry
         return out
 
@@ -404,7 +406,7 @@ def test_a_low_order_key_is_refused_at_the_keys_step_and_the_round_goes_on() -> 
     harness = build(6)
 
     def bad_key(message: Message) -> Message | None:
-        if message.kind == "secagg-keys":
+        if isinstance(message, SecAggKeys):
             return message.model_copy(update={"mask_key": "00" * 32})
         return message
 

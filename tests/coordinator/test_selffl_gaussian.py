@@ -5,6 +5,7 @@ import pytest
 
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
+from tests.wiretap import decoded_into
 
 OBS_VAR = 0.1
 
@@ -33,7 +34,7 @@ def _simulate(sigma0_sq: float, n_max: int, rounds: int, rho: float, **options: 
     return run_simulation(settings)
 
 
-def _iterate(z, sig, sigma0_sq, rho, rounds):
+def _iterate(z, sig, sigma0_sq, rho, rounds) -> tuple[np.ndarray, float, np.ndarray]:
     """Algorithm 1 with oracle variances, full participation, in closed form (spec §5.1)."""
     w = 1 / (sigma0_sq + sig)
     total = w.sum()
@@ -47,6 +48,7 @@ def _iterate(z, sig, sigma0_sq, rho, rounds):
         )
         personal = (1 - c) * z + c * start
         glob = (w * personal).sum() / total
+    assert personal is not None
     return personal, glob, steps
 
 
@@ -112,16 +114,13 @@ def test_the_fleet_scalars_reach_the_retained_fleet_status() -> None:
     # Prepare: a wiretap keeps the last retained fleet summary
     from coordinator.run.settings import SimulationSettings as Settings
     from coordinator.run.simulate import run_simulation as simulate
-    from protocols.codec import decode_frame
     from protocols.messages import FleetStatus
     from protocols.transport.inprocess import InProcessBroker
 
     broker = InProcessBroker()
     seen: list[FleetStatus] = []
     tap = broker.connect("wiretap")
-    tap.subscribe(
-        "pfl/+/coordinator/fleet", lambda _t, payload: seen.append(decode_frame(payload)[0])
-    )
+    tap.subscribe("pfl/+/coordinator/fleet", decoded_into(FleetStatus, seen))
     # Execute
     result = simulate(
         Settings.load(None, workers=1, task="gaussian", algorithm="selffl", devices=6, rounds=3),

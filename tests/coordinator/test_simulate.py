@@ -6,6 +6,7 @@ from protocols.algorithms import ALGORITHM_CONFIGS
 from protocols.codec import decode_frame
 from protocols.messages import DeviceUpdate
 from protocols.transport.inprocess import InProcessBroker
+from tests.wiretap import recorded_into
 
 
 def _settings(**values: object) -> SimulationSettings:
@@ -70,7 +71,7 @@ def test_no_update_carries_a_personal_tensor_name_or_bytes() -> None:
         broker = InProcessBroker()
         payloads: list[tuple[str, bytes]] = []
         tap = broker.connect("wiretap")
-        tap.subscribe("#", lambda topic, payload, sink=payloads: sink.append((topic, payload)))
+        tap.subscribe("#", recorded_into(payloads))
         # Execute
         result = run_simulation(_settings(algorithm=algorithm, personal=personal), broker=broker)
         # Assert: update manifests name only shared tensors, and carry no personal name at all

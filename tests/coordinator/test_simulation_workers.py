@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +27,8 @@ from protocols.transport.process_hub import ProcessHub
 
 pytestmark = pytest.mark.timeout(300)
 
-ALGORITHMS = {  # every family: plain, partial (stateful and not), prior, uncertainty, relay
+# every family: plain, partial (stateful and not), prior, uncertainty, relay
+ALGORITHMS: dict[str, dict[str, Any]] = {
     "fedavg": {},
     "fedalt": {"personal": ["output.*"]},
     "fedsim": {"personal": ["output.*"], "stateless": True},
@@ -37,7 +39,7 @@ ALGORITHMS = {  # every family: plain, partial (stateful and not), prior, uncert
 }
 
 
-def _run(algorithm: str, workers: int, **values: object) -> SimulationResult:
+def _run(algorithm: str, workers: int, **values: Any) -> SimulationResult:
     settings = SimulationSettings.load(
         None,
         task="synthetic",

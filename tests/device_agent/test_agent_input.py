@@ -4,8 +4,6 @@ import torch
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent
-from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols import topics
@@ -13,7 +11,7 @@ from protocols.codec import encode_frame, pack_tensors
 from protocols.errors import ProtocolError
 from protocols.messages import SharedModel
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import hub_agents, hub_coordinator
+from tests.hub_fleet import hub_agent, hub_agents, hub_coordinator
 
 
 def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
@@ -28,18 +26,7 @@ def test_a_corrupt_model_is_dropped_and_the_previous_one_still_trains() -> None:
         model,
         EngineSettings(task="digits", rounds=2),
     )
-    workspace = task.build_model(0)
-    agent = DeviceAgent(
-        device_id="dev-0",
-        fleet="default",
-        transport=broker.connect("dev-0"),
-        task=task,
-        data=task.make_fleet(2, PartitionSpec(), 0)[0],
-        seed=0,
-        store=MemoryStateStore(),
-        workspace=workspace,
-        initial_state=dict(workspace.state_dict()),
-    )
+    agent = hub_agent(broker, "dev-0", task, task.make_fleet(2, PartitionSpec(), 0)[0], will=False)
     agent.start()
     coordinator.start()
     coordinator.wait_for_devices(1, 1.0)

@@ -8,6 +8,7 @@ from protocols.codec import decode_frame
 from protocols.messages import DeviceUpdate
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents, hub_coordinator
+from tests.wiretap import decoded_into
 
 
 def _updates(broker: InProcessBroker) -> list[DeviceUpdate]:
@@ -15,7 +16,7 @@ def _updates(broker: InProcessBroker) -> list[DeviceUpdate]:
     tap = broker.connect("tap")
     tap.subscribe(
         topics.device_subscription("default", "update"),
-        lambda _topic, payload: seen.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(DeviceUpdate, seen),
     )
     return seen
 

@@ -2,14 +2,12 @@ import os
 from pathlib import Path
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from device_agent.agent import DeviceAgent
 from device_agent.eligibility import EligibilityPolicy, on_battery
-from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agent, hub_engine
 
 
 def _supply(root: Path, name: str, kind: str, online: str | None = None) -> None:
@@ -42,22 +40,17 @@ def test_a_skipping_device_is_reported_and_not_waited_for() -> None:
     # Prepare: two devices, one of which may never train (it needs an impossible amount of RAM)
     settings = SimulationSettings.load(None, task="digits", algorithm="fedavg", devices=2, rounds=1)
     task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"), plan_stages(settings, task, model), model,
-        EngineSettings(task="digits", rounds=1, quorum=0.5, round_timeout_s=3600),
-    )  # fmt: skip
+    coordinator = hub_engine(
+        broker, settings, EngineSettings(task="digits", rounds=1, quorum=0.5, round_timeout_s=3600)
+    )
     fleet = task.make_fleet(2, PartitionSpec(), 0)
     for index, policy in enumerate(
         (EligibilityPolicy(), EligibilityPolicy(min_free_memory_bytes=10**18))
     ):
-        workspace = task.build_model(0)
-        DeviceAgent(
-            device_id=f"dev-{index}", fleet="default", transport=broker.connect(f"dev-{index}"),
-            task=task, data=fleet[index], seed=0, store=MemoryStateStore(), workspace=workspace,
-            initial_state=dict(workspace.state_dict()), eligibility=policy,
-        ).start()  # fmt: skip
+        hub_agent(
+            broker, f"dev-{index}", task, fleet[index], will=False, eligibility=policy
+        ).start()
     coordinator.start()
     coordinator.wait_for_devices(2, 1.0)
     # Execute: in-process time does not pass, so the round must settle without its deadline

@@ -9,7 +9,7 @@ from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from device_agent.agent import DeviceAgent
-from device_agent.state_store import DiskStateStore
+from device_agent.state_store import DiskStateStore, MemoryStateStore, StateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.errors import StateError
@@ -62,7 +62,14 @@ def _stored(tmp_path) -> dict[str, torch.Tensor]:
     store = DiskStateStore(tmp_path / "state")
     record = (tmp_path / "state" / "personal.json").read_text()
     fingerprint = json.loads(record)["fingerprint"]
-    return store.load(fingerprint)
+    return _loaded(store, fingerprint)
+
+
+def _loaded(store: StateStore, fingerprint: str, run_id: str = "") -> dict[str, torch.Tensor]:
+    """The stored tensors, which the test expects to be there."""
+    tensors = store.load(fingerprint, run_id)
+    assert tensors is not None, f"nothing stored for {fingerprint} in run {run_id!r}"
+    return tensors
 
 
 def test_personal_state_survives_an_agent_restart(tmp_path) -> None:
@@ -123,7 +130,7 @@ def test_a_failed_write_keeps_the_previous_good_state(tmp_path, monkeypatch) -> 
         store.save("fp", {"output.weight": torch.zeros(2, 2)})
     monkeypatch.undo()
     # Assert
-    assert torch.equal(store.load("fp")["output.weight"], torch.ones(2, 2))
+    assert torch.equal(_loaded(store, "fp")["output.weight"], torch.ones(2, 2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["personal.json", "personal.safetensors"]
 
 
@@ -131,9 +138,13 @@ def test_stateless_devices_keep_nothing_and_stateful_ones_keep_their_part() -> N
     common = {"task": "digits", "algorithm": "fedalt", "devices": 3, "rounds": 2, "seed": 0}
     stateless = run_simulation(SimulationSettings.load(None, workers=1, stateless=True, **common))
     stateful = run_simulation(SimulationSettings.load(None, workers=1, **common))
-    assert all(agent.store._tensors is None for agent in stateless.agents)
+    assert all(
+        isinstance(agent.store, MemoryStateStore) and agent.store._tensors is None
+        for agent in stateless.agents
+    )
     for agent in stateful.agents:
-        assert set(agent.store._tensors) == {"output.weight", "output.bias"}
+        assert isinstance(agent.store, MemoryStateStore)
+        assert set(agent.store._tensors or ()) == {"output.weight", "output.bias"}
     assert stateless.summary.metrics != stateful.summary.metrics
 
 
@@ -144,12 +155,12 @@ def test_a_new_run_starts_fresh_and_sets_the_earlier_runs_state_aside(tmp_path) 
     store.save("fp", {"output.weight": torch.ones(2, 2)}, run_a)
     # Execute / Assert: run B sees nothing of run A's, which stays readable where it was moved
     assert store.load("fp", run_b) is None
-    assert torch.equal(store.load("fp", run_a)["output.weight"], torch.ones(2, 2))
+    assert torch.equal(_loaded(store, "fp", run_a)["output.weight"], torch.ones(2, 2))
     store.save("fp", {"output.weight": torch.zeros(2, 2)}, run_b)
-    assert torch.equal(store.load("fp", run_b)["output.weight"], torch.zeros(2, 2))
+    assert torch.equal(_loaded(store, "fp", run_b)["output.weight"], torch.zeros(2, 2))
     assert store.load("fp", run_a) is None
     earlier = DiskStateStore(tmp_path / "state" / "earlier-runs" / run_a)
-    assert torch.equal(earlier.load("fp", run_a)["output.weight"], torch.ones(2, 2))
+    assert torch.equal(_loaded(earlier, "fp", run_a)["output.weight"], torch.ones(2, 2))
     # state from before run ids existed counts as another run's too
     legacy = DiskStateStore(tmp_path / "legacy")
     legacy.save("fp", {"output.weight": torch.ones(1)})
@@ -182,7 +193,7 @@ def test_a_fresh_run_trains_from_the_start_not_from_an_earlier_runs_state(tmp_pa
     assert all(torch.equal(again[k], after_one_round[k]) for k in after_one_round)
     earlier = DiskStateStore(tmp_path / "state" / "earlier-runs" / first_run)
     assert all(
-        torch.equal(earlier.load(record["fingerprint"], first_run)[k], after_one_round[k])
+        torch.equal(_loaded(earlier, record["fingerprint"], first_run)[k], after_one_round[k])
         for k in after_one_round
     )
     restarted.transport.close()

@@ -34,7 +34,9 @@ def _client(tmp_path=None) -> RelayClient:
     return RelayClient("d0", describe_tensors(LAYOUT), frames)
 
 
-def _round(round_id: int, phase: str = "train") -> tuple[RoundAnnouncement, ReceivedModel]:
+def _round(
+    round_id: int, phase: Literal["train", "evaluate", "export"] = "train"
+) -> tuple[RoundAnnouncement, ReceivedModel]:
     manifest, blob = pack_tensors(LAYOUT)
     announcement = RoundAnnouncement(
         run_id="0" * 32,

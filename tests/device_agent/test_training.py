@@ -7,17 +7,7 @@ from torch import nn
 from device_agent.training import StepBudget, TrainSpec, minibatches, train
 from pfl_tasks.base import Split
 from protocols.errors import TrainingError
-
-
-class _Regression:
-    name = "regression"
-    metric_name = "mse"
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return ((outputs - targets) ** 2).mean()
-
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        return float(((outputs - targets) ** 2).sum())
+from tests.squared_loss import SquaredLoss
 
 
 def _model() -> nn.Module:
@@ -46,10 +36,10 @@ def test_micro_batches_accumulate_to_the_same_step_as_whole_batches() -> None:
     # Prepare
     whole, micro = _model(), _model()
     # Execute
-    train(whole, _Regression(), _data(), _spec(), torch.Generator().manual_seed(3))
+    train(whole, SquaredLoss(), _data(), _spec(), torch.Generator().manual_seed(3))
     train(
         micro,
-        _Regression(),
+        SquaredLoss(),
         _data(),
         _spec(),
         torch.Generator().manual_seed(3),
@@ -64,7 +54,7 @@ def test_micro_batches_accumulate_to_the_same_step_as_whole_batches() -> None:
 
 def test_step_budget_spans_epochs() -> None:
     # 23 samples at batch 8 = 3 steps per epoch; 5 epochs would be 15 steps
-    stats = train(_model(), _Regression(), _data(), _spec(epochs=5, max_steps=7), torch.Generator())
+    stats = train(_model(), SquaredLoss(), _data(), _spec(epochs=5, max_steps=7), torch.Generator())
     assert stats.steps == 7
     assert stats.samples == 8 + 8 + 7 + 8 + 8 + 7 + 8
 
@@ -74,7 +64,7 @@ def test_frozen_parameters_do_not_move() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     train(
         model,
-        _Regression(),
+        SquaredLoss(),
         _data(),
         _spec(trainable=("output.weight", "output.bias")),
         torch.Generator(),
@@ -88,7 +78,7 @@ def test_non_finite_loss_raises_a_training_error() -> None:
     data = _data()
     poisoned = Split(data.inputs, data.targets.clone().fill_(float("inf")))
     with pytest.raises(TrainingError, match="loss"):
-        train(_model(), _Regression(), poisoned, _spec(), torch.Generator())
+        train(_model(), SquaredLoss(), poisoned, _spec(), torch.Generator())
 
 
 def test_minibatches_cover_every_sample_once_per_epoch() -> None:
@@ -105,10 +95,10 @@ def test_per_tensor_learning_rates_scale_one_shared_gradient_step() -> None:
     before = {k: v.clone() for k, v in base.state_dict().items()}
     spec = _spec(epochs=1, batch_size=23)
     # Execute
-    train(base, _Regression(), _data(), spec, torch.Generator())
+    train(base, SquaredLoss(), _data(), spec, torch.Generator())
     train(
         grouped,
-        _Regression(),
+        SquaredLoss(),
         _data(),
         _spec(
             epochs=1,
@@ -129,7 +119,7 @@ def test_learning_rates_for_tensors_that_do_not_train_are_refused() -> None:
     with pytest.raises(ValueError, match="do not train"):
         train(
             _model(),
-            _Regression(),
+            SquaredLoss(),
             _data(),
             _spec(trainable=("output.weight",), lr_by_name={"hidden.weight": 0.5}),
             torch.Generator(),
@@ -143,7 +133,7 @@ def _torch_sgd(model: nn.Module, spec: TrainSpec, generator: torch.Generator) ->
     )
     for inputs, targets in minibatches(_data(), spec.batch_size, spec.epochs, generator):
         optimizer.zero_grad()
-        _Regression().loss(model(inputs), targets).backward()
+        SquaredLoss().loss(model(inputs), targets).backward()
         optimizer.step()
 
 
@@ -155,7 +145,7 @@ def test_steps_are_bit_identical_to_torch_sgd(changes: dict[str, float]) -> None
     ours, reference = _model(), _model()
     spec = _spec(**changes)
     # Execute
-    train(ours, _Regression(), _data(), spec, torch.Generator().manual_seed(5))
+    train(ours, SquaredLoss(), _data(), spec, torch.Generator().manual_seed(5))
     _torch_sgd(reference, spec, torch.Generator().manual_seed(5))
     # Assert
     for (name, a), (_, b) in zip(

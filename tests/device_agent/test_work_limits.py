@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from device_agent.work_limits import WorkLimitError, WorkLimits, WorkMeter, config_problem
 from protocols import topics
-from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents, hub_coordinator
+from tests.wiretap import decoded_into
 
 
 def test_settings_above_the_ceilings_are_named() -> None:
@@ -36,7 +38,7 @@ def test_the_meter_stops_a_round_past_its_steps_or_seconds() -> None:
         slow.tick()
 
 
-def _run_one_round(limits: WorkLimits, options: dict[str, object]) -> tuple[int, str]:
+def _run_one_round(limits: WorkLimits, options: dict[str, Any]) -> tuple[int, str]:
     """A round with a limited device and an unlimited one: (participants, limited's detail)."""
     broker = InProcessBroker()
     coordinator = hub_coordinator(broker, "fedavg", 2, 1, **options)
@@ -45,7 +47,7 @@ def _run_one_round(limits: WorkLimits, options: dict[str, object]) -> tuple[int,
     watcher = broker.connect("watcher")
     watcher.subscribe(
         topics.device("default", "limited", "status"),
-        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(DeviceStatus, statuses),
     )
     coordinator.start()
     assert coordinator.wait_for_devices(2, 1.0)

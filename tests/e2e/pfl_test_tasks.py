@@ -7,7 +7,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask, build_seeded
+from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask
+from pfl_tasks.models import build_seeded
 
 WIDE = 3200
 

@@ -48,6 +48,7 @@ from protocols.messages import (
     EvaluationReport,
     Message,
     RoundAnnouncement,
+    SecAggKeys,
     SharedModel,
 )
 from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
@@ -149,9 +150,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def clean() -> dict[int, RunResult]:
     """The runs without an attacker, by number of rounds (serve + agents equal simulation)."""
     return {
-        rounds: run_simulation(
-            SimulationSettings.load(None, **RUN, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
-        )
+        rounds: run_simulation(SimulationSettings.load(None, **RUN, devices=HONEST, rounds=rounds))
         for rounds in (1, ROUNDS)
     }
 
@@ -343,7 +342,7 @@ def forgery(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     model = SharedModel(round_id=announcement.round_id, manifest=manifest)
     attacker.publish(topics.shared_model(FLEET), encode_frame(model, blob), retain=True)
     for action in ("reset-state", "shutdown"):
-        attacker.publish(topics.command(FLEET), encode_frame(Command(action=action)))  # type: ignore[arg-type]
+        attacker.publish(topics.command(FLEET), encode_frame(Command(action=action)))
     attacker.decline(announcement)
 
 
@@ -601,7 +600,7 @@ class SecureLiar:
 
     def _publish(self, message: Message) -> None:
         self.attacker.send("secagg", encode_frame(message))
-        if message.kind == "secagg-keys":
+        if isinstance(message, SecAggKeys):
             self.after_keys(self.client)
 
     def _on_round(self, _attacker: Attacker, announcement: RoundAnnouncement) -> None:
@@ -638,7 +637,7 @@ def clean_secure() -> dict[int, RunResult]:
     """The secure runs of the honest devices alone (masks cancel: equal to plain, to 1e-5)."""
     return {
         rounds: run_simulation(
-            SimulationSettings.load(None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds)  # type: ignore[arg-type]
+            SimulationSettings.load(None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds)
         )
         for rounds in (1, ROUNDS)
     }

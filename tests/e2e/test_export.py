@@ -39,6 +39,7 @@ from protocols.messages import (
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
 from tests.e2e.conftest import child_env
+from tests.wiretap import decoded_into
 
 pytestmark = [pytest.mark.timeout(120)]
 FLEET = "default"
@@ -209,7 +210,7 @@ def test_an_agent_with_state_for_another_architecture_refuses_clearly(tmp_path) 
     reports: list[ExportReport] = []
     coordinator.subscribe(
         topics.device(FLEET, "old-pi", "export-report"),
-        lambda _t, payload: reports.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(ExportReport, reports),
     )
     agent.start()
     arguments = ExportArguments(out_dir=str(tmp_path / "out"))

@@ -41,7 +41,7 @@ def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings
 
 
 def _simulate(rounds: int):
-    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds))  # type: ignore[arg-type]
+    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds))
 
 
 def _start_agents(processes, url: str) -> None:

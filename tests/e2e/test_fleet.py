@@ -20,12 +20,12 @@ from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import run_simulation
 from protocols import topics
-from protocols.codec import decode_frame
 from protocols.messages import DeviceStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port, wait_for_port
 from tests.e2e.conftest import account_flags, kill_after_checkpoint
+from tests.wiretap import decoded_into
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
 RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
@@ -47,9 +47,7 @@ def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings
 
 
 def _simulate(rounds: int, **values: object):
-    return run_simulation(
-        SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, **values)  # type: ignore[arg-type]
-    )
+    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, **values))
 
 
 def _round_ids(run_dir: Path) -> list[int]:
@@ -86,7 +84,7 @@ def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes
     listener = MqttTransport(BrokerSettings(url=mosquitto.url), "test-listener", clean_start=True)
     listener.subscribe(
         topics.device_subscription("default", "status"),
-        lambda _t, payload: statuses.append(decode_frame(payload)[0]),  # type: ignore[arg-type]
+        decoded_into(DeviceStatus, statuses),
     )
     for index in range(3):
         processes.agent(mosquitto.url, index, shards=3)

@@ -101,7 +101,7 @@ def test_a_wiretap_sees_no_personal_parameter(mosquitto, processes, tmp_path) ->
             if "/device/" in message.topic:
                 uplink.append(message.payload)
 
-    uplink: list[bytes] = []
+    uplink: list[bytes | bytearray] = []
     tap.on_message = record
     tap.connect("127.0.0.1", mosquitto.port)
     tap.subscribe("#", qos=1)

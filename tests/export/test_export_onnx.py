@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 import export.onnx_export as onnx_export
-import protocols.atomic
 from export import (
     DEFAULT_TOLERANCE,
     OPSET,
@@ -96,7 +95,8 @@ def _flip_largest_initializer(data: bytes) -> bytes:
     initializer = max(proto.graph.initializer, key=lambda t: int(np.prod(t.dims)))
     values = onnx.numpy_helper.to_array(initializer)
     initializer.CopyFrom(onnx.numpy_helper.from_array(-values - 0.5, initializer.name))
-    return proto.SerializeToString()
+    serialized: bytes = proto.SerializeToString()
+    return serialized
 
 
 def _export_after(monkeypatch: pytest.MonkeyPatch, change: Callable[[nn.Module], None]) -> None:
@@ -202,7 +202,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_partial_one(
     # Prepare: a previous export is in place; the disk fails mid-write
     path = tmp_path / "model.onnx"
     path.write_bytes(b"previous export")
-    monkeypatch.setattr(protocols.atomic.os, failing, _fail_with(OSError(28, "disk full")))
+    monkeypatch.setattr(f"protocols.atomic.os.{failing}", _fail_with(OSError(28, "disk full")))
 
     # Execute
     with pytest.raises(ExportError, match="cannot write the exported model"):
@@ -217,7 +217,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_partial_one(
 def test_a_failed_first_write_leaves_no_file_at_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, export_digits: ExportDigits
 ) -> None:
-    monkeypatch.setattr(protocols.atomic.os, "fsync", _fail_with(OSError(5, "I/O error")))
+    monkeypatch.setattr("protocols.atomic.os.fsync", _fail_with(OSError(5, "I/O error")))
     with pytest.raises(ExportError):
         export_digits()
     monkeypatch.undo()
@@ -303,7 +303,8 @@ def test_a_file_onnxruntime_cannot_load_is_an_export_error(
     def drop_initializers(*args: Any, **kwargs: Any) -> bytes:
         proto = onnx.load_from_string(real(*args, **kwargs))
         del proto.graph.initializer[:]
-        return proto.SerializeToString()
+        serialized: bytes = proto.SerializeToString()
+        return serialized
 
     monkeypatch.setattr(onnx_export, "to_onnx_bytes", drop_initializers)
 

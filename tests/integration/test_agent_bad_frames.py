@@ -52,4 +52,5 @@ def test_bad_frames_log_one_line_and_the_agent_keeps_answering(
     assert 1 <= len(dropped) <= 2, [r.getMessage() for r in dropped]
     assert all(r.exc_info is None for r in caplog.records)
     assert all("\n" not in r.getMessage() for r in caplog.records)
+    assert isinstance(agent.transport, MqttTransport)
     assert agent.transport.offences.counts() == {"": 3 * FRAMES}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.ops.broker_config import BrokerLimits
 from protocols import access, topics
@@ -35,7 +36,7 @@ class Client:
         self.disconnected = threading.Event()
         self._lock = threading.Lock()
         self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2, client_id=credential.username, protocol=paho.MQTTv311
+            CallbackAPIVersion.VERSION2, client_id=credential.username, protocol=paho.MQTTv311
         )
         self.client.username_pw_set(credential.username, credential.password)
         self.client.tls_set(ca_certs=str(broker.result.files["ca.crt"]))
@@ -48,7 +49,7 @@ class Client:
     def _on_message(self, _client: object, _data: object, message: paho.MQTTMessage) -> None:
         if message.retain:
             with self._lock:
-                self.retained[message.topic] = message.payload
+                self.retained[message.topic] = bytes(message.payload)
 
     def publish_all(self, messages: list[tuple[str, bytes]]) -> None:
         """Publish each retained at QoS 1 and wait for the broker's acknowledgements."""

@@ -11,7 +11,7 @@ from device_agent.agent import DeviceAgent
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
-from protocols.messages import Command, RoundAnnouncement, SharedModel
+from protocols.messages import Command, ExportArguments, RoundAnnouncement, SharedModel
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents, hub_coordinator
 from tests.wiretap import Wiretap
@@ -89,7 +89,7 @@ def test_a_device_not_selected_lately_fetches_the_model_before_it_exports(tmp_pa
         topics.device("default", left_out.device_id, "export-report"),
         lambda _, p: reports.append(p),
     )
-    command = Command(action="export", export={"out_dir": str(tmp_path)})
+    command = Command(action="export", export=ExportArguments(out_dir=str(tmp_path)))
     operator.publish(topics.command("default", left_out.device_id), encode_frame(command))
     assert operator.wait_until(lambda: bool(reports), 30.0)
     report, _ = decode_frame(reports[0])

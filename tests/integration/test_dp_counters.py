@@ -17,7 +17,8 @@ from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from coordinator.stages.privacy import privacy_engine
-from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask, build_seeded
+from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask
+from pfl_tasks.models import build_seeded
 from protocols import topics
 from protocols.codec import decode_frame, unpack_tensors
 from protocols.messages import DeviceUpdate

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.run.embedded import EmbeddedRun, start_embedded
 from protocols import topics
@@ -18,7 +19,7 @@ from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.run_access import DEVICE_USER, coordinator_client_id
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import HOST, free_port
-from tests.integration.test_provision_acl import Inbox
+from tests.wiretap import Inbox
 
 FLEET = "lab"
 QUIET_S = 0.5  # how long a denied message gets to (wrongly) arrive after the marker did
@@ -77,7 +78,7 @@ def test_no_client_can_take_the_coordinators_session(connect: Connect, run: Embe
             connect(account, coordinator_client_id(FLEET))
     for clean in (True, False):  # raw CONNECTs with no credentials, both session kinds
         raw = paho.Client(
-            paho.CallbackAPIVersion.VERSION2,
+            CallbackAPIVersion.VERSION2,
             client_id=coordinator_client_id(FLEET),
             protocol=paho.MQTTv311,
             clean_session=clean,

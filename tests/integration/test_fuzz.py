@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -128,11 +129,9 @@ class Malformed:
     target: str  # "coordinator" or "agent"
 
 
-def _update(
-    round_id: int, device_id: str, tensors: dict[str, torch.Tensor], **extra: object
-) -> bytes:
+def _update(round_id: int, device_id: str, tensors: dict[str, torch.Tensor], **extra: Any) -> bytes:
     manifest, blob = pack_tensors(tensors)
-    fields = {"algorithm": "fedavg", "num_samples": 10, "train_loss": 0.5, **extra}
+    fields: dict[str, Any] = {"algorithm": "fedavg", "num_samples": 10, "train_loss": 0.5, **extra}
     header = DeviceUpdate(
         run_id=RUN, round_id=round_id, device_id=device_id, manifest=manifest, sent_at=0.0, **fields
     )
@@ -181,7 +180,7 @@ def malformed(draw: st.DrawFn, specs: dict[str, torch.Tensor], round_id: int) ->
     """One message its receiver must reject, of a kind chosen by hypothesis."""
     device = draw(st.sampled_from(DEVICES))
     kind = draw(st.sampled_from(["hello", "status", "update", "evaluation"]))
-    to_coordinator = topics.device(FLEET, device, kind)  # type: ignore[arg-type]
+    to_coordinator = topics.device(FLEET, device, kind)
     agent_topic = draw(
         st.sampled_from(
             [
@@ -216,16 +215,16 @@ def malformed(draw: st.DrawFn, specs: dict[str, torch.Tensor], round_id: int) ->
             to_coordinator if target == "coordinator" else agent_topic, payload, target
         )
     if choice == 3:  # bit flips anywhere in a stale update or evaluation report
-        frame = bytearray(draw(st.sampled_from(_valid_frames(specs))))
+        flipped = bytearray(draw(st.sampled_from(_valid_frames(specs))))
         for _ in range(draw(st.integers(1, 3))):
-            bit = draw(st.integers(0, len(frame) * 8 - 1))
-            frame[bit // 8] ^= 1 << (bit % 8)
-        return Malformed(to_coordinator, bytes(frame), "coordinator")
+            bit = draw(st.integers(0, len(flipped) * 8 - 1))
+            flipped[bit // 8] ^= 1 << (bit % 8)
+        return Malformed(to_coordinator, bytes(flipped), "coordinator")
     if choice == 4:  # bit flips in the magic or header length of an agent's frames
-        frame = bytearray(draw(st.sampled_from(_agent_frames(specs))))
+        flipped = bytearray(draw(st.sampled_from(_agent_frames(specs))))
         bit = draw(st.integers(0, 8 * 8 - 1))
-        frame[bit // 8] ^= 1 << (bit % 8)
-        return Malformed(agent_topic, bytes(frame), "agent")
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        return Malformed(agent_topic, bytes(flipped), "agent")
     if choice == 5:  # the current round's update with a wrong manifest
         name = draw(st.sampled_from(sorted(specs)))
         wrong = _zeros(specs)

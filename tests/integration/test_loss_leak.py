@@ -144,7 +144,7 @@ def test_everything_an_agent_publishes_passes_its_egress_gate(tmp_path: Path) ->
         send = agent.egress.send
 
         def noting(*args: Any, _send: Any = send, **kwargs: Any) -> bytes | None:
-            frame = _send(*args, **kwargs)
+            frame: bytes | None = _send(*args, **kwargs)
             if frame is not None:
                 vetted.add(frame)
             return frame

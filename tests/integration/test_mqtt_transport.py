@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,27 +15,9 @@ from protocols.transport.base import Will
 from protocols.transport.broker import EmbeddedBroker, free_port
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.settings import BrokerSettings
+from tests.wiretap import Inbox
 
 Connect = Callable[..., MqttTransport]
-
-
-class Inbox:
-    """Collects (topic, payload) pairs from the dispatch thread."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, bytes]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, topic: str, payload: bytes) -> None:
-        with self._lock:
-            self.messages.append((topic, payload))
-
-    def payloads(self) -> list[bytes]:
-        with self._lock:
-            return [payload for _, payload in self.messages]
-
-    def has(self, count: int) -> Callable[[], bool]:
-        return lambda: len(self.payloads()) >= count
 
 
 @pytest.fixture

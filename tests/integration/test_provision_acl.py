@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,26 +20,11 @@ from protocols.errors import ProtocolError
 from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.provisioned import ProvisionedBroker, start_provisioned
+from tests.wiretap import Inbox
 
 pytestmark = pytest.mark.mosquitto
 FLEET = "lab"
 QUIET_S = 0.5  # how long a denied message gets to (wrongly) arrive after the marker did
-
-
-class Inbox:
-    """(topic, payload) pairs from a transport's dispatch thread."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, bytes]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, topic: str, payload: bytes) -> None:
-        with self._lock:
-            self.messages.append((topic, payload))
-
-    def topics(self) -> list[str]:
-        with self._lock:
-            return [topic for topic, _ in self.messages]
 
 
 def _start(tmp_path: Path, **options: Any) -> ProvisionedBroker:

@@ -15,7 +15,7 @@ from pfl_tasks.sine import SineTask
 
 def _write(directory: Path, split: str, **arrays: np.ndarray) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    np.savez(directory / f"{split}.npz", **arrays)
+    np.savez(directory / f"{split}.npz", **arrays)  # type: ignore[arg-type]  # numpy stubs read **kwds as allow_pickle
 
 
 def _classification_dir(directory: Path) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pfl_tasks.base import DeviceData, PartitionSpec, Task
+from pfl_tasks.base import DeviceData, PartitionScheme, PartitionSpec, Task
 from pfl_tasks.digits import DigitsTask
 from pfl_tasks.presets import resolve_preset
 from pfl_tasks.split import ParamSplit
@@ -56,7 +56,7 @@ def test_digits_task_satisfies_the_task_protocol() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards", "powerlaw", "groups"])
-def test_fleet_of_20_devices_has_usable_splits(scheme: str) -> None:
+def test_fleet_of_20_devices_has_usable_splits(scheme: PartitionScheme) -> None:
     # Prepare
     task = DigitsTask()
 
@@ -77,7 +77,9 @@ def test_fleet_of_20_devices_has_usable_splits(scheme: str) -> None:
 
 
 @pytest.mark.parametrize("scheme", ["iid", "shards"])
-def test_fleet_of_100_balanced_devices_gives_about_a_dozen_train_samples(scheme: str) -> None:
+def test_fleet_of_100_balanced_devices_gives_about_a_dozen_train_samples(
+    scheme: PartitionScheme,
+) -> None:
     # Execute
     fleet = DigitsTask().make_fleet(100, PartitionSpec(scheme=scheme), seed=0)
 
@@ -187,7 +189,7 @@ def test_invalid_hidden_is_a_value_error(hidden: object) -> None:
 
 
 @pytest.mark.parametrize("scheme", sorted(FLEET_DIGESTS_BEFORE_GROUPS))
-def test_fleets_of_existing_schemes_are_unchanged(scheme: str) -> None:
+def test_fleets_of_existing_schemes_are_unchanged(scheme: PartitionScheme) -> None:
     # Execute
     fleet = DigitsTask().make_fleet(20, PartitionSpec(scheme=scheme, groups=4), seed=3)
 

@@ -106,7 +106,8 @@ def test_one_gradient_step_moves_theta_toward_the_sample_mean() -> None:
     loss.backward()
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter -= eta * parameter.grad
+            assert parameter.grad is not None
+            parameter.sub_(eta * parameter.grad)
 
     # Assert: theta_1 = theta_0 + eta * (mean - theta_0), with theta_0 = 0.
     assert isinstance(task, Task)

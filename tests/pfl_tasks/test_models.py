@@ -35,8 +35,8 @@ def test_adapters_with_zero_weights_are_exactly_the_identity() -> None:
     plain = build_mlp(0, 64, 64, 10)
     adapted = build_mlp(0, 64, 64, 10, adapters=16)
     with torch.no_grad():
-        adapted.act_adapter.down.weight.zero_()
-        adapted.act_adapter.up.weight.zero_()
+        adapted.get_parameter("act_adapter.down.weight").zero_()
+        adapted.get_parameter("act_adapter.up.weight").zero_()
         assert torch.equal(adapted(_inputs()), plain(_inputs()))
 
 
@@ -61,7 +61,7 @@ def test_insert_adapters_caps_the_bottleneck_and_spares_the_global_rng() -> None
     state = torch.random.get_rng_state()
     model = insert_adapters(mlp, bottleneck=16, seed=0)
     assert torch.equal(torch.random.get_rng_state(), state)
-    assert model.act_adapter.down.weight.shape == (8, 8)
+    assert model.get_parameter("act_adapter.down.weight").shape == (8, 8)
     assert [name for name, _ in model.named_children()] == [
         "hidden",
         "act",
@@ -92,8 +92,8 @@ def test_impossible_adapter_or_model_options_are_value_errors(
 def test_task_options_reach_the_model_through_the_registry() -> None:
     digits = load_task("digits", {"adapters": 8}).build_model(0)
     synthetic = load_task("synthetic", {"adapters": 8, "hidden": 4}).build_model(0)
-    assert digits.act_adapter.down.weight.shape == (8, 64)
-    assert synthetic.act_adapter.down.weight.shape == (4, 4)
+    assert digits.get_parameter("act_adapter.down.weight").shape == (8, 64)
+    assert synthetic.get_parameter("act_adapter.down.weight").shape == (4, 4)
 
 
 def test_split_input_model_embeds_the_bottom_half_only_through_the_private_branch() -> None:
@@ -105,7 +105,7 @@ def test_split_input_model_embeds_the_bottom_half_only_through_the_private_branc
     bottom_changed[:, 32:] += 1.0
     # Execute: silence the private branch
     with torch.no_grad():
-        model.private_input.weight.zero_()
+        model.get_parameter("private_input.weight").zero_()
         base, top, bottom = model(x), model(top_changed), model(bottom_changed)
     # Assert
     assert torch.equal(base, bottom)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pfl_tasks.base import PartitionSpec
+from pfl_tasks.base import PartitionScheme, PartitionSpec
 from pfl_tasks.partition import (
     MIN_DEVICE_SAMPLES,
     partition_indices,
@@ -43,9 +43,11 @@ def _digest(parts: list[np.ndarray]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _group_classes(labels: np.ndarray, parts: list[np.ndarray], truth: list) -> dict[int, set]:
+def _group_classes(
+    labels: np.ndarray, parts: list[np.ndarray], truth: list[dict[str, float]]
+) -> dict[int, set[int]]:
     """Per recorded group, the set of labels its devices hold."""
-    held: dict[int, set] = {}
+    held: dict[int, set[int]] = {}
     for part, device_truth in zip(parts, truth, strict=True):
         held.setdefault(int(device_truth["group"]), set()).update(labels[part].tolist())
     return held
@@ -62,7 +64,9 @@ def _mean_label_entropy(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("num_devices", [7, 20, 100])
-def test_partitions_are_disjoint_and_large_enough(scheme: str, num_devices: int) -> None:
+def test_partitions_are_disjoint_and_large_enough(
+    scheme: PartitionScheme, num_devices: int
+) -> None:
     # Prepare
     labels = _balanced_labels()
     spec = PartitionSpec(scheme=scheme, labels_per_device=2)
@@ -81,7 +85,7 @@ def test_partitions_are_disjoint_and_large_enough(scheme: str, num_devices: int)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_partition_is_deterministic_in_the_generator_seed(scheme: str) -> None:
+def test_partition_is_deterministic_in_the_generator_seed(scheme: PartitionScheme) -> None:
     # Prepare
     labels = _balanced_labels()
     spec = PartitionSpec(scheme=scheme)
@@ -97,7 +101,7 @@ def test_partition_is_deterministic_in_the_generator_seed(scheme: str) -> None:
 
 
 @pytest.mark.parametrize("scheme", ["iid", "shards"])
-def test_iid_and_shards_cover_the_whole_pool(scheme: str) -> None:
+def test_iid_and_shards_cover_the_whole_pool(scheme: PartitionScheme) -> None:
     # Prepare
     labels = _balanced_labels(per_class=97)
 
@@ -179,7 +183,7 @@ def test_unknown_scheme_names_the_valid_choices() -> None:
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_too_small_pool_is_a_clear_error(scheme: str) -> None:
+def test_too_small_pool_is_a_clear_error(scheme: PartitionScheme) -> None:
     # Prepare
     labels = np.arange(10) % 5
 
@@ -379,7 +383,7 @@ def test_groups_are_deterministic_in_the_seed_including_the_truth() -> None:
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_fraction_partitions_a_random_subsample_of_the_pool(scheme: str) -> None:
+def test_fraction_partitions_a_random_subsample_of_the_pool(scheme: PartitionScheme) -> None:
     # Prepare
     labels = _balanced_labels()
     spec = PartitionSpec(scheme=scheme, fraction=0.25)

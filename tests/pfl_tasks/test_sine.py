@@ -86,7 +86,9 @@ def test_line_model_is_seeded_small_and_named_output() -> None:
     # Assert
     assert isinstance(task, Task)
     assert set(models[0].state_dict()) == {"output.weight", "output.bias"}
-    assert torch.equal(models[0].state_dict()["output.weight"], task.build_model(0).output.weight)
+    assert torch.equal(
+        models[0].state_dict()["output.weight"], task.build_model(0).get_parameter("output.weight")
+    )
     slopes = np.array([float(m.state_dict()["output.weight"]) for m in models])
     assert 0.08 < slopes.std() < 0.12
     assert models[0](torch.zeros(6, 1)).shape == (6, 1)

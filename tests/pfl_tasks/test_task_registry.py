@@ -140,7 +140,7 @@ def test_user_class_is_instantiated_with_options(user_module: str) -> None:
     # Assert
     assert isinstance(task, Task)
     assert task.name == "tiny"
-    assert task.build_model(0)[0].in_features == 4
+    assert task.build_model(0).get_parameter("output.weight").shape[1] == 4
 
 
 def test_user_factory_is_called_with_options(user_module: str) -> None:
@@ -150,8 +150,8 @@ def test_user_factory_is_called_with_options(user_module: str) -> None:
     anything = load_task(f"{user_module}:make_tiny_anything", {"whatever": 1})
 
     # Assert
-    assert default.build_model(0)[0].in_features == 5
-    assert wide.build_model(0)[0].in_features == 9
+    assert default.build_model(0).get_parameter("output.weight").shape[1] == 5
+    assert wide.build_model(0).get_parameter("output.weight").shape[1] == 9
     assert anything.name == "tiny"
 
 
@@ -160,7 +160,7 @@ def test_user_instance_is_returned_as_is_and_takes_no_options(user_module: str) 
     task = load_task(f"{user_module}:READY")
 
     # Assert
-    assert task.build_model(0)[0].in_features == 7
+    assert task.build_model(0).get_parameter("output.weight").shape[1] == 7
     with pytest.raises(ValueError, match="accepts no options"):
         load_task(f"{user_module}:READY", {"width": 2})
 

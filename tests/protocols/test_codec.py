@@ -27,6 +27,7 @@ from protocols.errors import ProtocolError
 from protocols.messages import (
     DeviceStatus,
     DeviceUpdate,
+    DType,
     SharedModel,
     TensorManifest,
     TensorSpec,
@@ -88,7 +89,9 @@ def crafted_manifest(tensors: Tensors) -> tuple[TensorManifest, bytes]:
     """A blob written by safetensors directly (bypassing pack's checks) with a correct manifest."""
     blob = safetensors.torch.save(tensors)
     specs = tuple(
-        TensorSpec(name=name, dtype=str(tensor.dtype).removeprefix("torch."), shape=tensor.shape)
+        TensorSpec.model_validate(
+            {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": tensor.shape}
+        )
         for name, tensor in sorted(tensors.items())
     )
     digest = hashlib.sha256(blob).hexdigest()
@@ -105,7 +108,7 @@ def flip_byte(data: bytes, index: int) -> bytes:
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_frame_round_trip_preserves_every_dtype_and_shape(
-    dtype_name: str, shape: tuple[int, ...]
+    dtype_name: DType, shape: tuple[int, ...]
 ) -> None:
     # Prepare
     tensor = make_tensor(DTYPES[dtype_name], shape, seed=len(shape))
@@ -496,7 +499,7 @@ def _expected(**changes: tuple[str, tuple[int, ...]] | None) -> list[TensorSpec]
     }
     layout.update(changes)
     return [
-        TensorSpec(name=name, dtype=entry[0], shape=entry[1])
+        TensorSpec.model_validate({"name": name, "dtype": entry[0], "shape": entry[1]})
         for name, entry in layout.items()
         if entry is not None
     ]

@@ -196,12 +196,15 @@ def test_error_feedback_makes_the_sent_sum_track_the_true_sum(compression: Compr
     # without feedback, top-1% of a drifting delta loses most of it
     if compression.codec == "topk":
         plain = sum(
-            decode(
-                encode({"w": torch.full((400,), 0.05)}, compression),
-                describe_tensors({"w": torch.zeros(400)}),
-                compression,
-            )["w"]
-            for _ in range(10)
+            (
+                decode(
+                    encode({"w": torch.full((400,), 0.05)}, compression),
+                    describe_tensors({"w": torch.zeros(400)}),
+                    compression,
+                )["w"]
+                for _ in range(10)
+            ),
+            torch.zeros(400),
         )
         assert float(plain.sum()) < 0.1 * 0.05 * 400 * 10
 

@@ -20,7 +20,8 @@ def _pmf(values: np.ndarray, sigma: float) -> np.ndarray:
     """N_Z(0, sigma^2)'s closed form, normalised over a support wide enough to hold it all."""
     support = np.arange(-int(40 * sigma) - 40, int(40 * sigma) + 41)
     normaliser = np.exp(-(support.astype(float) ** 2) / (2 * sigma**2)).sum()
-    return np.exp(-(values.astype(float) ** 2) / (2 * sigma**2)) / normaliser
+    pmf: np.ndarray = np.exp(-(values.astype(float) ** 2) / (2 * sigma**2)) / normaliser
+    return pmf
 
 
 @pytest.mark.parametrize("sigma", [0.6, 1.5, 4.0])

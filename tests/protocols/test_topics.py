@@ -144,7 +144,7 @@ def test_device_rejects_unknown_kind_naming_the_valid_ones() -> None:
     with pytest.raises(
         ProtocolError, match="unknown device topic 'weights'; expected one of hello"
     ):
-        topics.device(FLEET, DEVICE, "weights")  # type: ignore[arg-type]
+        topics.device(FLEET, DEVICE, "weights")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from coordinator.strategies.fedalt import FedAltStrategy
-from protocols.algorithms import FedAltConfig
+from protocols.algorithms import AggregationWeights, FedAltConfig
 
 from .random_updates import random_updates
 
@@ -24,14 +24,15 @@ def _updates(seed: int, counts: list[int]) -> list[ReceivedUpdate]:
 def _numpy_mean(updates: list[ReceivedUpdate], weights: list[float], name: str) -> np.ndarray:
     stacked = np.stack([u.shared_delta[name].numpy().astype(np.float64) for u in updates])
     w = np.array(weights).reshape(-1, *([1] * (stacked.ndim - 1)))
-    return (stacked * w).sum(axis=0) / sum(weights)
+    mean: np.ndarray = (stacked * w).sum(axis=0) / sum(weights)
+    return mean
 
 
 @pytest.mark.parametrize(
     ("scheme", "weights"), [("samples", [3.0, 30.0, 7.0]), ("uniform", [1.0, 1.0, 1.0])]
 )
 def test_aggregate_is_the_chosen_weighted_mean_of_shared_deltas(
-    scheme: str, weights: list[float]
+    scheme: AggregationWeights, weights: list[float]
 ) -> None:
     # Prepare: unequal sample counts, a server step size that is not 1
     shared = {"hidden.weight": torch.ones(2, 3), "hidden.bias": torch.zeros(2)}

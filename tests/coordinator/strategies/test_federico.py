@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def _build(seed: int) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(2, 3, generator=generator), "b": torch.randn(2, generator=generator)}
 
 
-def _strategy(**config: object) -> FedericoStrategy:
+def _strategy(**config: Any) -> FedericoStrategy:
     strategy = FedericoStrategy(FedericoConfig(**config), participation=1.0)
     strategy.bind(TEMPLATE, _build, seed=7)
     fleet = FleetSnapshot(tuple(DeviceInfo(d, 10, d != "d3") for d in ("d0", "d1", "d2", "d3")))
@@ -28,7 +30,7 @@ def _strategy(**config: object) -> FedericoStrategy:
     return strategy
 
 
-def _request(device: str, models: tuple[str, ...], **values: object) -> PeerRequest:
+def _request(device: str, models: tuple[str, ...], **values: Any) -> PeerRequest:
     return PeerRequest(
         run_id=RUN, round_id=1, phase="train", device_id=device, models=models, **values
     )

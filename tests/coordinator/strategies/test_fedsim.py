@@ -1,5 +1,7 @@
 """FedSim's coordinator half: the same outer loop as FedAlt (spec §1.2)."""
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -14,7 +16,11 @@ def test_fedsim_aggregates_exactly_as_fedalt() -> None:
     rng = np.random.default_rng(5)
     shared = {"w": torch.zeros(3), "b": torch.ones(1)}
     updates = random_updates(rng, [2, 11, 5], {name: v.shape for name, v in shared.items()})
-    for settings in ({}, {"aggregation_weights": "uniform", "server_optimizer": "fedadam"}):
+    choices: list[dict[str, Any]] = [
+        {},
+        {"aggregation_weights": "uniform", "server_optimizer": "fedadam"},
+    ]
+    for settings in choices:
         fedsim = build_strategy(FedSimConfig(**settings), 1.0)
         fedalt = build_strategy(FedAltConfig(**settings), 1.0)
         assert isinstance(fedsim, FedSimStrategy)

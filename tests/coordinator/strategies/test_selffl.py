@@ -90,6 +90,7 @@ def test_aggregate_uses_precision_weights_and_smoothing() -> None:
     rng = np.random.default_rng(1)
     updates = _with_sigma(random_updates(rng, [5, 50, 9], SHAPES), [0.2, 0.05, None])
     strategy = build_strategy(SelfFlConfig(), 0.5)
+    assert isinstance(strategy, SelfFlStrategy)
     shared = {"w": torch.ones(3, 2), "b": torch.zeros(2)}
     # Execute
     result = strategy.aggregate(1, shared, updates)

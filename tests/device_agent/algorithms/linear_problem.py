@@ -16,6 +16,7 @@ from device_agent.algorithms.base import LocalContext, LocalResult
 from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import AlgorithmConfig
+from tests.squared_loss import SquaredLoss
 
 SHARED = ("hidden.weight", "hidden.bias")
 PERSONAL = ("output.weight", "output.bias")
@@ -23,12 +24,9 @@ Recorded = dict[str, tuple[torch.Tensor, bool, bool]]  # name -> (value, require
 
 
 @dataclass
-class LeastSquares:
+class LeastSquares(SquaredLoss):
     """Mean squared error; records the model's state at every loss call when `model` is set."""
 
-    name = "least-squares"
-    metric_name = "mse"
-    personal_patterns = ()
     model: nn.Module | None = None
     calls: list[Recorded] = field(default_factory=list)
 
@@ -40,10 +38,7 @@ class LeastSquares:
                     for n, p in self.model.named_parameters()
                 }
             )
-        return ((outputs - targets) ** 2).mean()
-
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        return float(((outputs - targets) ** 2).sum())
+        return super().loss(outputs, targets)
 
 
 @dataclass

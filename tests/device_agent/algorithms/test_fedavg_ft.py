@@ -31,7 +31,9 @@ def test_at_least_as_good(metric: str, candidate: float, incumbent: float, expec
     assert at_least_as_good(metric, candidate, incumbent) is expected
 
 
-def _fine_tuned(select: bool, validation_targets_flipped: bool) -> tuple[dict, dict]:
+def _fine_tuned(
+    select: bool, validation_targets_flipped: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     problem = make_problem(FedAvgFtConfig(finetune_select=select, finetune_lr=0.05))
     ctx = problem.ctx
     if validation_targets_flipped:  # fine-tuning on train moves away from these targets

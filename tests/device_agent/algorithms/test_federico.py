@@ -12,7 +12,7 @@ from torch import nn
 
 from device_agent.algorithms.federico import Collaborators, sample_peers
 from export.mixture import MixtureModel
-from protocols.algorithms import FedericoConfig
+from protocols.algorithms import FedericoConfig, PeerSampling
 
 OWNERS = ["me", "a", "b", "c", "d"]
 
@@ -119,7 +119,7 @@ def test_uniform_sampling_draws_distinct_peers_with_equal_frequencies() -> None:
 
 
 @pytest.mark.parametrize("sampling", ["per_round", "per_slot"])
-def test_exploration_frequency_matches_epsilon(sampling: str) -> None:
+def test_exploration_frequency_matches_epsilon(sampling: PeerSampling) -> None:
     # Prepare: a clear top-2 {b, c}; a uniform draw of 2 of the 4 peers is {b, c} w.p. 1/6
     epsilon, draws = 0.3, 20000
     config = FedericoConfig(neighbours=2, epsilon=epsilon, sampling=sampling)

@@ -9,21 +9,10 @@ from device_agent.algorithms.fedprox import FedProxUpdate
 from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import FedProxConfig
+from tests.squared_loss import SquaredLoss
 
 
-class _LeastSquares:
-    name = "least-squares"
-    metric_name = "mse"
-    personal_patterns = ()
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return ((outputs - targets) ** 2).mean()
-
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        return float(((outputs - targets) ** 2).sum())
-
-
-def _closed_form(x, y, w0, b0, lr, mu, steps):
+def _closed_form(x, y, w0, b0, lr, mu, steps) -> tuple[np.ndarray, np.ndarray]:
     """Full-batch gradient descent on mean squared error + mu/2 ||theta - theta0||^2."""
     w, b = w0.copy(), b0.copy()
     n = len(x)
@@ -46,7 +35,7 @@ def test_fedprox_local_steps_match_the_closed_form_gradient_descent() -> None:
     config = FedProxConfig(lr=0.05, mu=2.0, local_epochs=4, batch_size=12)
     ctx = LocalContext(
         model=model,
-        task=_LeastSquares(),
+        task=SquaredLoss(),
         data=DeviceData(0, split, split, split),
         split=ParamSplit(shared=("output.weight", "output.bias"), personal=()),
         config=config,

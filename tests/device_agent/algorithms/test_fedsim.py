@@ -1,6 +1,7 @@
 """FedSim's device half against the closed form of spec §1.4."""
 
 import itertools
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ def test_fedsim_moves_both_parts_on_every_minibatch() -> None:
 
 def test_fedsim_with_one_step_size_is_local_sgd_on_the_whole_model() -> None:
     # Spec §1.4: FedSim is ordinary local SGD, except that only u is sent back
-    settings = {"lr": 0.07, "batch_size": 5, "local_epochs": 2}
+    settings: dict[str, Any] = {"lr": 0.07, "batch_size": 5, "local_epochs": 2}
     fedsim = FedSimUpdate().run(make_problem(FedSimConfig(**settings)).ctx)
     fedavg = FedAvgUpdate().run(make_problem(FedAvgConfig(**settings)).ctx)
     for name in SHARED:

@@ -1,4 +1,5 @@
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,8 +11,10 @@ from device_agent.algorithms.pfedbred import MEMORY, PFedBreDUpdate, PFedMeUpdat
 from device_agent.algorithms.theta import THETA
 from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.split import ParamSplit
-from protocols.algorithms import PFedBreDConfig, PFedMeConfig
+from protocols.algorithms import PFedBreDConfig, PFedMeConfig, PriorRule
 from tests.device_agent.algorithms.linear_problem import LeastSquares
+
+Arrays = dict[str, np.ndarray]
 
 NAMES = ("output.weight", "output.bias")
 
@@ -42,18 +45,18 @@ def _context(config, x, y, *, state=None, seed=0, model_seed=0, task=None) -> Lo
     )
 
 
-def _grad(x, y, p):
+def _grad(x: np.ndarray, y: np.ndarray, p: Arrays) -> Arrays:
     """Full-batch gradient of mean((x W^T + b - y)^2) over all outputs."""
     r = x @ p["output.weight"].T + p["output.bias"] - y
     d = 2.0 / r.size * r
     return {"output.weight": d.T @ x, "output.bias": d.sum(axis=0)}
 
 
-def _lin(a, s, b):
+def _lin(a: Arrays, s: float, b: Arrays) -> Arrays:
     return {k: a[k] + s * b[k] for k in a}
 
 
-def _reference(x, y, w, theta, memory, cfg):
+def _reference(x, y, w, theta, memory, cfg) -> tuple[Arrays, Arrays]:
     """ClientUpdate_i of spec §2.2 by hand on the full batch (every minibatch is all of it)."""
     eta, eta_a = getattr(cfg, "eta", 0.0), getattr(cfg, "eta_alpha", 0.0)
     rule = getattr(cfg, "prior", "identity")
@@ -81,11 +84,11 @@ def _reference(x, y, w, theta, memory, cfg):
     return w, theta
 
 
-def _stored(prefix, tensors):
+def _stored(prefix: str, tensors: Arrays) -> dict[str, torch.Tensor]:
     return {prefix + k: torch.tensor(v) for k, v in tensors.items()}
 
 
-PRIORS = [
+PRIORS: list[tuple[PriorRule, bool]] = [
     ("identity", True),
     ("lg", True),
     ("meg", True),
@@ -148,7 +151,13 @@ def test_the_priors_are_told_apart_by_the_reference() -> None:
 def test_pfedme_is_pfedbred_with_the_identity_prior_step_for_step() -> None:
     # Prepare: real minibatches (12 samples, batch 5) so batch order matters, stored state
     x, y = _data()
-    common = {"local_steps": 4, "prox_steps": 3, "batch_size": 5, "lam": 6.0, "lr": 0.02}
+    common: dict[str, Any] = {
+        "local_steps": 4,
+        "prox_steps": 3,
+        "batch_size": 5,
+        "lam": 6.0,
+        "lr": 0.02,
+    }
     common["personal_lr"] = 0.01  # pFedMe's own default differs from pFedBreD's
     theta = {k: v + 0.5 for k, v in _context(PFedMeConfig(), x, y).global_shared.items()}
     state = {THETA + k: v for k, v in theta.items()} | {MEMORY + k: -v for k, v in theta.items()}
@@ -211,7 +220,12 @@ def test_small_lambda_ignores_the_global_model_and_large_lambda_tracks_it() -> N
     x, y = _data()
     ref = _context(PFedMeConfig(), x, y).global_shared
     state = {THETA + k: v + 1.0 for k, v in ref.items()} | {MEMORY + k: v for k, v in ref.items()}
-    common = {"local_steps": 5, "prox_steps": 5, "batch_size": 12, "prox_init": "prev_theta"}
+    common: dict[str, Any] = {
+        "local_steps": 5,
+        "prox_steps": 5,
+        "batch_size": 12,
+        "prox_init": "prev_theta",
+    }
     # Execute
     tiny = [
         _personal_after(PFedBreDConfig(lam=1e-9, **common), shift, state) for shift in (0.0, 3.0)

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from device_agent.algorithms.selffl import (
     MEAN,
     PERSONAL,
     STATS,
+    RunningVariance,
     SelfFlAugUpdate,
     SelfFlUpdate,
     adjusted_init,
@@ -61,9 +63,10 @@ def test_printed_eq19_without_the_square_differs() -> None:
             + float(((x - new) ** 2).sum()) / t
         )
         mean = new
-    history = None
+    history: RunningVariance | None = None
     for x in xs:
         history = update_running_variance(history, {"x": torch.tensor(x)})
+    assert history is not None
     assert history.variance == pytest.approx(_batch_variance(xs), abs=1e-10)
     assert abs(s - history.variance) > 1e-3
 
@@ -72,9 +75,10 @@ def test_forgetting_weights_old_samples_geometrically() -> None:
     # gamma < 1: the weighted variance with weights gamma^(t-i) (spec A19)
     xs = [np.array([v]) for v in (0.0, 1.0, 5.0, 2.0)]
     gamma = 0.5
-    history = None
+    history: RunningVariance | None = None
     for x in xs:
         history = update_running_variance(history, {"x": torch.tensor(x)}, forgetting=gamma)
+    assert history is not None
     weights = np.array([gamma**3, gamma**2, gamma, 1.0])
     values = np.array([x[0] for x in xs])
     mean = (weights * values).sum() / weights.sum()
@@ -151,6 +155,7 @@ def test_eq6_eq7_eq8_reproduce_the_fl_posterior_and_eq9() -> None:
     # Eq. (9): init (7) = theta^(G) - (w_1/S_{-1}) (theta_1^(L) - theta^(G)), via Eq. (10)'s code
     glob = (w * z).sum() / w.sum()
     push = init_push(sig[0], sigma0_sq, s_minus)
+    assert push is not None
     start = adjusted_init({"t": torch.tensor(glob)}, {"t": torch.tensor(z[0])}, push)
     assert float(start["t"]) == pytest.approx(init7, rel=1e-12)
 
@@ -168,7 +173,7 @@ def _gaussian_ctx(config: SelfFlConfig, state=None, assignment=None, global_thet
     data = task.make_fleet(1, PartitionSpec(), 0)[0]
     model = task.build_model(0)
     with torch.no_grad():
-        model.theta.fill_(global_theta)
+        model.get_parameter("theta").fill_(global_theta)
     return LocalContext(
         model=model,
         task=task,
@@ -226,6 +231,7 @@ def test_third_activation_uses_eq10_eq8_and_sends_the_pre_training_variance() ->
     expected = _gd(start, zbar, 0.1, steps)
     assert float(result.shared_delta["theta"]) == pytest.approx(expected - 0.5, abs=1e-5)
     after = load_history(result.state, ("theta",))
+    assert after is not None
     assert after.count == 3
     assert after.variance == pytest.approx(
         _batch_variance([np.array([0.9]), np.array([1.3]), np.array([expected])]), abs=1e-6
@@ -234,6 +240,7 @@ def test_third_activation_uses_eq10_eq8_and_sends_the_pre_training_variance() ->
 
 @pytest.mark.parametrize("toggle", ["adjust_init", "adaptive_steps"])
 def test_ablation_toggles(toggle: str) -> None:
+    switched_off: dict[str, Any] = {toggle: False}
     config = SelfFlConfig(
         lr=0.1,
         batch_size=30,
@@ -241,7 +248,7 @@ def test_ablation_toggles(toggle: str) -> None:
         step_rule="fixed_rho",
         fixed_rho=0.1,
         per_sample_variance=0.1,
-        **{toggle: False},
+        **switched_off,
     )
     state = {PERSONAL + "theta": torch.tensor([1.3])}
     ctx = _gaussian_ctx(config, state, {"sigma0_sq": 0.06, "s_minus": 4.0})
