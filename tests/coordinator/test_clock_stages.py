@@ -28,7 +28,7 @@ def _run(*, clock: bool = True, **values: Any) -> SimulationResult:
 
 def test_dp_on_the_clock_accounts_the_planned_cohort_and_noises_only_the_updates_in_time() -> None:
     # Prepare: the same run without the clock accounts the same cohorts
-    dp = {"dp_noise": 1.0, "dp_clip": 0.5, "dp_sampling": "fixed"}
+    dp: dict[str, Any] = {"dp_noise": 1.0, "dp_clip": 0.5, "dp_sampling": "fixed"}
     # Execute
     clocked = _run(**dp)
     unclocked = _run(clock=False, **dp)
@@ -62,7 +62,7 @@ def test_secure_aggregation_on_the_clock_sums_the_devices_that_plain_rounds_aver
 
 def test_device_noised_dp_over_secure_aggregation_runs_on_the_clock() -> None:
     # Execute: each device adds its share of the noise; only the sum in time is unmasked
-    dp = {"dp_noise": 1.0, "dp_placement": "device", "dp_sampling": "fixed"}
+    dp: dict[str, Any] = {"dp_noise": 1.0, "dp_placement": "device", "dp_sampling": "fixed"}
     result = _run(secagg=True, **dp)
     # Assert
     for record in result.records:

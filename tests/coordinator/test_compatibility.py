@@ -54,7 +54,9 @@ def test_every_cell_runs_or_is_refused_with_its_declared_reason(cell: Cell) -> N
     assert rounds == list(range(1, settings.rounds + settings.pretrain_rounds + 1))
     metrics = result.summary.metrics
     assert metrics is not None
-    assert math.isfinite(metrics["personalized_mean"])
+    personalized = metrics["personalized_mean"]
+    assert personalized is not None
+    assert math.isfinite(personalized)
     assert all(math.isfinite(value) for value in metrics.values() if value is not None)
 
 

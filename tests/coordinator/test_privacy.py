@@ -269,7 +269,9 @@ def test_a_round_that_sampled_nobody_releases_the_noise_alone_and_counts(placeme
 def test_algorithms_that_cannot_run_under_dp_say_why(
     algorithm: str, options: dict[str, object], reason: str
 ) -> None:
-    refused = problem(RunSettings(dp_noise=1.0), [parse_algorithm_config(algorithm, options)])
+    refused = problem(
+        RunSettings.load(None, dp_noise=1.0), [parse_algorithm_config(algorithm, options)]
+    )
     assert refused is not None
     assert refused.startswith("differential privacy: ")
     assert reason in refused
@@ -280,4 +282,7 @@ def test_algorithms_that_cannot_run_under_dp_say_why(
     ["fedavg", "fedprox", "fedavg-ft", "fedalt", "fedsim", "ditto", "pfedme", "pfedbred"],
 )
 def test_sum_based_algorithms_run_under_dp(algorithm: str) -> None:
-    assert problem(RunSettings(dp_noise=1.0), [parse_algorithm_config(algorithm, {})]) is None
+    assert (
+        problem(RunSettings.load(None, dp_noise=1.0), [parse_algorithm_config(algorithm, {})])
+        is None
+    )

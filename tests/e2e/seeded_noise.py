@@ -23,5 +23,5 @@ def seeded_generator(reproducible_seed: int | None) -> torch.Generator:
 if __name__ == "__main__":
     from coordinator.cli.app import app
 
-    privacy.noise_generator = seeded_generator
+    privacy.noise_generator = seeded_generator  # type: ignore[attr-defined]  # the seam is the import
     app()

@@ -73,7 +73,7 @@ def test_masked_levels_modulo_the_small_ring_unmask_to_the_exact_sum() -> None:
     for index, device in enumerate(devices):
         encoded = sa.encode(np.concatenate([np.zeros(size), [1.0]]), layout)
         encoded[:size] = levels[index].astype(np.uint32)
-        peers = {v: pair[tuple(sorted((device, v)))] for v in devices if v != device}
+        peers = {v: pair[min(device, v), max(device, v)] for v in devices if v != device}
         masked = encoded + sa.mask_sum(layout.length, seeds[device], peers, device)
         # Execute: on the wire and back
         tensors = sa.masked_tensors(masked, layout)
