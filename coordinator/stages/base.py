@@ -3,7 +3,7 @@
 The engine runs one round: cohort -> plan -> announce -> uplink.collect -> stages -> aggregate ->
 finish. What differs between features sits behind two seams, each with a null object (the plain
 uplink; a `StageChain` of no stages), so the engine holds no feature branches; a scheduler
-(`coordinator.engine.round_types.Schedule`) may supply the round's collection:
+(`coordinator.engine.rounds.Schedule`) may supply the round's collection:
 
 - an uplink path (`coordinator.stages.uplink`) collects a round's updates: plain ones, or a
   secure sum (`coordinator.stages.secure_uplink`), or a buffer a scheduler filled; it returns a
