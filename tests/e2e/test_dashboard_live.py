@@ -177,7 +177,7 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
         page.goto(run.url)
         _wait_for(lambda: len(run.records) == 1, 90, "round 1")
         page.wait_for_function(
-            "document.querySelectorAll('#rounds tbody tr').length === 1", timeout=20_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 1", timeout=20_000
         )
         page.evaluate("window.__sameDocument = true")
         renders = page.evaluate("window.pflDashboard.renders")
@@ -185,11 +185,11 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
         # Execute: the run goes on to round 3; then an agent dies
         run.release(1)
         page.wait_for_function(
-            "document.querySelectorAll('#rounds tbody tr').length === 3", timeout=90_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 3", timeout=90_000
         )
         processes.running["dev-0001"].send_signal(signal.SIGKILL)
         page.wait_for_function(
-            "document.querySelector('#fleet tr[data-device=\"dev-0001\"] td.online')"
+            "() => document.querySelector('#fleet tr[data-device=\"dev-0001\"] td.online')"
             ".textContent.includes('offline')",
             timeout=15_000,
         )

@@ -55,7 +55,7 @@ function privacyOf(s) {
   return { spent, budget, delta, curve, final: Boolean(final) };
 }
 
-// Settings a run uses: set values only, and none of a feature that is off (its switch is
+// Settings a run uses: values set and not off (false, "none"), and none of a feature that is off (its switch is
 // false, "none" or unset: `secagg`, `compress`, `dp_noise`, `mode` other than async...).
 const FEATURE_SWITCHES = [
   { prefixes: ["dp_", "dp."], on: (s) => present(setting(s, "dp_noise")) },
@@ -77,7 +77,7 @@ function simulatedClock(s) {
 function settingsInUse(s) {
   const all = Object.entries(s.settings || {});
   return all.filter(([key, value]) => {
-    if (value === null || value === "" || value === "none") return false;
+    if (value === null || value === "" || value === "none" || value === false) return false; // off
     const feature = FEATURE_SWITCHES.find((f) => f.prefixes.some((p) => key.startsWith(p)));
     return !feature || feature.on(s);
   });
