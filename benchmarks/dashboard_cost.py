@@ -4,8 +4,8 @@ For 100, 1,000 and 10,000 devices with a full history (1,000 rounds, every devic
 the retained run history's size on the wire and the time to encode it (the coordinator pays it
 after every round), the board taking in the fleet status and history as frames on their topics
 (decoded and checked by the views' rule, as `serve` hands them over), and one pushed snapshot
-(made and JSON-encoded once per change, what every open page receives at most twice a second;
-at most 1,000 devices shown), and what each further page costs (the text is cached per
+(made and JSON-encoded once per change: what a page receives first, whole; up to 10,000
+devices), and what each further page costs (the text is cached per
 change). Median of `--repeats` runs. Writes docs/benchmarks.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost [--devices 100,1000,10000]
@@ -134,8 +134,9 @@ def main() -> None:
         "## Dashboard cost as the fleet grows",
         "",
         f"With a full history ({RUN_HISTORY_ROUNDS:,} rounds) and every device evaluated; the "
-        "coordinator encodes the retained history after every round, each open page receives at",
-        "most two snapshots a second (at most 1,000 devices shown); the board decodes and checks "
+        "coordinator encodes the retained history after every round, each open page receives the",
+        "snapshot whole once (up to 10,000 devices), then deltas at most twice a second (see "
+        "below); the board decodes and checks "
         "what `serve` hands it on a thread of its own. Median of "
         f"{args.repeats} runs, one process "
         "(`OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost`).",
