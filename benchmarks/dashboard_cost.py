@@ -3,10 +3,10 @@
 For 100, 1,000 and 10,000 devices with a full history (1,000 rounds, every device evaluated):
 the retained run history's size on the wire and the time to encode it (the coordinator pays it
 after every round), the board taking in the fleet status and history as frames on their topics
-(decoded and checked by the views' rule, as `serve` hands them over), and one pushed snapshot
-(made and JSON-encoded once per change: what a page receives first, whole; up to 10,000
-devices), and what each further page costs (the text is cached per
-change). Median of `--repeats` runs. Writes docs/benchmarks.md.
+(decoded and checked by the views' rule, as `serve` hands them over), the snapshot a page
+receives first, whole (up to 10,000 devices; made and JSON-encoded once per change; later
+updates are deltas, see `dashboard_scale`), and what each further request for it costs (the
+text is cached per change). Median of `--repeats` runs. Writes docs/benchmarks.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost [--devices 100,1000,10000]
 """
@@ -125,8 +125,8 @@ def main() -> None:
         "run history on the wire",
         "encode it (per round)",
         "board decodes, checks, takes history + fleet in",
-        "one pushed snapshot",
-        "make and encode it (once per change)",
+        "the first snapshot",
+        "make and encode it (a page's first snapshot)",
         "each further open page",
     ]
     lines = [
