@@ -99,15 +99,29 @@ def measure(devices: int, repeats: int) -> dict[str, float]:
     }
 
 
+def fleet_sizes(description: str, count: str, default: int) -> tuple[list[int], int]:
+    """A dashboard benchmark's arguments: the fleet sizes (`--devices`) and `--<count>`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--devices", default="100,1000,10000")
+    parser.add_argument(f"--{count}", type=int, default=default)
+    args = parser.parse_args()
+    return [int(d) for d in args.devices.split(",")], int(getattr(args, count))
+
+
+def write_table(
+    marker: str, title: str, intro: list[str], header: list[str], rows: list[list[str]]
+) -> None:
+    """Write a benchmark's section of docs/benchmarks.md: its title, words and table."""
+    lines = [marker, f"## {title}", "", *intro, "", *markdown_table(header, rows), marker]
+    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), marker)
+
+
 def main() -> None:
     """Measure every fleet size and write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", default="100,1000,10000")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    sizes, repeats = fleet_sizes(__doc__.splitlines()[0], "repeats", 5)
     rows = []
-    for devices in (int(d) for d in args.devices.split(",")):
-        m = measure(devices, args.repeats)
+    for devices in sizes:
+        m = measure(devices, repeats)
         rows.append(
             [
                 f"{devices:,}",
@@ -129,22 +143,16 @@ def main() -> None:
         "make and encode it (a page's first snapshot)",
         "each further open page",
     ]
-    lines = [
-        MARKER,
-        "## Dashboard cost as the fleet grows",
-        "",
+    intro = [
         f"With a full history ({RUN_HISTORY_ROUNDS:,} rounds) and every device evaluated; the "
         "coordinator encodes the retained history after every round, each open page receives the",
         "snapshot whole once (up to 10,000 devices), then deltas at most twice a second (see "
         "below); the board decodes and checks "
         "what `serve` hands it on a thread of its own. Median of "
-        f"{args.repeats} runs, one process "
+        f"{repeats} runs, one process "
         "(`OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost`).",
-        "",
-        *markdown_table(header, rows),
-        MARKER,
     ]
-    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+    write_table(MARKER, "Dashboard cost as the fleet grows", intro, header, rows)
 
 
 if __name__ == "__main__":

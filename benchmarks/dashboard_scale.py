@@ -14,16 +14,13 @@ in view are drawn). Writes docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import random
 import statistics
-from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.common import markdown_table, write_section
-from benchmarks.dashboard_cost import RUN_ID, fleet_of
+from benchmarks.dashboard_cost import RUN_ID, fleet_of, fleet_sizes, write_table
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import RunHistoryLog
 from coordinator.dashboard.server import DashboardServer, Listen
@@ -32,7 +29,6 @@ from coordinator.engine.round_types import RoundRecord
 from protocols.messages import RUN_HISTORY_ROUNDS, FleetStatus
 from tests.e2e.browser import chromium_page
 
-REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- dashboard-scale -->"
 CHANGED_SHARE: Final = 0.01
 WAIT_MS: Final = 120_000
@@ -140,13 +136,10 @@ def _size(n: float) -> str:
 
 def main() -> None:
     """Measure every fleet size and write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", default="100,1000,10000")
-    parser.add_argument("--updates", type=int, default=5)
-    args = parser.parse_args()
+    sizes, updates = fleet_sizes(__doc__.splitlines()[0], "updates", 5)
     rows = []
-    for devices in (int(d) for d in args.devices.split(",")):
-        m = measure(devices, args.updates)
+    for devices in sizes:
+        m = measure(devices, updates)
         rows.append(
             [
                 f"{devices:,}",
@@ -170,24 +163,19 @@ def main() -> None:
         "page: one update",
         "page elements",
     ]
-    lines = [
-        MARKER,
-        "## Dashboard at scale: bytes per update and render time in Chromium",
-        "",
+    intro = [
         f"A full history ({RUN_HISTORY_ROUNDS:,} rounds), every device evaluated, values drawn "
         "per device (seeded); each update "
         f"changes {CHANGED_SHARE:.0%} of the devices (online state, last seen) and adds a round.",
         "The page gets the first snapshot whole, then deltas (rows added, changed or gone) on one "
         "gzip stream; it draws only the fleet rows in view. Page times are its main thread "
         "(parse, apply, render, style, layout) in headless Chromium (Debian's, via Playwright); "
-        f"the update figures are the median of {args.updates} updates "
+        f"the update figures are the median of {updates} updates "
         "(`OMP_NUM_THREADS=1 nice python -m benchmarks.dashboard_scale`, on a shared 2-core "
         "machine).",
-        "",
-        *markdown_table(header, rows),
-        MARKER,
     ]
-    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+    title = "Dashboard at scale: bytes per update and render time in Chromium"
+    write_table(MARKER, title, intro, header, rows)
 
 
 if __name__ == "__main__":
