@@ -208,14 +208,18 @@ def test_a_selection_and_a_zoom_survive_updates_and_devices_are_named(
         assert all(",offline," in line for line in lines[1:])
 
 
-def _with_coordinator(page: Page, coordinator: dict[str, Any]) -> str:
-    """Render the page's snapshot as if the coordinator published `coordinator`; the banner."""
+def _render_with(page: Page, changes: dict[str, Any]) -> str:
+    """Render the page's snapshot with `changes` (as a newer version); the banner's text."""
     page.evaluate(
-        "c => { const s = {...pflDashboard.snapshot, coordinator: c, "
-        "version: pflDashboard.snapshot.version + 1}; render(s); }",
-        coordinator,
+        "c => render({...pflDashboard.snapshot, ...c, version: pflDashboard.snapshot.version + 1})",
+        changes,
     )
     return page.locator("#banner").inner_text()
+
+
+def _with_coordinator(page: Page, coordinator: dict[str, Any]) -> str:
+    """Render the page's snapshot as if the coordinator published `coordinator`; the banner."""
+    return _render_with(page, {"coordinator": coordinator})
 
 
 def test_states_the_coordinator_may_publish_are_spelled_out(
@@ -246,7 +250,39 @@ def test_states_the_coordinator_may_publish_are_spelled_out(
         events = [{"at": now, "level": "warn", "text": "dev-0003 has not answered"}]
         _with_coordinator(page, {**base, "state": "running", "events": events})
         assert "dev-0003 has not answered" in page.locator("#events").inner_text()
+        assert page.locator("#banner").is_hidden()
+        # running, but no round ended for far longer than the round timeout: called out
+        page.evaluate("pflDashboard.lastRoundAt -= 200")
+        settings = {**page.evaluate("pflDashboard.snapshot.settings"), "round_timeout": 30.0}
+        banner = _render_with(page, {"settings": settings})
+        assert banner.startswith("no round has ended for 3 min (round timeout 30 s)")
         _no_sideways_overflow(page)
+
+
+def test_the_x_axis_may_be_clock_time(fed: tuple[DashboardServer, Board]) -> None:
+    server, board = fed
+    with chromium_page() as page:
+        _open(page, server.url, board.version)
+        assert page.evaluate("pflDashboard.charts['chart-loss'].data[0]") == [1, 2, 3]
+        page.select_option("#x-axis", "time")
+        # no end times in these rounds: the run's elapsed seconds (0.5 s wall time each)
+        assert page.evaluate("pflDashboard.charts['chart-loss'].data[0]") == [0.5, 1.0, 1.5]
+        rounds = page.evaluate("pflDashboard.snapshot.rounds")
+        ended = [{**r, "finished_at": 1.7e9 + 60 * r["round_id"]} for r in rounds]
+        _render_with(page, {"rounds": ended})
+        assert page.evaluate("pflDashboard.charts['chart-loss'].data[0]") == [
+            1.7e9 + 60,
+            1.7e9 + 120,
+            1.7e9 + 180,
+        ]
+        assert page.evaluate("pflDashboard.charts['chart-loss'].scales.x.time") is True
+        # and the rounds as CSV, evaluations included
+        with page.expect_download() as download:
+            page.click("#csv-rounds")
+        lines = Path(download.value.path()).read_text().splitlines()
+        assert lines[0].split(",")[:3] == ["round_id", "selected", "participants"]
+        assert "personalized_mean" in lines[0]
+        assert len(lines) == 4
 
 
 @pytest.fixture(scope="module")
