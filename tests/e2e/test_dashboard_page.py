@@ -9,6 +9,7 @@ run's epsilon and its finished state show, and the states the coordinator may pu
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,30 @@ def test_a_finished_dp_run_shows_epsilon_its_final_cards_and_no_empty_loss(
         assert "dp_noise" in shown
         assert not [k for k in shown if k.startswith(("secagg", "buffer", "max_staleness"))]
         _no_sideways_overflow(page)
+
+
+def test_another_run_beside_this_one_is_drawn_over_its_metric(dp_run: Path, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        shutil.copytree(dp_run, tmp_path / name)
+    settings = DashboardSettings(listen="127.0.0.1:0", open_to_local_users=True)
+    with (
+        run_directory_dashboard(settings, tmp_path / "a") as server,
+        chromium_page() as page,
+    ):
+        page.goto(server.url)
+        page.wait_for_function(
+            "() => document.body.dataset.state === 'finished'", timeout=UI_WAIT_MS
+        )
+        page.wait_for_function(
+            "() => !document.querySelector('#overlay-controls').hidden", timeout=UI_WAIT_MS
+        )
+        page.select_option("#overlay-run", "b")
+        page.wait_for_function(
+            "() => pflDashboard.charts['chart-metric'].series.length === 5", timeout=UI_WAIT_MS
+        )
+        labels = page.evaluate("pflDashboard.charts['chart-metric'].series.map(s => s.label)")
+        assert labels[-1] == "b: personalized"
+        data = page.evaluate("pflDashboard.charts['chart-metric'].data")
+        ours, theirs = data[1], data[4]
+        assert ours == theirs  # the same run copied: the same curve
+        assert any(v is not None for v in theirs)
