@@ -57,8 +57,9 @@ class ViewTap(TransportWrapper):
     (last-wills included) as it receives them. The engine only files each payload under its
     topic (the latest wins, as with a retained message); a thread of the tap's own decodes them
     and offers them to the board, whose rule (`FleetView.offer`) decides what each topic may
-    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it stops
-    that thread (the inner transport stays open).
+    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it hands
+    the board what is still filed (the run's last status among it), then stops that thread (the
+    inner transport stays open).
     """
 
     def __init__(self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]) -> None:
@@ -112,13 +113,13 @@ class ViewTap(TransportWrapper):
             self._wake.notify()
 
     def _feed(self) -> None:
-        while True:
+        stopping = False
+        while not stopping:
             with self._wake:
                 while not self._pending and not self._stopped:
                     self._wake.wait()
-                if self._stopped:
-                    return
                 batch, self._pending = self._pending, {}
+                stopping = self._stopped
             for topic, payload in batch.items():
                 try:
                     self._offer(topic, payload)

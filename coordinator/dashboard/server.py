@@ -47,6 +47,31 @@ STATIC = Path(__file__).with_name("static")
 PUSH_INTERVAL_S = 0.5
 """At most two snapshots a second per viewer, however fast the fleet changes."""
 KEEPALIVE_S = 15.0
+FINAL_PUSH_S = 3.0
+"""How long stopping waits for open pages to get the last change (e.g. the run's "finished")."""
+
+
+class OpenStreams:
+    """The version each open event stream sent last, so that stopping can wait for the last one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: dict[int, int] = {}
+
+    def sent(self, stream: int, version: int) -> None:
+        """Stream `stream` sent `version`."""
+        with self._lock:
+            self._sent[stream] = version
+
+    def closed(self, stream: int) -> None:
+        """Stream `stream` ended."""
+        with self._lock:
+            self._sent.pop(stream, None)
+
+    def behind(self, version: int) -> bool:
+        """Whether an open stream has not sent `version` yet."""
+        with self._lock:
+            return any(sent < version for sent in self._sent.values())
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,7 @@ def dashboard_app(
     hosts: HostCheck,
     stopping: threading.Event,
     runs: RunLibrary | None = None,
+    streams: OpenStreams | None = None,
 ) -> Starlette:
     """The ASGI app: `/` the page, `/api/snapshot` the data, `/api/events` its changes.
 
@@ -117,7 +143,7 @@ def dashboard_app(
         if encoder.gzip:
             headers["Content-Encoding"] = "gzip"
         return StreamingResponse(
-            _event_stream(board, request, stopping, encoder),
+            _event_stream(board, request, stopping, encoder, streams or OpenStreams()),
             media_type="text/event-stream",
             headers=headers,
         )
@@ -155,7 +181,11 @@ def dashboard_app(
 
 
 async def _event_stream(
-    board: Board, request: Request, stopping: threading.Event, encoder: EventEncoder
+    board: Board,
+    request: Request,
+    stopping: threading.Event,
+    encoder: EventEncoder,
+    streams: OpenStreams,
 ) -> AsyncIterator[bytes]:
     """The snapshot now, then what changed after every change (at most every PUSH_INTERVAL_S).
 
@@ -163,18 +193,23 @@ async def _event_stream(
     """
     sent: dict[str, Any] | None = None
     quiet_since = time.monotonic()
-    while not stopping.is_set() and not await request.is_disconnected():
-        version, state = board.state() if board.version != _version(sent) else (-1, {})
-        if sent is None:
-            yield encoder.event("snapshot", state, time.time())
-        elif version >= 0:
-            yield encoder.event("delta", snapshot_delta(sent, state), time.time())
-        elif time.monotonic() - quiet_since > KEEPALIVE_S:
-            quiet_since = time.monotonic()
-            yield encoder.raw(": still here\n\n")
-        if version >= 0:
-            sent, quiet_since = state, time.monotonic()
-        await asyncio.sleep(PUSH_INTERVAL_S)
+    streams.sent(id(encoder), -1)
+    try:
+        while not stopping.is_set() and not await request.is_disconnected():
+            version, state = board.state() if board.version != _version(sent) else (-1, {})
+            if sent is None:
+                yield encoder.event("snapshot", state, time.time())
+            elif version >= 0:
+                yield encoder.event("delta", snapshot_delta(sent, state), time.time())
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield encoder.raw(": still here\n\n")
+            if version >= 0:
+                sent, quiet_since = state, time.monotonic()
+                streams.sent(id(encoder), version)
+            await asyncio.sleep(PUSH_INTERVAL_S)
+    finally:
+        streams.closed(id(encoder))
 
 
 def _version(sent: dict[str, Any] | None) -> int:
@@ -215,9 +250,13 @@ class DashboardServer:
         self.listen = listen
         self.tls = cert_file is not None
         self._stopping = threading.Event()
+        self._board = board
+        self._streams = OpenStreams()
         limits = limits or ConnectionLimits()
         config = uvicorn.Config(
-            dashboard_app(board, self.token, HostCheck(listen.host), self._stopping, runs),
+            dashboard_app(
+                board, self.token, HostCheck(listen.host), self._stopping, runs, self._streams
+            ),
             host=listen.host,
             port=listen.port,
             log_level="warning",
@@ -288,7 +327,10 @@ class DashboardServer:
         return base if self.token is None else f"{base}?token={self.token}"
 
     def stop(self) -> None:
-        """Close the streams and stop listening."""
+        """Let open pages get the last change (FINAL_PUSH_S at most), then close and stop."""
+        deadline = time.monotonic() + FINAL_PUSH_S
+        while self._streams.behind(self._board.version) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._stopping.set()
         self._server.should_exit = True
         self._thread.join(10.0)

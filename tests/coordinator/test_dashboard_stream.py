@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from coordinator.dashboard.board import Board
+from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.gate import COOKIE, session_value
 from coordinator.dashboard.launch import run_directory_dashboard
 from coordinator.dashboard.server import DashboardServer, Listen
@@ -27,7 +28,10 @@ from coordinator.dashboard.settings import DashboardSettings
 from coordinator.dashboard.stream import KEYED_LISTS, accepts_gzip, snapshot_delta
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
-from protocols.messages import DeviceStatus, FleetDevice, FleetStatus
+from protocols import topics
+from protocols.codec import encode_frame
+from protocols.messages import CoordinatorStatus, DeviceStatus, FleetDevice, FleetStatus
+from protocols.transport.inprocess import InProcessBroker
 
 LOOPBACK = Listen("127.0.0.1", 0)
 TOKEN = "s3cret-token-for-tests"
@@ -288,3 +292,43 @@ def test_sibling_runs_are_listed_for_the_overlay(tmp_path: Path, finished_dp_run
             with pytest.raises(urllib.error.HTTPError) as refused:
                 _open(f"{running.url}api/runs/{name}")
             assert refused.value.code == 404
+
+
+def test_stopping_lets_an_open_page_get_the_last_change_first() -> None:
+    board = Board("test")
+    board.apply(_fleet(10))
+    events: list[dict[str, Any]] = []
+    server = DashboardServer(board, LOOPBACK, token=TOKEN).start()
+
+    def read() -> None:
+        with _open(f"{_base(server)}api/events", AUTH) as stream:
+            for raw in stream:
+                line = raw.decode()
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    for _ in range(600):  # the first snapshot arrived
+        if events:
+            break
+        threading.Event().wait(0.05)
+    # Execute: the run's last change, and the server stopped right after it
+    board.apply(CoordinatorStatus(state="finished", fleet="default", round_id=9, rounds=9))
+    server.stop()
+    reader.join(30.0)
+    # Assert: the page got it before its stream ended
+    assert not reader.is_alive()
+    assert events[-1]["set"]["coordinator"]["state"] == "finished"
+    assert events[-1]["set"]["version"] == board.version
+
+
+def test_leaving_the_view_tap_hands_the_board_what_is_still_filed() -> None:
+    broker = InProcessBroker()
+    board = Board("serve", "default")
+    status = CoordinatorStatus(state="finished", fleet="default", round_id=3, rounds=3)
+    for _ in range(20):  # whatever the feed thread's timing
+        with ViewTap(broker.connect("pfl-coord-default"), "default", board.offer) as engine:
+            engine.publish(topics.coordinator_status("default"), encode_frame(status))
+        assert board.snapshot()["coordinator"]["state"] == "finished"
+        board.apply(CoordinatorStatus(state="running", fleet="default"))
