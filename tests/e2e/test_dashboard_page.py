@@ -318,9 +318,15 @@ def test_a_finished_dp_run_shows_epsilon_its_final_cards_and_no_empty_loss(
         assert page.locator("#card-personalized").inner_text() == f"{personalized:.3f}"
         assert page.locator("#card-metric-label").inner_text().startswith("final ")
         losses = [r["train_loss"] for r in page.evaluate("pflDashboard.snapshot.rounds")]
-        if not any(losses):  # devices send no loss under DP: said so, not an empty chart
-            assert page.locator("#loss-absent").is_visible()
-            assert "not reported under DP" in page.locator("#loss-absent").inner_text()
+        assert not any(losses)  # devices send no loss under DP: said so, not an empty chart
+        assert page.locator("#loss-absent").is_visible()
+        assert "not reported under DP" in page.locator("#loss-absent").inner_text()
+        assert page.locator("#chart-loss").is_hidden()
+        cells = page.eval_on_selector_all(
+            "#fleet tbody tr[data-device]", "rows => rows.map(r => r.children[6].textContent)"
+        )
+        assert cells
+        assert set(cells) == {"n/r (DP)"}
         # only the settings in use: DP's are, secure aggregation's and async's are not
         shown = page.eval_on_selector_all("#settings dt", "d => d.map(e => e.textContent)")
         assert "dp_noise" in shown
