@@ -359,3 +359,25 @@ def test_another_run_beside_this_one_is_drawn_over_its_metric(dp_run: Path, tmp_
         ours, theirs = data[1], data[4]
         assert ours == theirs  # the same run copied: the same curve
         assert any(v is not None for v in theirs)
+
+
+def test_a_run_stopped_at_its_privacy_budget_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_simulation(
+        SimulationSettings.load(
+            None, algorithm="fedavg", devices=4, rounds=3, dp_noise=1.0, dp_epsilon=6.0, out=out
+        )
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    released = summary["privacy"]["rounds_released"]
+    assert released < 3  # the budget stopped it
+    settings = DashboardSettings(listen="127.0.0.1:0", open_to_local_users=True)
+    with run_directory_dashboard(settings, out) as server, chromium_page() as page:
+        page.goto(server.url)
+        page.wait_for_function(
+            "() => document.body.dataset.state === 'finished'", timeout=UI_WAIT_MS
+        )
+        banner = page.locator("#banner").inner_text()
+        assert banner.startswith(f"stopped after round {released} of 3: another round would pass")
+        assert "of 6.00 spent" in banner
+        assert page.locator("#card-epsilon").inner_text().endswith(" / 6.00")
