@@ -381,3 +381,29 @@ def test_a_run_stopped_at_its_privacy_budget_says_why(tmp_path: Path) -> None:
         assert banner.startswith(f"stopped after round {released} of 3: another round would pass")
         assert "of 6.00 spent" in banner
         assert page.locator("#card-epsilon").inner_text().endswith(" / 6.00")
+
+
+def test_per_device_points_are_binned_at_scale(fed: tuple[DashboardServer, Board]) -> None:
+    server, board = fed
+    with chromium_page() as page:
+        _open(page, server.url, board.version)
+        assert len(page.evaluate("pflDashboard.charts['chart-gain'].data[0]")) == DEVICES
+        many = [
+            {
+                "device_id": f"dev-{i:05d}",
+                "round_id": 1,
+                "metric_name": "accuracy",
+                "personalized": 0.5 + (i % 7) / 100,
+                "global_model": 0.5,
+                "num_train_samples": 10 + i,
+            }
+            for i in range(3000)
+        ]
+        _render_with(page, {"devices": many})
+        xs = page.evaluate("pflDashboard.charts['chart-gain'].data[0]")
+        assert 0 < len(xs) <= 300
+        assert xs == sorted(xs)
+        label = page.evaluate("pflDashboard.charts['chart-gain'].series[1].label")
+        assert label == "device gain (binned means)"
+        names = page.evaluate("charts.gainNames")
+        assert names[0] == "10 devices, dev-00000 … dev-00009 (mean)"

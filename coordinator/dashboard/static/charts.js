@@ -12,7 +12,7 @@ const chartWidth = (el) => Math.max(200, el.clientWidth);
 
 function plot(id, series, data, extra = {}) {
   const el = $(id);
-  const key = `${extra.yLabel || ""}|${extra.xLabel || ""}|${series.length}`;
+  const key = `${extra.yLabel || ""}|${extra.xLabel || ""}|${series.map((s) => s.label).join("|")}`;
   const existing = charts.plots[id];
   if (existing && existing.pflKey === key) {
     existing.setData(data, !charts.zoomed[id]); // a zoomed chart keeps its scales
