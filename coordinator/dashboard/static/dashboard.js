@@ -17,9 +17,12 @@ function runState(s) {
   return c.state || "unknown";
 }
 
+// Why the run ended or stopped: the coordinator's word (its status's `reason`, or summary.json's
+// `stop_reason`) when it says one, else what the rounds and the privacy budget show.
 function stopReason(s) {
   const c = s.coordinator || {};
   if (c.reason) return c.reason;
+  if (s.summary && s.summary.stop_reason) return s.summary.stop_reason;
   const total = c.rounds || setting(s, "rounds");
   const done = s.rounds.length ? s.rounds[s.rounds.length - 1].round_id : 0;
   if (!s.finished || !total || done >= total) return "";
