@@ -170,7 +170,8 @@ def main() -> None:
         "The page gets the first snapshot whole, then deltas (rows added, changed or gone) on one "
         "gzip stream; it draws only the fleet rows in view. Page times are its main thread "
         "(parse, apply, render, style, layout) in headless Chromium (Debian's, via Playwright); "
-        f"the update figures are the median of {updates} updates "
+        "the first render is one measurement and includes the page's start-up (its charts "
+        f"made); the update figures are the median of {updates} updates "
         "(`OMP_NUM_THREADS=1 nice python -m benchmarks.dashboard_scale`, on a shared 2-core "
         "machine).",
     ]
