@@ -3,10 +3,10 @@
 For 100, 1,000 and 10,000 devices with a full history (1,000 rounds, every device evaluated):
 the retained run history's size on the wire and the time to encode it (the coordinator pays it
 after every round), the board taking in the fleet status and history as frames on their topics
-(decoded and checked by the views' rule, as `serve` hands them over), and one pushed snapshot
-(made and JSON-encoded once per change, what every open page receives at most twice a second;
-at most 1,000 devices shown), and what each further page costs (the text is cached per
-change). Median of `--repeats` runs. Writes docs/benchmarks.md.
+(decoded and checked by the views' rule, as `serve` hands them over), the snapshot a page
+receives first, whole (up to 10,000 devices; made and JSON-encoded once per change; later
+updates are deltas, see `dashboard_scale`), and what each further request for it costs (the
+text is cached per change). Median of `--repeats` runs. Writes docs/benchmarks.md.
 
     OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost [--devices 100,1000,10000]
 """
@@ -99,15 +99,29 @@ def measure(devices: int, repeats: int) -> dict[str, float]:
     }
 
 
+def fleet_sizes(description: str, count: str, default: int) -> tuple[list[int], int]:
+    """A dashboard benchmark's arguments: the fleet sizes (`--devices`) and `--<count>`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--devices", default="100,1000,10000")
+    parser.add_argument(f"--{count}", type=int, default=default)
+    args = parser.parse_args()
+    return [int(d) for d in args.devices.split(",")], int(getattr(args, count))
+
+
+def write_table(
+    marker: str, title: str, intro: list[str], header: list[str], rows: list[list[str]]
+) -> None:
+    """Write a benchmark's section of docs/benchmarks.md: its title, words and table."""
+    lines = [marker, f"## {title}", "", *intro, "", *markdown_table(header, rows), marker]
+    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), marker)
+
+
 def main() -> None:
     """Measure every fleet size and write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", default="100,1000,10000")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    sizes, repeats = fleet_sizes(__doc__.splitlines()[0], "repeats", 5)
     rows = []
-    for devices in (int(d) for d in args.devices.split(",")):
-        m = measure(devices, args.repeats)
+    for devices in sizes:
+        m = measure(devices, repeats)
         rows.append(
             [
                 f"{devices:,}",
@@ -125,25 +139,20 @@ def main() -> None:
         "run history on the wire",
         "encode it (per round)",
         "board decodes, checks, takes history + fleet in",
-        "one pushed snapshot",
-        "make and encode it (once per change)",
+        "the first snapshot",
+        "make and encode it (a page's first snapshot)",
         "each further open page",
     ]
-    lines = [
-        MARKER,
-        "## Dashboard cost as the fleet grows",
-        "",
+    intro = [
         f"With a full history ({RUN_HISTORY_ROUNDS:,} rounds) and every device evaluated; the "
-        "coordinator encodes the retained history after every round, each open page receives at",
-        "most two snapshots a second (at most 1,000 devices shown); the board decodes and checks "
+        "coordinator encodes the retained history after every round, each open page receives the",
+        "snapshot whole once (up to 10,000 devices), then deltas at most twice a second (see "
+        "below); the board decodes and checks "
         "what `serve` hands it on a thread of its own. Median of "
-        f"{args.repeats} runs, one process "
+        f"{repeats} runs, one process "
         "(`OMP_NUM_THREADS=1 python -m benchmarks.dashboard_cost`).",
-        "",
-        *markdown_table(header, rows),
-        MARKER,
     ]
-    write_section(REPO / "docs/benchmarks.md", "\n".join(lines), MARKER)
+    write_table(MARKER, "Dashboard cost as the fleet grows", intro, header, rows)
 
 
 if __name__ == "__main__":

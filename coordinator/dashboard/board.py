@@ -12,8 +12,11 @@ import threading
 import time
 from typing import Any
 
-from coordinator.ops.status import MAX_SHOWN_DEVICES, FleetView
+from coordinator.ops.status import MAX_TRACKED_STATUSES, FleetView
 from protocols.messages import CoordinatorStatus, FleetStatus, Message, RunHistory
+
+MAX_BOARD_ROWS = MAX_TRACKED_STATUSES
+"""Rows the page gets (every device a view tracks): it draws only the visible ones."""
 
 
 class Board:
@@ -29,6 +32,9 @@ class Board:
         self._updated = 0.0
         self._cached = ""
         self._cached_version = -1
+        self._state: tuple[int, dict[str, Any]] = (-1, {})
+        self._summary: dict[str, Any] | None = None
+        self._notice = ""
 
     @property
     def version(self) -> int:
@@ -57,14 +63,27 @@ class Board:
         fleet: FleetStatus | None,
         coordinator: CoordinatorStatus | None,
         finished: bool,
+        summary: dict[str, Any] | None = None,
     ) -> None:
-        """Take in what a run directory holds now (the feed compares before calling)."""
+        """Take in what a run directory holds now (the feed compares before calling).
+
+        `summary` is the finished run's summary.json: the page's final cards come from it.
+        """
         with self._lock:
             self._view.history = history
             self._view.fleet = fleet
             self._view.coordinator = coordinator
             self._finished = finished
+            self._summary = summary
+            self._notice = ""
             self._changed()
+
+    def notice(self, text: str) -> None:
+        """Say on the page why there is nothing to show yet (e.g. a run directory not made yet)."""
+        with self._lock:
+            if text != self._notice:
+                self._notice = text
+                self._changed()
 
     def snapshot_json(self) -> str:
         """The snapshot as JSON text, made once per version however many pages are open.
@@ -75,14 +94,30 @@ class Board:
             version = self._version
             cached = self._cached if self._cached_version == version else None
         if cached is None:
-            snapshot = {k: v for k, v in self.snapshot().items() if k != "now"}
-            cached = json.dumps(snapshot, allow_nan=False)
+            version, state = self.state()
+            cached = json.dumps(state, allow_nan=False)
             with self._lock:
                 self._cached, self._cached_version = cached, version
         return f'{{"now": {time.time()}, {cached[1:]}'
 
+    def state(self) -> tuple[int, dict[str, Any]]:
+        """The version and the snapshot without its clock, made once per version.
+
+        Shared by every reader (the event streams diff it against what they sent): never
+        change it in place.
+        """
+        with self._lock:
+            if self._state[0] == self._version:
+                return self._state
+        snapshot = self.snapshot()
+        del snapshot["now"]
+        with self._lock:
+            if snapshot["version"] == self._version:
+                self._state = (snapshot["version"], snapshot)
+        return snapshot["version"], snapshot
+
     def snapshot(self) -> dict[str, Any]:
-        """Everything the page draws, JSON-ready; at most MAX_SHOWN_DEVICES devices per table."""
+        """Everything the page draws, JSON-ready; at most MAX_BOARD_ROWS devices per table."""
         with self._lock:
             history = self._view.history
             coordinator = self._view.coordinator
@@ -96,12 +131,14 @@ class Board:
                 "finished": self._finished or bool(coordinator and coordinator.state == "finished"),
                 "settings": dict(history.settings) if history else {},
                 "scalars": dict(self._view.fleet.scalars) if self._view.fleet else {},
-                "fleet": self._view.rows(),
-                "fleet_left_out": self._view.rows_left_out(),
+                "fleet": self._view.rows(MAX_BOARD_ROWS),
+                "fleet_left_out": self._view.rows_left_out(MAX_BOARD_ROWS),
                 "refused": self._view.refused,
                 "rounds": [r.model_dump(mode="json") for r in history.rounds] if history else [],
-                "devices": [d.model_dump(mode="json") for d in results[:MAX_SHOWN_DEVICES]],
-                "devices_left_out": max(0, len(results) - MAX_SHOWN_DEVICES),
+                "devices": [d.model_dump(mode="json") for d in results[:MAX_BOARD_ROWS]],
+                "devices_left_out": max(0, len(results) - MAX_BOARD_ROWS),
+                "summary": self._summary,
+                "notice": self._notice,
             }
 
     def _changed(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from protocols.messages import (
     CoordinatorStatus,
     DeviceResult,
     FleetStatus,
+    RoundSummary,
     RunHistory,
 )
 from protocols.transport.base import MessageHandler, Transport, TransportWrapper
@@ -55,8 +57,9 @@ class ViewTap(TransportWrapper):
     (last-wills included) as it receives them. The engine only files each payload under its
     topic (the latest wins, as with a retained message); a thread of the tap's own decodes them
     and offers them to the board, whose rule (`FleetView.offer`) decides what each topic may
-    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it stops
-    that thread (the inner transport stays open).
+    carry. Nothing the board does reaches the engine. Used as a context manager: leaving it hands
+    the board what is still filed (the run's last status among it), then stops that thread (the
+    inner transport stays open).
     """
 
     def __init__(self, inner: Transport, fleet: str, offer: Callable[[str, bytes], None]) -> None:
@@ -100,13 +103,13 @@ class ViewTap(TransportWrapper):
             self._wake.notify()
 
     def _feed(self) -> None:
-        while True:
+        stopping = False
+        while not stopping:
             with self._wake:
                 while not self._pending and not self._stopped:
                     self._wake.wait()
-                if self._stopped:
-                    return
                 batch, self._pending = self._pending, {}
+                stopping = self._stopped
             for topic, payload in batch.items():
                 try:
                     self._offer(topic, payload)
@@ -138,7 +141,14 @@ class RunDirectoryFeed:
             self._thread.join(5.0)
 
     def poll(self) -> bool:
-        """Reload the board if any run file changed since the last look; whether it did."""
+        """Reload the board if any run file changed since the last look; whether it did.
+
+        Until the directory exists the board says it waits for it (a run not started yet).
+        """
+        if not self.directory.is_dir():
+            self._seen = None
+            self.board.notice(f"waiting for {self.directory} to appear (the run's --out)")
+            return False
         seen = tuple(_stamp(self.directory / name) for name in RUN_FILES)
         if seen == self._seen:
             return False
@@ -161,7 +171,7 @@ def read_run_directory(directory: Path) -> dict[str, Any]:
     """
     summary = _read_json(directory / "summary.json")
     raw_settings = _read_json(directory / "run.json") or summary or {}
-    rounds = deque(_rounds(directory / "metrics.jsonl"), maxlen=RUN_HISTORY_ROUNDS)
+    rounds = deque(read_rounds(directory / "metrics.jsonl"), maxlen=RUN_HISTORY_ROUNDS)
     devices = list(_device_results(directory / "devices.jsonl"))
     fleet_name = str(raw_settings.get("fleet", "default"))
     history = RunHistory(
@@ -194,7 +204,26 @@ def read_run_directory(directory: Path) -> dict[str, Any]:
         "fleet": fleet,
         "coordinator": coordinator,
         "finished": summary is not None,
+        "summary": _final_cards(summary),
     }
+
+
+def _final_cards(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the page's final cards read from summary.json (its settings are shown already)."""
+    if summary is None:
+        return None
+    return {key: _finite(value) for key, value in summary.items() if key != "config"}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinity (JSON cannot carry them) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -234,7 +263,8 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
             yield value
 
 
-def _rounds(path: Path) -> Iterator[Any]:
+def read_rounds(path: Path) -> Iterator[RoundSummary]:
+    """The rounds a metrics.jsonl holds so far (a line being written is skipped)."""
     for line in _lines(path):
         try:
             yield round_summary(line)

@@ -7,6 +7,7 @@ the network, from reading every device's results.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,8 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-COOKIE: Final = "pfl_dashboard_token"
+COOKIE: Final = "pfl_dashboard_session"
+SESSION_CONTEXT: Final = b"pfl-edge dashboard session v1"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS: Final = frozenset({"0.0.0.0", "::", ""})
 PUBLIC_PREFIXES: Final = ("/static/", "/favicon.ico")
@@ -63,9 +65,10 @@ def _host_name(header: str) -> str:
 class DashboardGate:
     """ASGI middleware: a foreign Host gets 400; without the token (when there is one), 401.
 
-    The token comes as a bearer header, a cookie, or `?token=` once: a link with `?token=` sets
-    the cookie and redirects to the same page without it, so the token does not stay in the
-    address bar or the browser history.
+    The token comes as a bearer header or `?token=` once: a link with `?token=` sets a session
+    cookie and redirects to the same page without it, so the token does not stay in the address
+    bar or the browser history. The cookie holds `session_value(token)`, an HMAC of the token:
+    a cookie read from the browser's store does not give the token (nor work as a bearer).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class DashboardGate:
         self.app = app
         self.token = token
         self.hosts = hosts
+        self.session = None if token is None else session_value(token)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:  # type: ignore[type-arg]
         """Pass the request on, or answer it with the refusal."""
@@ -100,13 +104,13 @@ class DashboardGate:
             response = RedirectResponse(request.url.remove_query_params("token"), 303)
             response.set_cookie(
                 COOKIE,
-                self.token,
+                self.session or "",
                 httponly=True,
                 samesite="strict",
                 secure=request.url.scheme == "https",
             )
             return response
-        if self._matches(request.cookies.get(COOKIE, "")) or self._matches(
+        if _same(request.cookies.get(COOKIE, ""), self.session) or self._matches(
             request.headers.get("authorization", "").removeprefix("Bearer ")
         ):
             return None
@@ -117,8 +121,17 @@ class DashboardGate:
         )
 
     def _matches(self, offered: str) -> bool:
-        return (
-            self.token is not None
-            and bool(offered)
-            and hmac.compare_digest(offered.encode(), self.token.encode())
-        )
+        return _same(offered, self.token)
+
+
+def session_value(token: str) -> str:
+    """The session cookie's value for `token`: an HMAC keyed by it, never the token itself."""
+    return hmac.new(token.encode(), SESSION_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def _same(offered: str, expected: str | None) -> bool:
+    return (
+        expected is not None
+        and bool(offered)
+        and hmac.compare_digest(offered.encode(), expected.encode())
+    )

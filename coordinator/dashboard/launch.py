@@ -8,6 +8,7 @@ from pathlib import Path
 
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.feeds import RunDirectoryFeed, watch_broker
+from coordinator.dashboard.runs import RunLibrary
 from coordinator.dashboard.server import DashboardServer, Listen
 from coordinator.dashboard.settings import DashboardSettings
 from protocols.atomic import write_atomically
@@ -57,26 +58,32 @@ def engine_dashboard(
 def run_directory_dashboard(
     settings: DashboardSettings, directory: Path, say: Callable[[str], None] = lambda _: None
 ) -> Iterator[DashboardServer]:
-    """A dashboard following a run directory (finished, or still being written).
+    """A dashboard following a run directory (finished, still being written, or not made yet).
+
+    A directory that does not exist yet is waited for: the page says so until the run makes it.
 
     Raises:
-        ValueError: bad dashboard settings, or the address cannot be bound.
-        FileNotFoundError: `directory` does not exist.
+        ValueError: bad dashboard settings, the address cannot be bound, or `directory` is a file.
     """
+    if directory.exists() and not directory.is_dir():
+        msg = f"{directory} is a file, not a run directory (give the --out of a run)"
+        raise ValueError(msg)
     if not directory.is_dir():
-        msg = f"no run directory at {directory} (give the --out of a simulate or serve run)"
-        raise FileNotFoundError(msg)
+        say(f"waiting for {directory} to appear (the --out of a simulate or serve run)")
     board = Board(str(directory))
     feed = RunDirectoryFeed(board, directory).start()
     try:
-        with _started(_server(settings, board), settings.token_file) as server:
+        server = _server(settings, board, RunLibrary(directory))
+        with _started(server, settings.token_file) as server:
             say(f"dashboard on {server.url}")
             yield server
     finally:
         feed.stop()
 
 
-def _server(settings: DashboardSettings, board: Board) -> DashboardServer:
+def _server(
+    settings: DashboardSettings, board: Board, runs: RunLibrary | None = None
+) -> DashboardServer:
     return DashboardServer(
         board,
         Listen.parse(settings.listen),
@@ -84,6 +91,7 @@ def _server(settings: DashboardSettings, board: Board) -> DashboardServer:
         open_to_local_users=settings.open_to_local_users,
         cert_file=settings.cert_file,
         key_file=settings.key_file,
+        runs=runs,
     )
 
 

@@ -10,6 +10,7 @@ every device. Requests must name its own host (`gate`); connections are limited 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ipaddress
 import logging
 import secrets
@@ -18,17 +19,27 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.connections import ConnectionLimits, limited_protocol
 from coordinator.dashboard.gate import DashboardGate, HostCheck
+from coordinator.dashboard.headers import SecurityHeaders
+from coordinator.dashboard.runs import RunLibrary
+from coordinator.dashboard.stream import EventEncoder, accepts_gzip, snapshot_delta
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +47,31 @@ STATIC = Path(__file__).with_name("static")
 PUSH_INTERVAL_S = 0.5
 """At most two snapshots a second per viewer, however fast the fleet changes."""
 KEEPALIVE_S = 15.0
+FINAL_PUSH_S = 3.0
+"""How long stopping waits for open pages to get the last change (e.g. the run's "finished")."""
+
+
+class OpenStreams:
+    """The version each open event stream sent last, so that stopping can wait for the last one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: dict[int, int] = {}
+
+    def sent(self, stream: int, version: int) -> None:
+        """Stream `stream` sent `version`."""
+        with self._lock:
+            self._sent[stream] = version
+
+    def closed(self, stream: int) -> None:
+        """Stream `stream` ended."""
+        with self._lock:
+            self._sent.pop(stream, None)
+
+    def behind(self, version: int) -> bool:
+        """Whether an open stream has not sent `version` yet."""
+        with self._lock:
+            return any(sent < version for sent in self._sent.values())
 
 
 @dataclass(frozen=True)
@@ -71,9 +107,17 @@ class Listen:
 
 
 def dashboard_app(
-    board: Board, token: str | None, hosts: HostCheck, stopping: threading.Event
+    board: Board,
+    token: str | None,
+    hosts: HostCheck,
+    stopping: threading.Event,
+    runs: RunLibrary | None = None,
+    streams: OpenStreams | None = None,
 ) -> Starlette:
     """The ASGI app: `/` the page, `/api/snapshot` the data, `/api/events` its changes.
+
+    `/api/runs` lists the runs the page may overlay (`runs`' siblings; none without it),
+    `/api/runs/NAME` one's rounds.
 
     Every request passes the gate: its own host names only, and the token when there is one.
     """
@@ -81,19 +125,37 @@ def dashboard_app(
     async def page(_: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
-    async def snapshot(_: Request) -> Response:
-        return Response(
-            board.snapshot_json(),
-            media_type="application/json",
-            headers={"Cache-Control": "no-store"},
-        )
+    async def snapshot(request: Request) -> Response:
+        body = board.snapshot_json().encode()
+        headers = {"Cache-Control": "no-store", "Vary": "Accept-Encoding"}
+        if accepts_gzip(request.headers.get("accept-encoding", "")):
+            body = gzip.compress(body, compresslevel=6, mtime=0)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type="application/json", headers=headers)
 
     async def events(request: Request) -> Response:
+        encoder = EventEncoder(accepts_gzip(request.headers.get("accept-encoding", "")))
+        headers = {
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",
+            "Vary": "Accept-Encoding",
+        }
+        if encoder.gzip:
+            headers["Content-Encoding"] = "gzip"
         return StreamingResponse(
-            _event_stream(board, request, stopping),
+            _event_stream(board, request, stopping, encoder, streams or OpenStreams()),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            headers=headers,
         )
+
+    async def run_list(_: Request) -> Response:
+        return JSONResponse({"runs": runs.names() if runs else []})
+
+    async def run_rounds(request: Request) -> Response:
+        found = runs.rounds(request.path_params["name"]) if runs else None
+        if found is None:
+            return PlainTextResponse("no such run beside this one", status_code=404)
+        return JSONResponse({"rounds": found})
 
     async def health(_: Request) -> Response:
         return PlainTextResponse("ok")
@@ -106,29 +168,52 @@ def dashboard_app(
             Route("/", page),
             Route("/api/snapshot", snapshot),
             Route("/api/events", events),
+            Route("/api/runs", run_list),
+            Route("/api/runs/{name}", run_rounds),
             Route("/healthz", health),
             Route("/favicon.ico", icon),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
     app.add_middleware(DashboardGate, token=token, hosts=hosts)
+    app.add_middleware(SecurityHeaders)
     return app
 
 
 async def _event_stream(
-    board: Board, request: Request, stopping: threading.Event
-) -> AsyncIterator[str]:
-    """A snapshot now and after every change (at most every PUSH_INTERVAL_S), else keep-alives."""
-    sent, quiet_since = -1, time.monotonic()
-    while not stopping.is_set() and not await request.is_disconnected():
-        version = board.version
-        if version != sent:
-            sent, quiet_since = version, time.monotonic()
-            yield f"event: snapshot\ndata: {board.snapshot_json()}\n\n"
-        elif time.monotonic() - quiet_since > KEEPALIVE_S:
-            quiet_since = time.monotonic()
-            yield ": still here\n\n"
-        await asyncio.sleep(PUSH_INTERVAL_S)
+    board: Board,
+    request: Request,
+    stopping: threading.Event,
+    encoder: EventEncoder,
+    streams: OpenStreams,
+) -> AsyncIterator[bytes]:
+    """The snapshot now, then what changed after every change (at most every PUSH_INTERVAL_S).
+
+    Between changes, keep-alives. See `stream` for the delta's form.
+    """
+    sent: dict[str, Any] | None = None
+    quiet_since = time.monotonic()
+    streams.sent(id(encoder), -1)
+    try:
+        while not stopping.is_set() and not await request.is_disconnected():
+            version, state = board.state() if board.version != _version(sent) else (-1, {})
+            if sent is None:
+                yield encoder.event("snapshot", state, time.time())
+            elif version >= 0:
+                yield encoder.event("delta", snapshot_delta(sent, state), time.time())
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield encoder.raw(": still here\n\n")
+            if version >= 0:
+                sent, quiet_since = state, time.monotonic()
+                streams.sent(id(encoder), version)
+            await asyncio.sleep(PUSH_INTERVAL_S)
+    finally:
+        streams.closed(id(encoder))
+
+
+def _version(sent: dict[str, Any] | None) -> int:
+    return -1 if sent is None else int(sent["version"])
 
 
 class DashboardServer:
@@ -144,6 +229,7 @@ class DashboardServer:
         cert_file: Path | None = None,
         key_file: Path | None = None,
         limits: ConnectionLimits | None = None,
+        runs: RunLibrary | None = None,
     ) -> None:
         """A token is required, made up when none is given; on loopback the operator may opt out.
 
@@ -164,9 +250,13 @@ class DashboardServer:
         self.listen = listen
         self.tls = cert_file is not None
         self._stopping = threading.Event()
+        self._board = board
+        self._streams = OpenStreams()
         limits = limits or ConnectionLimits()
         config = uvicorn.Config(
-            dashboard_app(board, self.token, HostCheck(listen.host), self._stopping),
+            dashboard_app(
+                board, self.token, HostCheck(listen.host), self._stopping, runs, self._streams
+            ),
             host=listen.host,
             port=listen.port,
             log_level="warning",
@@ -237,7 +327,10 @@ class DashboardServer:
         return base if self.token is None else f"{base}?token={self.token}"
 
     def stop(self) -> None:
-        """Close the streams and stop listening."""
+        """Let open pages get the last change (FINAL_PUSH_S at most), then close and stop."""
+        deadline = time.monotonic() + FINAL_PUSH_S
+        while self._streams.behind(self._board.version) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._stopping.set()
         self._server.should_exit = True
         self._thread.join(10.0)

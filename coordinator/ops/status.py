@@ -74,18 +74,18 @@ class FleetView:
         summary = {d.device_id for d in self.fleet.devices} if self.fleet else set()
         return sorted(summary | set(self.devices))
 
-    def rows_left_out(self) -> int:
-        """Devices beyond the MAX_SHOWN_DEVICES that `rows` shows."""
-        return max(0, len(self.device_ids()) - MAX_SHOWN_DEVICES)
+    def rows_left_out(self, limit: int = MAX_SHOWN_DEVICES) -> int:
+        """Devices beyond the `limit` that `rows` shows."""
+        return max(0, len(self.device_ids()) - limit)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """A row per device (the first MAX_SHOWN_DEVICES by id).
+    def rows(self, limit: int = MAX_SHOWN_DEVICES) -> list[dict[str, Any]]:
+        """A row per device (the first `limit` by id).
 
         The coordinator's view, completed by the device's own status.
         """
         summary = {d.device_id: d for d in self.fleet.devices} if self.fleet else {}
         rows = []
-        for device_id in self.device_ids()[:MAX_SHOWN_DEVICES]:
+        for device_id in self.device_ids()[:limit]:
             known, status = summary.get(device_id), self.devices.get(device_id)
             online = (
                 status.state != "offline" if status is not None else bool(known and known.online)

@@ -46,12 +46,15 @@ def _bearer(server: DashboardServer) -> dict[str, str]:
 
 
 def _read_events(url: str, found: list[dict[str, Any]], count: int, token: str) -> None:
-    """Append the snapshots the event stream pushes as they come, until `count` arrived."""
+    """Append the events the stream pushes as they come (`event` names each), until `count`."""
     with _get(url, headers={"Authorization": f"Bearer {token}"}) as stream:
+        name = ""
         for raw in stream:
             line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                name = line[7:]
             if line.startswith("data: "):
-                found.append(json.loads(line[6:]))
+                found.append({"event": name, **json.loads(line[6:])})
                 if len(found) >= count:
                     return
 
@@ -119,8 +122,10 @@ def test_the_event_stream_pushes_a_snapshot_when_the_board_changes() -> None:
         assert _until(lambda: len(pushed) == 1)  # the current snapshot comes at once
         board.apply(CoordinatorStatus(state="running", fleet="default", round_id=3, rounds=9))
         reader.join(20.0)
-    assert [p["version"] for p in pushed] == [0, 1]
-    assert pushed[1]["coordinator"]["round_id"] == 3
+    assert [p["event"] for p in pushed] == ["snapshot", "delta"]
+    assert pushed[0]["version"] == 0
+    assert pushed[1]["set"]["version"] == 1
+    assert pushed[1]["set"]["coordinator"]["round_id"] == 3
 
 
 def test_off_loopback_a_token_is_made_up_and_every_data_path_asks_for_it() -> None:
@@ -146,7 +151,7 @@ def test_off_loopback_a_token_is_made_up_and_every_data_path_asks_for_it() -> No
         with _get(server.url, opener) as page:
             assert page.url == base  # redirected to the page without the token
             assert "pfl-edge" in page.read().decode()
-        assert [c.name for c in jar] == ["pfl_dashboard_token"]
+        assert [c.name for c in jar] == ["pfl_dashboard_session"]
         with _get(f"{base}api/snapshot", opener) as again:
             assert json.load(again)["source"] == "test"
         with _get(f"{base}static/dashboard.js") as script:  # static files are public code
@@ -175,8 +180,9 @@ def test_the_dashboard_serves_tls_with_the_provisioned_certificate(tmp_path: Pat
 def test_bad_dashboard_settings_are_refused_clearly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="both --dashboard-cert and --dashboard-key"):
         DashboardServer(Board("x"), LOOPBACK, cert_file=tmp_path / "a.crt")
-    missing = run_directory_dashboard(DashboardSettings(), tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="no run directory"), missing:
+    (tmp_path / "a-file").write_text("not a run")
+    a_file = run_directory_dashboard(DashboardSettings(listen="127.0.0.1:0"), tmp_path / "a-file")
+    with pytest.raises(ValueError, match="is a file, not a run directory"), a_file:
         pass
     with DashboardServer(Board("x"), LOOPBACK) as taken:
         busy = DashboardSettings(listen=f"127.0.0.1:{taken.port}")

@@ -31,13 +31,26 @@ def chromium_binary() -> str:
 
 @contextmanager
 def chromium_page(width: int = 1400, height: int = 1000) -> Iterator[Page]:
-    """A page in a fresh headless Chromium; page errors fail the test when it ends."""
+    """A page in a fresh headless Chromium; page errors fail the test when it ends.
+
+    So do Content-Security-Policy violations the console reports: the page must work under
+    the policy its server sends. (Wait on conditions written as functions, `() => ...`: a
+    condition as a bare expression is run through eval, which that policy forbids.)
+    """
     errors: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_binary(), args=QUIET_FLAGS)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on(
+                "console",
+                lambda message: (
+                    errors.append(message.text)
+                    if "Content Security Policy" in message.text
+                    else None
+                ),
+            )
             yield page
         finally:
             browser.close()

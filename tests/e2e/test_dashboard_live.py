@@ -27,7 +27,7 @@ from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
 from tests.e2e.conftest import Processes
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(420)]
 DEVICES = 3
 
 
@@ -175,9 +175,10 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
     with chromium_page() as page:
         # Prepare: the page open while round 1 is held
         page.goto(run.url)
-        _wait_for(lambda: len(run.records) == 1, 90, "round 1")
+        _wait_for(lambda: len(run.records) == 1 or bool(run.result), 180, "round 1")
+        assert len(run.records) == 1, run.result
         page.wait_for_function(
-            "document.querySelectorAll('#rounds tbody tr').length === 1", timeout=20_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 1", timeout=20_000
         )
         page.evaluate("window.__sameDocument = true")
         renders = page.evaluate("window.pflDashboard.renders")
@@ -185,11 +186,11 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
         # Execute: the run goes on to round 3; then an agent dies
         run.release(1)
         page.wait_for_function(
-            "document.querySelectorAll('#rounds tbody tr').length === 3", timeout=90_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 3", timeout=90_000
         )
         processes.running["dev-0001"].send_signal(signal.SIGKILL)
         page.wait_for_function(
-            "document.querySelector('#fleet tr[data-device=\"dev-0001\"] td.online')"
+            "() => document.querySelector('#fleet tr[data-device=\"dev-0001\"] td.online')"
             ".textContent.includes('offline')",
             timeout=15_000,
         )
@@ -203,3 +204,31 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
         assert points >= 3
         assert page.locator("#run-title").inner_text().startswith("default · digits")
         page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+
+
+def test_the_page_shows_the_run_finished_before_serve_stops_its_dashboard(
+    live_run: Callable[[int, tuple[int, ...]], LiveRun],
+) -> None:
+    run = live_run(2, (1,))
+    with chromium_page(width=400) as page:
+        # Prepare: the page open while round 1 is held
+        page.goto(run.url)
+        page.wait_for_function(
+            "() => document.querySelectorAll('#rounds tbody tr').length === 1", timeout=180_000
+        )
+        assert page.locator("#run-state").inner_text() == "running"
+        # Execute: the run goes on to its end; serve stops its dashboard with it
+        run.release(1)
+        page.wait_for_function("() => document.body.dataset.state === 'finished'", timeout=180_000)
+        # Assert: the last change arrived before the server went
+        assert page.locator("#run-progress").inner_text() == "round 2 of 2"
+        page.wait_for_function(
+            "() => document.querySelector('#connection').textContent === 'run over, server gone'",
+            timeout=60_000,
+        )
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0
+    _wait_for(lambda: bool(run.result), 120, "serve's end")
+    assert isinstance(run.result[0], ServeResult), run.result
