@@ -52,7 +52,7 @@ from coordinator.engine.selection import select_devices
 from coordinator.stages.accountant import DpRound, epsilon_of
 from coordinator.stages.ftrl import TreeNoise, prefix_nodes
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.secure_aggregation import SecureAggregator
+from coordinator.stages.secure.aggregator import SecureAggregator
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize

@@ -23,8 +23,8 @@ from coordinator.run.summary import RunSummary
 from coordinator.stages.compatibility import check
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.privacy_stage import PrivacyStage
-from coordinator.stages.secure_aggregation import SecureAggregator
-from coordinator.stages.secure_uplink import SecureUplink
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.uplink import SecureUplink
 from coordinator.stages.uplink import PlainUplink, UplinkPath
 from coordinator.strategies import build_strategy
 from pfl_tasks.base import Task

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.stages.secure_aggregation import SecureAggregator, SecureSum
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.unmask import SecureSum
 from device_agent.secure_aggregation import SecureClient
 from protocols import secure_aggregation as sa
 from protocols import topics

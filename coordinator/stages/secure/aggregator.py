@@ -1,12 +1,11 @@
-"""The coordinator's side of secure aggregation: run the phases, rebuild secrets, unmask the sum.
+"""The coordinator's side of secure aggregation: run one attempt's phases over the transport.
 
 The coordinator relays public keys and sealed shares it cannot open, collects masked updates,
 and once they are in, asks the survivors for the shares that remove exactly the survivors' self
 masks and the pairwise masks of devices that dropped out after dealing. What it learns is the
 sum of the survivors' (clipped, weighted) updates and how many there were; never one update.
-Every revealed share is checked against its dealer's commitment, every rebuilt secret against
-the dealer's public key or seed commitment, and the sum against what honest devices can send:
-a lying device is named where the protocol can tell who lied, and the round refused where it
+Each message is held to the protocol (`checks`) and the sum unmasked and checked (`unmask`): a
+lying device is named where the protocol can tell who lied, and the round refused where it
 cannot (masking hides which device sent an out-of-range update).
 """
 
@@ -16,19 +15,21 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-
-import numpy as np
-import torch
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from coordinator.engine.intake import Collector
 from coordinator.engine.silence import SilentDevices
-from coordinator.stages.aggregate_guard import cap_shares
-from coordinator.strategies.base import ReceivedUpdate, Strategy
+from coordinator.stages.secure.bounds import plan_round
+from coordinator.stages.secure.checks import (
+    checked_keys,
+    checked_reveal,
+    checked_shares,
+    recoverable,
+)
+from coordinator.stages.secure.state import RoundState
+from coordinator.stages.secure.unmask import SecureSum, decoded, rebuild, remove_masks
 from protocols import secure_aggregation as sa
 from protocols import topics
-from protocols.codec import Tensors, decode_frame, encode_frame, unpack_tensors
+from protocols.codec import decode_frame, encode_frame, unpack_tensors
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import (
     DealtShares,
@@ -45,32 +46,11 @@ from protocols.messages import (
     SecureRound,
     TensorSpec,
 )
-from protocols.secure_aggregation import secure_layout
-from protocols.secure_levels import LEVELS
 from protocols.transport.base import Transport
 
 logger = logging.getLogger(__name__)
-MIN_COHORT = 3
-"""Fewer devices never aggregate securely: the sum of two tells each the other's update."""
-NOISE_ROOM = 8.0
-"""Each entry's clamp leaves this many noise standard deviations above the clip norm."""
 SHORT_PHASES = frozenset({"keys", "shares", "reveal"})
 """Phases of messages only (no training): an honest device answers them within moments."""
-
-
-def weight_bound(
-    strategy: Strategy, declared: Sequence[int | None], private: bool, max_share: float
-) -> int:
-    """The largest weight a device may give its update: 1 for a uniform mean, else samples.
-
-    Capped by water-filling the cohort's declared counts (`cap_shares`), as plain rounds cap
-    the counts their updates claim: a hello declaring a huge data set cannot make its masked
-    update outweigh the rest, nor coarsen everyone's fixed point with a huge bound.
-    """
-    if private or getattr(strategy.config, "aggregation_weights", "") == "uniform":
-        return 1
-    counts = [d for d in declared if d is not None and d > 0]
-    return max([1, *cap_shares(counts, max_share)])
 
 
 class SecureRoundError(RoundError):
@@ -93,74 +73,6 @@ class SecureRoundError(RoundError):
         """Devices in a sum that was unmasked and refused (0: the coordinator saw no sum)."""
 
 
-@dataclass(frozen=True)
-class SecureSum:
-    """What unmasking reveals: sums over the survivors, nothing per device."""
-
-    survivors: tuple[str, ...]
-    dropped: tuple[str, ...]
-    total: Tensors
-    """The sum of the survivors' weighted, clipped deltas."""
-    weight: float
-    loss: float | None
-    """The weighted mean train loss (None under DP)."""
-    clipped: int | None
-    within: float | None
-    """Under DP's adaptive clipping: the sum of the survivors' noised within-clip bits."""
-
-    def scalars(self) -> dict[str, float]:
-        """The round record's view: survivors, dropouts, and (without DP) how many clipped."""
-        out = {
-            "secagg_survivors": float(len(self.survivors)),
-            "secagg_dropped": float(len(self.dropped)),
-        }
-        if self.clipped is not None:
-            out["secagg_clipped"] = float(self.clipped)
-        return out
-
-    def as_update(self, *, mean: bool) -> ReceivedUpdate:
-        """One update standing for all survivors: their weighted mean (or, for DP, the sum)."""
-        scale = 1 / self.weight if mean and self.weight > 0 else 1.0
-        delta = {name: tensor * scale for name, tensor in self.total.items()}
-        loss = self.loss if self.loss is not None else 0.0
-        return ReceivedUpdate("secure-sum", max(1, round(self.weight)), loss, delta)
-
-
-@dataclass
-class _Round:
-    """One round's protocol state, filled phase by phase."""
-
-    run_id: str
-    round_id: int
-    secure: SecureRound
-    specs: tuple[TensorSpec, ...]
-    keys: dict[str, SecAggKeys]
-    neighbours: dict[str, tuple[str, ...]]
-    points: dict[str, int]
-    commitments: dict[tuple[str, str], tuple[str, str]]
-    dealers: tuple[str, ...] = ()
-    survivors: tuple[str, ...] = ()
-    revealed: dict[tuple[str, str], int] = field(default_factory=dict)
-    """Shares accepted so far per (dealer, secret) in the unmasking."""
-    short: int = 0
-    """Secrets the unmasking needs that have fewer shares than their threshold yet."""
-    gone: set[str] = field(default_factory=set)
-    """Devices that declined or were quarantined: no later phase of the round waits for them."""
-    culprits: set[str] = field(default_factory=set)
-    unmasked: int = 0
-
-    @property
-    def context(self) -> bytes:
-        return sa.round_context(self.run_id, self.round_id)
-
-    def threshold(self, device_id: str) -> int:
-        return sa.threshold_of(len(self.neighbours[device_id]), self.secure.threshold)
-
-
-Reveals = dict[tuple[str, str], tuple[int, bytes]]
-"""What one holder revealed: (dealer, "seed" or "key") -> (its Shamir point, the share)."""
-
-
 class SecureAggregator:
     """Runs secure aggregation's phases for the round engine over its transport.
 
@@ -179,7 +91,7 @@ class SecureAggregator:
         self.fleet = fleet
         self.blame = blame
         self.bytes_down = 0
-        self._round: _Round | None = None
+        self._round: RoundState | None = None
         self._phase: Collector[object] | None = None
         self._closed: tuple[str, int] | None = None
         """The round that finished last: its late answers are expected, not offences."""
@@ -194,36 +106,12 @@ class SecureAggregator:
         weights: int,
         needed: int,
     ) -> SecureRound:
-        """What the round's announcement tells devices.
+        """What the round's announcement tells devices (`bounds.plan_round`).
 
         Raises:
             RoundError: fewer than 3 devices selected (a sum of two tells each the other's).
         """
-        if len(selected) < MIN_COHORT:
-            msg = (
-                f"secure aggregation needs at least 3 devices a round, {len(selected)} selected: "
-                "the sum of two would tell each device the other's update"
-            )
-            raise RoundError(msg)
-        noise = privacy.noise_std if privacy is not None else 0.0
-        clip = privacy.clip_norm if privacy is not None else self.settings.clip_norm
-        return SecureRound(
-            threshold=self.settings.threshold,
-            neighbors=self.settings.neighbors,
-            cohort=len(selected),
-            min_survivors=max(MIN_COHORT, needed),
-            clip_norm=clip,
-            value_bound=clip + NOISE_ROOM * noise,
-            weight_bound=weights,
-            loss_bound=0.0 if privacy is not None else self.settings.loss_bound,
-            bit_bound=(
-                1 + NOISE_ROOM * privacy.indicator_std
-                if privacy is not None and privacy.report_clipped
-                else 0.0
-            ),
-            phase_timeout_s=self.settings.phase_timeout_s,
-            int8=self.settings.int8,
-        )
+        return plan_round(self.settings, selected, privacy, weights, needed)
 
     # -- the phases ---------------------------------------------------------------------------
 
@@ -247,7 +135,7 @@ class SecureAggregator:
             SecureRoundError: too few devices at some phase, a secret that cannot be rebuilt, or a
                 sum no honest devices could have sent.
         """
-        state = _Round(run_id, round_id, secure, tuple(specs), {}, {}, {}, {})
+        state = RoundState(run_id, round_id, secure, tuple(specs), {}, {}, {}, {})
         self._round = state
         try:
             return self._run(state, selected, online, train_timeout_s, announce)
@@ -264,7 +152,7 @@ class SecureAggregator:
 
     def _run(
         self,
-        state: _Round,
+        state: RoundState,
         selected: Sequence[str],
         online: Callable[[], AbstractSet[str]],
         train_timeout_s: float,
@@ -295,7 +183,7 @@ class SecureAggregator:
             lambda: self._send(topics.secure(self.fleet), roster_message, len(roster)),
         )
         shares = {d: s for d, s in dealt.items() if isinstance(s, SecAggShares)}
-        state.dealers = _recoverable(shares, state)
+        state.dealers = recoverable(shares, state)
         self._enough(state, "dealt shares", state.dealers)
         masked_inputs = self._collect(
             "masked",
@@ -320,16 +208,16 @@ class SecureAggregator:
             enough=lambda: state.short <= 0,
         )
         reveals = [r for r in revealed.values() if isinstance(r, dict)]
-        seeds = {u: self._rebuild(state, u, "seed", reveals) for u in state.survivors}
-        mask_keys = {v: self._rebuild(state, v, "key", reveals) for v in dropped}
+        seeds = {u: rebuild(state, u, "seed", reveals, self.blame) for u in state.survivors}
+        mask_keys = {v: rebuild(state, v, "key", reveals, self.blame) for v in dropped}
         if state.culprits:
             msg = (
                 f"secure aggregation: {', '.join(sorted(state.culprits))} dealt shares that do "
                 "not rebuild the seed or key committed to: the round cannot be unmasked"
             )
             raise RoundError(msg, round_id=state.round_id)
-        total = _unmask(state, masked_inputs, seeds, mask_keys)  # type: ignore[arg-type]
-        secure_sum = _decoded(state, total, dropped)
+        total = remove_masks(state, masked_inputs, seeds, mask_keys)  # type: ignore[arg-type]
+        secure_sum = decoded(state, total, dropped)
         self._silent.heard(state.survivors)  # they did their part of a whole round
         return secure_sum
 
@@ -364,7 +252,7 @@ class SecureAggregator:
         self._phase = None
         return {d: collector.answers[d] for d in sorted(collector.answers)}
 
-    def _send_inboxes(self, state: _Round, shares: dict[str, SecAggShares]) -> None:
+    def _send_inboxes(self, state: RoundState, shares: dict[str, SecAggShares]) -> None:
         """Each dealer's (U2) device gets the dealers' list and the shares sealed for it."""
         inboxes: dict[str, list[DealtShares]] = {holder: [] for holder in state.dealers}
         for dealer in state.dealers:
@@ -380,7 +268,7 @@ class SecureAggregator:
             )
             self._send(topics.secure(self.fleet, holder), inbox, 1)
 
-    def _enough(self, state: _Round, what: str, devices: Sequence[str]) -> None:
+    def _enough(self, state: RoundState, what: str, devices: Sequence[str]) -> None:
         if len(devices) < state.secure.min_survivors:
             msg = (
                 f"secure aggregation: only {len(devices)} devices {what} "
@@ -433,11 +321,11 @@ class SecureAggregator:
             raise RoundError(msg, device_id=sender, topic=topic)
         answer: object
         if isinstance(message, SecAggKeys) and phase.phase == "keys":
-            answer = _checked_keys(message, state)
+            answer = checked_keys(message, state)
         elif isinstance(message, SecAggShares) and phase.phase == "shares":
-            answer = _checked_shares(message, state)
+            answer = checked_shares(message, state)
         elif isinstance(message, SecAggReveal) and phase.phase == "reveal":
-            answer = _checked_reveal(message, state)
+            answer = checked_reveal(message, state)
         else:
             msg = f"{message.kind} while collecting {phase.phase}"
             raise RoundError(msg, device_id=sender, round_id=state.round_id, topic=topic)
@@ -466,7 +354,7 @@ class SecureAggregator:
         if update.run_id != state.run_id or update.round_id != state.round_id:
             msg = "a masked update for another round"
             raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
-        layout = _layout(state)
+        layout = state.layout()
         tensors = unpack_tensors(update.manifest, blob, expected=sa.masked_specs(layout))
         try:
             vector = sa.masked_vector(tensors, layout)
@@ -486,175 +374,3 @@ class SecureAggregator:
             logger.debug("late %s from %s", kind, getattr(message, "device_id", "?"))
             return True
         return False
-
-    # -- unmasking ----------------------------------------------------------------------------
-
-    def _rebuild(
-        self, state: _Round, dealer: str, kind: sa.SealedKind, reveals: list[Reveals]
-    ) -> bytes | None:
-        """The dealer's secret; None (the dealer blamed) when its shares rebuild another one."""
-        shares = dict(r[(dealer, kind)] for r in reveals if (dealer, kind) in r)
-        needed = state.threshold(dealer)
-        if len(shares) < needed:
-            msg = (
-                f"secure aggregation: {len(shares)} of the {needed} shares needed to rebuild "
-                f"{dealer}'s {'seed' if kind == 'seed' else 'mask key'} came back"
-            )
-            raise RoundError(msg, round_id=state.round_id)
-        chosen = dict(sorted(shares.items())[:needed])
-        try:
-            secret = sa.combine_shares(chosen)
-            if kind == "seed":
-                good = sa.constant_time_equal(
-                    sa.seed_commitment(state.context, dealer, secret),
-                    state.keys[dealer].seed_commitment,
-                )
-            else:
-                rebuilt = sa.public_hex(X25519PrivateKey.from_private_bytes(secret))
-                good = rebuilt == state.keys[dealer].mask_key
-        except ValueError:
-            good = False
-        if not good:
-            reason = f"dealt shares that do not rebuild the {kind} it committed to"
-            self.blame(dealer, reason)
-            state.culprits.add(dealer)
-            return None
-        return secret
-
-
-def _layout(state: _Round) -> sa.Layout:
-    length = sum(int(np.prod(spec.shape)) for spec in state.specs)
-    return secure_layout(state.secure, length, dp_bit=state.secure.bit_bound > 0)
-
-
-def _checked_keys(message: SecAggKeys, state: _Round) -> SecAggKeys:
-    """Both public keys are usable: one low-order key would stop every neighbour dealing."""
-    for key in (message.channel_key, message.mask_key):
-        problem = sa.public_key_problem(key)
-        if problem:
-            raise ProtocolError(problem, device_id=message.device_id, round_id=state.round_id)
-    if message.channel_key == message.mask_key:
-        msg = "the same key for sealing and masking: revealing one would open the other"
-        raise ProtocolError(msg, device_id=message.device_id, round_id=state.round_id)
-    return message
-
-
-def _checked_shares(message: SecAggShares, state: _Round) -> SecAggShares:
-    """A dealer's shares go to exactly its neighbours; their commitments are kept."""
-    dealer = message.device_id
-    holders = [s.holder for s in message.shares]
-    if sorted(holders) != sorted(state.neighbours.get(dealer, ())):
-        msg = "shares not dealt to exactly this device's neighbours"
-        raise ProtocolError(msg, device_id=dealer, round_id=state.round_id)
-    for sealed in message.shares:
-        pair = (dealer, sealed.holder)
-        state.commitments[pair] = (sealed.seed_share_commitment, sealed.key_share_commitment)
-    return message
-
-
-def _recoverable(shares: dict[str, SecAggShares], state: _Round) -> tuple[str, ...]:
-    """The dealers whose secrets enough dealing neighbours hold (U2), to a fixed point."""
-    dealers = set(shares)
-    while True:
-        kept = {d for d in dealers if len(set(state.neighbours[d]) & dealers) >= state.threshold(d)}
-        if kept == dealers:
-            return tuple(sorted(kept))
-        dealers = kept
-
-
-def _checked_reveal(message: SecAggReveal, state: _Round) -> Reveals:
-    """Each revealed share is one the holder was dealt, of the right secret, as committed."""
-    holder = message.device_id
-    dealers, survivors = set(state.dealers), set(state.survivors)
-    out: Reveals = {}
-    for revealed in message.shares:
-        dealer = revealed.dealer
-        wanted: sa.SealedKind = "seed" if dealer in survivors else "key"
-        commitment = state.commitments.get((dealer, holder))
-        if dealer not in dealers or commitment is None or (dealer, wanted) in out:
-            msg = f"revealed a share of {dealer} it was not dealt (or twice)"
-            raise ProtocolError(msg, device_id=holder, round_id=state.round_id)
-        if revealed.secret != wanted:
-            msg = f"revealed {dealer}'s {revealed.secret} share, the unmasking asks its {wanted}"
-            raise ProtocolError(msg, device_id=holder, round_id=state.round_id)
-        share, salt = bytes.fromhex(revealed.share), bytes.fromhex(revealed.salt)
-        expected = commitment[0] if wanted == "seed" else commitment[1]
-        actual = sa.share_commitment(state.context, dealer, holder, wanted, share, salt)
-        if not sa.constant_time_equal(actual, expected):
-            msg = f"revealed a share of {dealer} other than the one dealt to it"
-            raise ProtocolError(msg, device_id=holder, round_id=state.round_id)
-        out[(dealer, wanted)] = (state.points[holder], share)
-    return out
-
-
-def _unmask(
-    state: _Round,
-    masked: dict[str, np.ndarray],
-    seeds: dict[str, bytes],
-    mask_keys: dict[str, bytes],
-) -> np.ndarray:
-    """Sum of the masked inputs minus the survivors' self masks and the dropped pairs' masks."""
-    length = _layout(state).length
-    total = np.zeros(length, dtype=np.uint32)
-    for survivor in state.survivors:
-        total += masked[survivor]
-        total -= sa.prg(seeds[survivor], length)
-    for gone, raw in mask_keys.items():
-        private = X25519PrivateKey.from_private_bytes(raw)
-        for survivor in state.neighbours[gone]:
-            if survivor not in masked:
-                continue
-            pair = sa.pair_context(state.context, survivor, gone)
-            stream = sa.prg(sa.agree(private, state.keys[survivor].mask_key, "mask", pair), length)
-            if survivor < gone:  # the survivor added +PRG(s_uv) and its partner never sent
-                total -= stream
-            else:
-                total += stream
-    return total
-
-
-def _decoded(state: _Round, total: np.ndarray, dropped: tuple[str, ...]) -> SecureSum:
-    """The real-valued sums, checked against what honest survivors can send.
-
-    Raises:
-        RoundError: a sum out of that range (a device sent an out-of-range masked vector).
-    """
-    secure, layout = state.secure, _layout(state)
-    groups = layout.split(sa.decode(total, layout))
-    count = len(state.survivors)
-    weight = float(groups["weight"][0])
-    delta = groups["delta"]
-    problems = []
-    if not count - 0.5 <= weight <= count * secure.weight_bound + 0.5:
-        problems.append(f"a total weight of {weight:.6g} from {count} devices")
-    coordinate_bound = count * secure.weight_bound * secure.value_bound * (1 + 1e-9)
-    if delta.size and float(np.abs(delta).max()) > coordinate_bound:
-        problems.append(
-            f"an entry of {float(np.abs(delta).max()):.6g} (bound {coordinate_bound:.6g})"
-        )
-    norm, noise = float(np.linalg.norm(delta)), (secure.value_bound - secure.clip_norm) / NOISE_ROOM
-    norm_bound = weight * secure.clip_norm + noise * count**0.5 * (delta.size**0.5 + NOISE_ROOM)
-    if secure.int8:  # each device's stochastic rounding moves each entry by under one level
-        step = secure.weight_bound * secure.value_bound / LEVELS
-        norm_bound += count * step * delta.size**0.5
-    if norm > norm_bound * (1 + 1e-6) + 1e-6:
-        problems.append(
-            f"a norm of {norm:.6g} over the clipped (and noised) bound {norm_bound:.6g}"
-        )
-    if problems:
-        state.unmasked = count
-        msg = (
-            f"secure aggregation: the unmasked sum holds {'; '.join(problems)}: no {count} honest "
-            "devices send that, so one lied (masking hides which); the round is not applied"
-        )
-        raise RoundError(msg, round_id=state.round_id)
-    tensors, start = {}, 0
-    for spec in sorted(state.specs, key=lambda s: s.name):
-        size = int(np.prod(spec.shape))
-        values = torch.from_numpy(delta[start : start + size].copy()).reshape(spec.shape)
-        tensors[spec.name] = values.to(getattr(torch, spec.dtype))
-        start += size
-    loss = float(groups["loss"][0]) / weight if "loss" in groups and weight > 0 else None
-    clipped = round(float(groups["clipped"][0])) if "clipped" in groups else None
-    within = float(groups["within"][0]) if "within" in groups else None
-    return SecureSum(state.survivors, dropped, tensors, weight, loss, clipped, within)

@@ -1,7 +1,7 @@
 """The secure uplink path: a round's updates come in as one masked sum over its survivors.
 
-It runs secure aggregation's phases (`coordinator.stages.secure_aggregation`), retrying or
-skipping a failed round there (`coordinator.stages.secure_retry`), and hands the engine one
+It runs secure aggregation's phases (`coordinator.stages.secure.aggregator`), retrying or
+skipping a failed round there (`coordinator.stages.secure.retry`), and hands the engine one
 presummed update, or a `Skipped` round that leaves the model unchanged.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 from coordinator.stages.base import Collected, Skipped
-from coordinator.stages.secure_aggregation import SecureAggregator, weight_bound
-from coordinator.stages.secure_retry import SecureRequest, SkippedRound, secure_round
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.bounds import weight_bound
+from coordinator.stages.secure.retry import SecureRequest, SkippedRound, secure_round
 from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import RoundPlan
 from protocols.messages import DeviceUpdate, SecureRound
