@@ -18,7 +18,6 @@ from collections.abc import Set as AbstractSet
 
 from coordinator.engine.intake import Collector
 from coordinator.engine.silence import SilentDevices
-from coordinator.stages.secure.bounds import plan_round
 from coordinator.stages.secure.checks import (
     checked_keys,
     checked_reveal,
@@ -33,7 +32,6 @@ from protocols.codec import decode_frame, encode_frame, unpack_tensors
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import (
     DealtShares,
-    DevicePrivacy,
     DeviceUpdate,
     Message,
     RosterEntry,
@@ -98,20 +96,6 @@ class SecureAggregator:
         self._silent = SilentDevices()
         """Devices that stayed connected and silent through a short phase's deadline, and have
         not been in a sum since: short phases wait for them only a grace once others are in."""
-
-    def plan(
-        self,
-        selected: Sequence[str],
-        privacy: DevicePrivacy | None,
-        weights: int,
-        needed: int,
-    ) -> SecureRound:
-        """What the round's announcement tells devices (`bounds.plan_round`).
-
-        Raises:
-            RoundError: fewer than 3 devices selected (a sum of two tells each the other's).
-        """
-        return plan_round(self.settings, selected, privacy, weights, needed)
 
     # -- the phases ---------------------------------------------------------------------------
 

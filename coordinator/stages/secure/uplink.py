@@ -11,7 +11,7 @@ import math
 
 from coordinator.stages.base import Collected, Skipped
 from coordinator.stages.secure.aggregator import SecureAggregator
-from coordinator.stages.secure.bounds import weight_bound
+from coordinator.stages.secure.bounds import plan_round, weight_bound
 from coordinator.stages.secure.retry import SecureRequest, SkippedRound, secure_round
 from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import RoundPlan
@@ -41,7 +41,8 @@ class SecureUplink:
             host.announce(request.round_id, "train", kept, privacy=dp, secure=secure_round)
 
         def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
-            secure_round = secure.plan(cohort, dp, weights, min(request.needed, len(cohort)))
+            needed = min(request.needed, len(cohort))
+            secure_round = plan_round(secure.settings, cohort, dp, weights, needed)
             host.stage.dealt(secure_round, dimension)  # the grid a discrete Gaussian counts on
             return secure_round
 
