@@ -80,9 +80,8 @@ class Coordinator:
     That initialization is global, not personal: sending it leaks nothing (spec
     partial-personalization.md §3.3).
 
-    The run's round stages (e.g. differential privacy's) and uplink path (plain, or secure
-    aggregation's) are given here (`coordinator.stages`); the engine's round names neither. So
-    is the fleet `registry` (default: one that keeps each device's last loss).
+    The run's round stages (e.g. differential privacy's), uplink path (plain, or secure
+    aggregation's) and fleet registry are given here; the engine's round names no feature.
     """
 
     def __init__(
