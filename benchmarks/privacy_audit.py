@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal, cast
+from typing import Final, Literal
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from coordinator.engine.selection import select_devices
 from coordinator.stages.accountant import DpRound, epsilon_of
 from coordinator.stages.ftrl import TreeNoise, prefix_nodes
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.secure_aggregation import SecureAggregator
+from coordinator.stages.secure.bounds import plan_round
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize
@@ -60,7 +60,6 @@ from protocols.discrete_gaussian import noised_ring_values
 from protocols.messages import DevicePrivacy
 from protocols.privacy import PrivacySettings, noise_generator
 from protocols.secure_aggregation import SecureAggregationSettings, delta_scale
-from protocols.transport.base import Transport
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- privacy-audit -->"
@@ -208,10 +207,7 @@ class EngineRun:
         """The discrete Gaussian's grid: the coordinator's secure round, told to the engine."""
         if not planned.discrete:
             return None
-        aggregator = SecureAggregator(
-            SecureAggregationSettings(), cast("Transport", None), "audit", lambda *_: None
-        )
-        secure = aggregator.plan(selected, planned, 1, len(selected))
+        secure = plan_round(SecureAggregationSettings(), selected, planned, 1, len(selected))
         engine.ring(secure, dimension)
         return delta_scale(secure)
 

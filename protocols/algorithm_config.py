@@ -60,6 +60,20 @@ class AlgorithmConfig(WireModel):
         del uplink, downlink
         return None
 
+    def work_epochs(self) -> int:
+        """Passes over a device's data one round's local training makes (its declared work).
+
+        A simulated device's job lasts in proportion; `local_epochs` unless an algorithm says.
+        """
+        return self.local_epochs
+
+    def weighs_equally(self) -> bool:
+        """Whether its mean gives every device the same weight (else each its sample count).
+
+        Secure aggregation then bounds each device's weight at 1 instead of its samples.
+        """
+        return False
+
     def needs_each_update(self) -> str | None:
         """Why these settings need each device's update one by one, not only their sum (or None)."""
         return None

@@ -61,6 +61,10 @@ class FedAvgConfig(AlgorithmConfig):
     cc_tau: PositiveFloat | None = None
     cc_iterations: Annotated[int, Field(ge=1, le=100)] = 1
 
+    def weighs_equally(self) -> bool:
+        """`aggregation_weights` "uniform"."""
+        return self.aggregation_weights == "uniform"
+
     def needs_each_update(self) -> str | None:
         """A robust aggregation is an order statistic or an iteration over the updates."""
         if self.robust_aggregation == "mean":

@@ -80,8 +80,8 @@ class Coordinator:
     That initialization is global, not personal: sending it leaks nothing (spec
     partial-personalization.md §3.3).
 
-    The run's round stages (e.g. differential privacy's) and uplink path (plain, or secure
-    aggregation's) are given here (`coordinator.stages`); the engine's round names neither.
+    The run's round stages (e.g. differential privacy's), uplink path (plain, or secure
+    aggregation's) and fleet registry are given here; the engine's round names no feature.
     """
 
     def __init__(
@@ -96,13 +96,14 @@ class Coordinator:
         stages: Sequence[RoundStage] = (),
         uplink: UplinkPath | None = None,
         offences: Offences | None = None,
+        registry: FleetRegistry | None = None,
     ) -> None:
         self.transport = transport
         self.strategy = strategy
         self.model = dict(model)
         self.shared_names = tuple(model) if shared_names is None else tuple(shared_names)
         self.settings = settings
-        self.registry = FleetRegistry()
+        self.registry = FleetRegistry() if registry is None else registry
         self.rng = np.random.default_rng(settings.seed)
         self.round_id = 0
         self.run_id = uuid.uuid4().hex  # a resumed run takes its checkpoint's

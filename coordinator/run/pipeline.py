@@ -17,14 +17,15 @@ from typing import Any
 from torch import nn
 
 from coordinator.engine.metrics import personalization_effect
+from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.rounds import Coordinator, RoundRecord
 from coordinator.run.settings import RunSettings
 from coordinator.run.summary import RunSummary
 from coordinator.stages.compatibility import check
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.privacy_stage import PrivacyStage
-from coordinator.stages.secure_aggregation import SecureAggregator
-from coordinator.stages.secure_uplink import SecureUplink
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.uplink import SecureUplink
 from coordinator.stages.uplink import PlainUplink, UplinkPath
 from coordinator.strategies import build_strategy
 from pfl_tasks.base import Task
@@ -147,6 +148,9 @@ def build_coordinator(
             offences.record(device_id, topics.device(fleet, device_id, "secagg"), reason)
 
         uplink = SecureUplink(SecureAggregator(stages.secure, transport, fleet, blame))
+    # under DP or secure aggregation no device's loss is shown (a hostile or older device may
+    # still send one): the fleet status every device reads must not republish it
+    registry = FleetRegistry(keeps_losses=privacy is None and uplink.shows_losses)
     coordinator = Coordinator(
         transport,
         build_strategy(first.config, stages.participation),
@@ -157,10 +161,8 @@ def build_coordinator(
         stages=() if privacy is None else (PrivacyStage(privacy),),
         uplink=uplink,
         offences=offences,
+        registry=registry,
     )
-    # under DP or secure aggregation no device's loss is shown (a hostile or older device may
-    # still send one): the fleet status every device reads must not republish it
-    coordinator.registry.keeps_losses = privacy is None and uplink.shows_losses
     coordinator.transport.on_reconnect(coordinator.republish)  # a restarted broker forgot us
     return coordinator
 

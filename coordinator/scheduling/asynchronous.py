@@ -214,7 +214,7 @@ class BufferedRounds:
         """(samples, epochs) of one job of `device_id`, for its simulated duration."""
         c = self.coordinator
         samples = c.registry.declared_samples(device_id) or 0
-        return samples, int(getattr(c.strategy.config, "local_epochs", 1))
+        return samples, c.strategy.config.work_epochs()
 
     def _next_events(self, round_id: int, settings: AsyncSettings, tally: Tally) -> None:
         if self.clock is not None:

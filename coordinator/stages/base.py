@@ -6,7 +6,7 @@ uplink; a `StageChain` of no stages), so the engine holds no feature branches; a
 (`coordinator.engine.rounds.Schedule`) may supply the round's collection:
 
 - an uplink path (`coordinator.stages.uplink`) collects a round's updates: plain ones, or a
-  secure sum (`coordinator.stages.secure_uplink`), or a buffer a scheduler filled; it returns a
+  secure sum (`coordinator.stages.secure.uplink`), or a buffer a scheduler filled; it returns a
   `Collected` or, when a round released nothing, a `Skipped`;
 - round stages (`RoundStage`; differential privacy's is `coordinator.stages.privacy_stage`) see
   the round before and after the collection and may transform its updates and scalars. Each has

@@ -17,7 +17,7 @@ import torch
 
 from coordinator.stages.base import Collected, Skipped
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.secure_retry import account_skipped
+from coordinator.stages.secure.retry import account_skipped
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate
 from protocols.messages import DevicePrivacy, SecureRound
 

@@ -3,7 +3,8 @@
 The round engine asks its relay hook four things: which peers to announce, whether the model
 must be re-sent after each round, what layout a device's update must have, and how to answer a
 `PeerRequest`. Ordinary strategies get `NoRelay`, a null object with the answers of a fleet that
-shares one model, so the engine holds no algorithm branches; a `RelayStrategy` gets `ModelRelay`.
+shares one model, so the engine holds no algorithm branches; a strategy whose config declares
+that it relays models (`Capabilities.relays_models`) gets `ModelRelay`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from typing import Protocol
 
 import torch
 
-from coordinator.strategies.base import FleetSnapshot, ModelBuilder, RelayStrategy, Strategy
+from coordinator.strategies.base import (
+    FleetSnapshot,
+    ModelBuilder,
+    RelayStrategy,
+    Strategy,
+    relaying,
+)
 from protocols.codec import Tensors, encode_frame, pack_tensors
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import PeerModels, PeerRequest, TensorSpec
@@ -159,8 +166,13 @@ class ModelRelay:
 def relay_for(
     strategy: Strategy, model: Tensors, build_model: ModelBuilder | None, seed: int
 ) -> RelayHook:
-    """The hook for `strategy`; a relay strategy first learns the model and how to start one."""
-    if isinstance(strategy, RelayStrategy):
-        strategy.bind(model, build_model, seed)
-        return ModelRelay(strategy)
-    return NoRelay(strategy.name)
+    """The hook for `strategy`; a relay strategy first learns the model and how to start one.
+
+    Raises:
+        TypeError: the config declares relayed models and the strategy cannot relay them.
+    """
+    relay = relaying(strategy)
+    if relay is None:
+        return NoRelay(strategy.name)
+    relay.bind(model, build_model, seed)
+    return ModelRelay(relay)

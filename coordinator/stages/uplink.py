@@ -2,7 +2,7 @@
 
 The engine plans a round, then hands the path an `UplinkRound`: the plan, the quorum and what
 devices must do to their updates. The plain path (`PlainUplink`) announces the round and waits
-for each device's own update; the secure path (`coordinator.stages.secure_uplink`) runs secure
+for each device's own update; the secure path (`coordinator.stages.secure.uplink`) runs secure
 aggregation's phases and returns one presummed update. A scheduler may supply its own collection
 (`coordinator.scheduling.clock_cohort`). Device messages that only a path understands (secure
 aggregation's) go to the engine's path too, so the message intake names no feature either.

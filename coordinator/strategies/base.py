@@ -150,3 +150,17 @@ class RelayStrategy(Strategy, Protocol):
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore from `state_tensors()`'s output (after `load_state_dict`)."""
         ...
+
+
+def relaying(strategy: Strategy) -> RelayStrategy | None:
+    """`strategy` as a relay when its config declares it relays models (`relays_models`).
+
+    Raises:
+        TypeError: the config declares relayed models and the strategy has no relay to offer.
+    """
+    if not strategy.config.capabilities.relays_models:
+        return None
+    if not isinstance(strategy, RelayStrategy):
+        msg = f"{strategy.name} declares that it relays models but its strategy cannot relay"
+        raise TypeError(msg)
+    return strategy

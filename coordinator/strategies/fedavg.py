@@ -47,7 +47,7 @@ class FedAvgStrategy(SampledStrategy):
         if not shared:
             return Aggregate(dict(shared))
         config = self.config
-        uniform = config.aggregation_weights == "uniform"
+        uniform = config.weighs_equally()
         weights = [1.0 if uniform else float(u.num_samples) for u in updates]
         mean = robust_combine(
             [u.shared_delta for u in updates],

@@ -18,7 +18,7 @@ from coordinator.stages.discrete_accountant import (
     ring_rdp,
 )
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.secure_retry import SkippedRound, account_skipped
+from coordinator.stages.secure.retry import SkippedRound, account_skipped
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
 from device_agent.algorithms.base import LocalResult
 from device_agent.privacy import privatize

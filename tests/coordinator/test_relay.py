@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
 from coordinator.stages.relay import ModelRelay, NoRelay, relay_for
-from coordinator.strategies.base import DeviceInfo, FleetSnapshot
+from coordinator.strategies import STRATEGIES
+from coordinator.strategies.base import DeviceInfo, FleetSnapshot, RelayStrategy, Strategy
 from coordinator.strategies.fedavg import FedAvgStrategy
 from coordinator.strategies.federico import FedericoStrategy
 from protocols.algorithms import FedAvgConfig, FedericoConfig
+from protocols.capabilities import Capabilities
 from protocols.codec import decode_frame, describe_tensors
 from protocols.errors import ProtocolError, RoundError
 from protocols.messages import PeerModels, PeerRequest
@@ -77,3 +81,25 @@ def test_the_relay_state_round_trips_through_a_checkpoint() -> None:
     fresh = _federico_relay()
     fresh.load_state_tensors({k: v + 1 for k, v in state.items()})
     assert all(torch.equal(fresh.state_tensors()[k], v + 1) for k, v in state.items())
+
+
+@pytest.mark.parametrize("strategy_type", STRATEGIES.values(), ids=lambda s: s.name)
+def test_every_strategy_relays_exactly_when_its_config_declares_it(
+    strategy_type: type[Strategy],
+) -> None:
+    strategy = strategy_type(strategy_type.config_type(), participation=1.0)
+    declared = strategy.config.capabilities.relays_models
+    assert isinstance(strategy, RelayStrategy) == declared
+    relay = relay_for(strategy, MODEL, None, seed=0)
+    assert isinstance(relay, ModelRelay if declared else NoRelay)
+
+
+def test_a_declared_relay_without_one_in_the_strategy_is_refused() -> None:
+    class Relaying(FedAvgConfig):
+        capabilities: ClassVar[Capabilities] = Capabilities(
+            aggregation="relay", clear_scalars=None, synchronous="relays"
+        )
+
+    strategy = FedAvgStrategy(Relaying(), participation=1.0)
+    with pytest.raises(TypeError, match="fedavg declares that it relays models"):
+        relay_for(strategy, MODEL, None, seed=0)

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.stages.secure_aggregation import SecureAggregator, SecureSum
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.bounds import plan_round
+from coordinator.stages.secure.unmask import SecureSum
 from device_agent.secure_aggregation import SecureClient
 from protocols import secure_aggregation as sa
 from protocols import topics
@@ -79,7 +81,7 @@ class Harness:
         privacy: DevicePrivacy | None = None,
     ) -> SecureSum:
         ids = sorted(self.devices)
-        secure = self.aggregator.plan(ids, privacy, weight_bound, quorum)
+        secure = plan_round(self.aggregator.settings, ids, privacy, weight_bound, quorum)
         self.secure = secure
         announcement = RoundAnnouncement(
             run_id=RUN,

@@ -6,7 +6,12 @@ from typing import ClassVar
 
 import pytest
 
-from protocols.algorithms import ALGORITHM_CONFIGS, AlgorithmConfig, FedAvgConfig
+from protocols.algorithms import (
+    ALGORITHM_CONFIGS,
+    AlgorithmConfig,
+    FedAvgConfig,
+    parse_algorithm_config,
+)
 from protocols.capabilities import Capabilities
 
 
@@ -44,3 +49,14 @@ def test_a_new_algorithm_that_forgets_them_fails_the_walk() -> None:
     assert Forgetful.capabilities == FedAvgConfig.capabilities  # inherited, so not declared
     assert Forgetful in _subclasses(AlgorithmConfig)
     assert not _declares(Forgetful)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHM_CONFIGS))
+def test_every_algorithm_declares_its_work_and_weighting(name: str) -> None:
+    config = parse_algorithm_config(name, {"local_epochs": 3})
+    assert config.work_epochs() == 3  # a simulated job lasts its local epochs
+    assert not config.weighs_equally()  # by samples unless told otherwise
+
+
+def test_uniform_weights_are_declared_equal() -> None:
+    assert FedAvgConfig(aggregation_weights="uniform").weighs_equally()

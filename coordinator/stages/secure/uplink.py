@@ -1,7 +1,7 @@
 """The secure uplink path: a round's updates come in as one masked sum over its survivors.
 
-It runs secure aggregation's phases (`coordinator.stages.secure_aggregation`), retrying or
-skipping a failed round there (`coordinator.stages.secure_retry`), and hands the engine one
+It runs secure aggregation's phases (`coordinator.stages.secure.aggregator`), retrying or
+skipping a failed round there (`coordinator.stages.secure.retry`), and hands the engine one
 presummed update, or a `Skipped` round that leaves the model unchanged.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 from coordinator.stages.base import Collected, Skipped
-from coordinator.stages.secure_aggregation import SecureAggregator, weight_bound
-from coordinator.stages.secure_retry import SecureRequest, SkippedRound, secure_round
+from coordinator.stages.secure.aggregator import SecureAggregator
+from coordinator.stages.secure.bounds import plan_round, weight_bound
+from coordinator.stages.secure.retry import SecureRequest, SkippedRound, secure_round
 from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import RoundPlan
 from protocols.messages import DeviceUpdate, SecureRound
@@ -40,7 +41,8 @@ class SecureUplink:
             host.announce(request.round_id, "train", kept, privacy=dp, secure=secure_round)
 
         def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
-            secure_round = secure.plan(cohort, dp, weights, min(request.needed, len(cohort)))
+            needed = min(request.needed, len(cohort))
+            secure_round = plan_round(secure.settings, cohort, dp, weights, needed)
             host.stage.dealt(secure_round, dimension)  # the grid a discrete Gaussian counts on
             return secure_round
 

@@ -24,12 +24,9 @@ from dataclasses import dataclass
 from coordinator.stages.accountant import DpRound
 from coordinator.stages.base import Skipped
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.secure_aggregation import (
-    MIN_COHORT,
-    SecureAggregator,
-    SecureRoundError,
-    SecureSum,
-)
+from coordinator.stages.secure.aggregator import SecureAggregator, SecureRoundError
+from coordinator.stages.secure.bounds import MIN_COHORT
+from coordinator.stages.secure.unmask import SecureSum
 from protocols.messages import SecureRound, TensorSpec
 
 logger = logging.getLogger(__name__)
