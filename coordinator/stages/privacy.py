@@ -77,6 +77,9 @@ class PrivacyEngine:
         self._announced: tuple[str, ...] = ()
         self._ring: tuple[float, int] | None = None
         """The discrete Gaussian's grid: the last secure round's delta scale and coordinates."""
+        self.buffer: int | None = None
+        """Asynchronous: the updates an aggregation holds (`plan_aggregation`); None: rounds
+        draw their cohorts."""
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
@@ -98,14 +101,38 @@ class PrivacyEngine:
         Raises:
             ValueError: adaptive clipping whose count noise leaves the update no budget.
         """
-        settings = self.settings
         population = len(fleet.online())
         cohort = (
             self.participation * population
-            if settings.sampling == "poisson"
+            if self.settings.sampling == "poisson"
             else float(len(selected))
         )
-        cohort = max(cohort, 1.0)
+        return self._plan(population, max(cohort, 1.0), selected)
+
+    def plan_aggregation(self, buffer: int) -> DevicePrivacy:
+        """The next asynchronous aggregation's noise: up to `buffer` updates, none sampled.
+
+        Who fills a buffer is decided by the devices' timing, not by a sample the accountant
+        may rely on: each aggregation is accounted as a Gaussian mechanism with no
+        amplification (population = cohort = `buffer`, replace-one as fixed-size rounds), its
+        noised sum divided by `buffer`. From the first call on, every round is counted so,
+        the budget's look-ahead too, and the figure against the fleet is the same one.
+
+        Raises:
+            ValueError: Poisson sampling (no sample is drawn: the compatibility check refuses
+                it), or adaptive clipping whose count noise leaves the update no budget.
+        """
+        if self.settings.sampling == "poisson":
+            msg = "asynchronous aggregations draw no Poisson sample: use --dp-sampling fixed"
+            raise ValueError(msg)
+        if self.buffer is None:
+            self.spent_vs_fleet = self.spent
+        self.buffer = buffer
+        return self._plan(buffer, float(buffer), ())
+
+    def _plan(self, population: int, cohort: float, selected: Sequence[str]) -> DevicePrivacy:
+        """The round's noise for a cohort of (expected) size `cohort` of `population`."""
+        settings = self.settings
         z = settings.noise_multiplier
         indicator_std = settings.quantile_noise * cohort if settings.adaptive_clipping else 0.0
         update_z = update_noise_multiplier(z, indicator_std) if settings.adaptive_clipping else z
@@ -128,7 +155,10 @@ class PrivacyEngine:
         target = self.settings.target_epsilon
         if target is None:
             return ""
-        cohort = max(self.participation * population, 1.0)
+        if self.buffer is not None:  # asynchronous: an aggregation samples nobody
+            population, cohort = self.buffer, float(self.buffer)
+        else:
+            cohort = max(self.participation * population, 1.0)
         planned = DpRound(self.settings.noise_multiplier, population, cohort)
         if self.settings.distribution == "discrete-gaussian":
             planned = self.shares_round(max(round(cohort), 1), population, cohort)
@@ -243,7 +273,7 @@ class PrivacyEngine:
         that did not answer too: an upper bound), at the round's multiplier.
         """
         self.spent = self.accountant.record(spent)
-        if self.mechanism.secret_sampling:
+        if self.mechanism.secret_sampling and self.buffer is None:
             self.spent_vs_fleet = self.fleet.record(self._announced, spent.noise_multiplier)
         else:  # nothing was amplified by a sample the fleet could see through
             self.spent_vs_fleet = self.spent
@@ -321,9 +351,8 @@ class PrivacyEngine:
             raise ValueError(msg) from error
         for spent in rounds:
             self.spent = self.accountant.record(spent)
-        self.spent_vs_fleet = (
-            self.fleet.restore(taken) if self.mechanism.secret_sampling else self.spent
-        )
+        sampled = self.mechanism.secret_sampling and self.buffer is None
+        self.spent_vs_fleet = self.fleet.restore(taken) if sampled else self.spent
         self.clip_norm = clip_norm
         self._ring = grid
 
