@@ -4,7 +4,7 @@ An aggregation holds at most one update per device (a device works at most once 
 version), each clipped to C on its device and again here after its staleness and fair-share
 weights (at most 1); the noised sum is divided by the buffer size K and each aggregation is a
 Gaussian mechanism of replace-one sensitivity 2C with no sampling amplification, composed over
-the aggregations released.
+the aggregations released. A resumed engine: tests/coordinator/test_dp_checkpoint.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import dp_accounting
@@ -21,20 +20,14 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from coordinator.engine.rounds import Coordinator, EngineSettings
-from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from coordinator.scheduling.staleness import StalenessRule
 from coordinator.stages.accountant import RDP_ORDERS
 from coordinator.stages.features import ASYNC_POISSON, ASYNC_TREE_LIMIT
 from coordinator.stages.privacy import PrivacyEngine
-from coordinator.stages.privacy_stage import PrivacyStage
-from coordinator.strategies import build_strategy
 from coordinator.strategies.base import ReceivedUpdate
-from protocols.algorithms import parse_algorithm_config
 from protocols.privacy import PrivacySettings, update_norm
-from protocols.transport.inprocess import InProcessBroker
 
 ASYNC_DP: dict[str, Any] = {
     "task": "sine",
@@ -160,43 +153,12 @@ def test_async_dp_plans_refuse_a_poisson_engine() -> None:
 
 
 def test_the_budget_looks_ahead_to_an_unsampled_aggregation() -> None:
-    settings = PrivacySettings(sampling="fixed", target_epsilon=1e9)
-    engine = PrivacyEngine(settings, 0.1, 0)
-    engine.plan_aggregation(2)
     # a fleet of 1000 at participation 0.1 would amplify a sampled round; an aggregation is not
-    eps_one = min(_independent_epsilons(1.0, 1))
-    tight = PrivacyEngine(settings.model_copy(update={"target_epsilon": eps_one * 0.99}), 0.1, 0)
+    budget = min(_independent_epsilons(1.0, 1)) * 0.99
+    tight = PrivacyEngine(PrivacySettings(sampling="fixed", target_epsilon=budget), 0.1, 0)
     assert tight.over_budget(1000) == ""  # a sampled round of 100 of 1000 fits
     tight.plan_aggregation(2)
     assert "over the budget" in tight.over_budget(1000)
-
-
-def _coordinator(engine: PrivacyEngine) -> Coordinator:
-    return Coordinator(
-        InProcessBroker().connect("coord"),
-        build_strategy(parse_algorithm_config("fedavg", {}), 1.0),
-        {"w": torch.zeros(4)},
-        EngineSettings(seed=1),
-        stages=(PrivacyStage(engine),),
-    )
-
-
-def test_a_resumed_async_dp_run_goes_on_with_the_same_epsilon_and_noise(tmp_path: Path) -> None:
-    settings = PrivacySettings(sampling="fixed")
-    original = PrivacyEngine(settings, 1.0, None)  # serve's noise: unseeded, its state kept
-    for _ in range(3):
-        _aggregation(original, [1.0, 2.0], 2)
-    save_checkpoint(tmp_path, _coordinator(original), {})
-    resumed = PrivacyEngine(settings, 1.0, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
-    assert resumed.accountant.rounds == original.accountant.rounds
-    next_resumed = _aggregation(resumed, [1.0, 2.0], 2)
-    next_original = _aggregation(original, [1.0, 2.0], 2)
-    assert all(torch.equal(a, b) for a, b in zip(next_resumed, next_original, strict=True))
-    assert resumed.epsilon == pytest.approx(original.epsilon)
-    assert resumed.spent_vs_fleet == resumed.spent == original.spent_vs_fleet
 
 
 @pytest.mark.parametrize("text", ["constant", "poly", "poly:2", "hinge", "hinge:0.5:1"])
