@@ -6,7 +6,9 @@ updates. An update's staleness is how many aggregations happened since its devic
 one staler than `max_staleness` is dropped, the others are scaled by the staleness rule
 (`coordinator.scheduling.staleness`) before the strategy averages the buffer. A device works at
 most once for each model version, so no device fills a buffer alone; a buffer no further device
-can add to is aggregated as it is.
+can add to is aggregated as it is. What the devices asked for an aggregation are told beyond
+the plan (differential privacy's clip) is the stages' (`RoundStage.aggregation`), asked before
+each aggregation: under DP each aggregation is a release, accounted with no sampling.
 
 Time is real (`pfl-coord serve`: updates count in the order they arrive, a device's work is given
 up after the round timeout or when it goes offline) or simulated (`pfl-coord simulate`: a
