@@ -54,7 +54,8 @@ class DpOptions(Section):
     sampling: Sampling | None = Field(
         default=None,
         description="DP: poisson (each device joins with probability --participation) or fixed "
-        "(default: poisson; ftrl-tree takes the cohort as the strategy selects it)",
+        "(default: poisson; ftrl-tree takes the cohort as the strategy selects it, and "
+        "--mode async samples nobody: fixed)",
     )
     mechanism: Mechanism = Field(
         default="dp-fedavg",
@@ -80,8 +81,11 @@ class DpOptions(Section):
         "tree_restart, tree_participations",
     )
 
-    def privacy_settings(self) -> PrivacySettings | None:
+    def privacy_settings(self, *, asynchronous: bool = False) -> PrivacySettings | None:
         """The run's differential privacy (None without a noise multiplier).
+
+        Sampling defaults to poisson for dp-fedavg's synchronous rounds, else to fixed: an
+        asynchronous aggregation draws no sample (`PrivacyEngine.plan_aggregation`).
 
         Raises:
             ValueError: invalid DP options.
@@ -93,7 +97,8 @@ class DpOptions(Section):
             clip_norm=self.clip,
             placement=self.placement,
             distribution=self.distribution,
-            sampling=self.sampling or ("poisson" if self.mechanism == "dp-fedavg" else "fixed"),
+            sampling=self.sampling
+            or ("poisson" if self.mechanism == "dp-fedavg" and not asynchronous else "fixed"),
             mechanism=self.mechanism,
             delta=self.delta,
             target_epsilon=self.epsilon,

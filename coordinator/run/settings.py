@@ -125,7 +125,7 @@ class RunSettings(TomlSettings):
         Raises:
             ValueError: invalid DP options.
         """
-        return self.dp.privacy_settings()
+        return self.dp.privacy_settings(asynchronous=self.mode == "async")
 
     def algorithm_config(self) -> AlgorithmConfig:
         """The typed algorithm config; `[algorithm_options]` values win over the common flags.

@@ -6,7 +6,9 @@ updates. An update's staleness is how many aggregations happened since its devic
 one staler than `max_staleness` is dropped, the others are scaled by the staleness rule
 (`coordinator.scheduling.staleness`) before the strategy averages the buffer. A device works at
 most once for each model version, so no device fills a buffer alone; a buffer no further device
-can add to is aggregated as it is.
+can add to is aggregated as it is. What the devices asked for an aggregation are told beyond
+the plan (differential privacy's clip) is the stages' (`RoundStage.aggregation`), asked before
+each aggregation: under DP each aggregation is a release, accounted with no sampling.
 
 Time is real (`pfl-coord serve`: updates count in the order they arrive, a device's work is given
 up after the round timeout or when it goes offline) or simulated (`pfl-coord simulate`: a
@@ -40,6 +42,7 @@ from coordinator.scheduling.staleness import weigh_update
 from coordinator.stages.base import Collected, Skipped
 from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate, RoundPlan
 from protocols.errors import RoundError
+from protocols.messages import DevicePrivacy
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -74,6 +77,10 @@ class BufferedRounds:
         self.buffer: dict[str, tuple[ReceivedUpdate, int]] = {}
         self._asked_for: dict[str, int] = {}
         self.fair_share = NO_FAIR_SHARE if settings is None else settings.fair_share_stage()
+        self.told: DevicePrivacy | None = (
+            None if settings is None else coordinator.stage.aggregation(settings.buffer)
+        )
+        """What the devices asked for the aggregation being filled are told (e.g. DP's clip)."""
         coordinator.open_inbox(self.inbox)
 
     @property
@@ -99,6 +106,7 @@ class BufferedRounds:
         tally = Tally()
         if self.settings is None:
             return self._synchronous_round(round_id, tally)
+        self.told = engine.stage.aggregation(self.settings.buffer)
         self._fill_buffer(round_id, self.settings, tally)
         return self.collected(tally)
 
@@ -201,7 +209,8 @@ class BufferedRounds:
                 asked.append(device_id)
         tally.asked += len(chosen)
         if asked:
-            c.announce(round_id, "train", RoundPlan(tuple(asked)), asynchronous=True)
+            plan = RoundPlan(tuple(asked))
+            c.announce(round_id, "train", plan, privacy=self.told, asynchronous=True)
 
     def dispatch_job(self, device_id: str, round_id: int) -> Dispatch:
         """Work `device_id` is asked for: when it ends (simulated) or is given up (real time)."""

@@ -8,7 +8,10 @@ aggregations between the model a device started from and the one its update is a
 - hinge:       w(s) = 1 if s <= b, else 1 / (a (s - b) + 1)
 
 An update is scaled by w(s) before the strategy averages the buffer, so the model moves by
-(1/K) sum_i w(s_i) delta_i for FedAvg's weights, FedBuff's server step at server rate 1.
+(1/K) sum_i w(s_i) delta_i for FedAvg's weights, FedBuff's server step at server rate 1. With
+non-negative parameters (the only ones accepted) w(s) <= 1 for every rule, and it depends on
+the staleness alone: differential privacy's bound on one device's share of an aggregation
+(`PrivacyEngine.plan_aggregation`) keeps holding after the weight.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ class StalenessRule:
     kind: StalenessKind = "polynomial"
     a: float = 0.5
     b: float = 4.0
+
+    def __post_init__(self) -> None:
+        """Refuse parameters that could weigh an update above 1 (DP's bound rests on it)."""
+        if any(not math.isfinite(v) or v < 0 for v in (self.a, self.b)):
+            msg = f"staleness parameters must be finite and not negative, got {self.a}, {self.b}"
+            raise ValueError(msg)
 
     @classmethod
     def parse(cls, text: str) -> StalenessRule:

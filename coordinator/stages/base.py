@@ -78,6 +78,14 @@ class RoundStage(Protocol):
         """What the announcement tells the selected devices to do to their updates."""
         ...
 
+    def aggregation(self, buffer: int) -> DevicePrivacy | None:
+        """What the devices asked for the next asynchronous aggregation (`buffer` updates) are told.
+
+        Its devices are chosen by their timing, not drawn: a buffered scheduler says so when it
+        starts, and before each aggregation.
+        """
+        ...
+
     def dealt(self, secure: SecureRound, dimension: int) -> None:
         """A secure round was planned on this grid, for `dimension` coordinates."""
         ...
@@ -137,6 +145,11 @@ class StageChain:
     def device_privacy(self, fleet: FleetSnapshot, selected: Sequence[str]) -> DevicePrivacy | None:
         """See `RoundStage.device_privacy`: the first stage's that has any."""
         told = [stage.device_privacy(fleet, selected) for stage in self.stages]
+        return next((t for t in told if t is not None), None)
+
+    def aggregation(self, buffer: int) -> DevicePrivacy | None:
+        """See `RoundStage.aggregation`: the first stage's that has any."""
+        told = [stage.aggregation(buffer) for stage in self.stages]
         return next((t for t in told if t is not None), None)
 
     def dealt(self, secure: SecureRound, dimension: int) -> None:

@@ -114,11 +114,15 @@ _secure_refuses: Final = _SumStage(
 
 
 def _async_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
-    del choices
     reason = config.capabilities.synchronous
-    if reason is None:
-        return None
-    return f"{config.name} needs synchronous rounds: {reason}; use --mode sync"
+    if reason is not None:
+        return f"{config.name} needs synchronous rounds: {reason}; use --mode sync"
+    dp = choices.privacy
+    if dp is not None and dp.sampling == "poisson":
+        return ASYNC_POISSON
+    if dp is not None and dp.tree_participations is not None:
+        return ASYNC_TREE_LIMIT
+    return None
 
 
 def _uplink_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
@@ -162,6 +166,16 @@ DEVICE_NOISE_ALONE: Final = (
     "--dp-placement device needs --secagg: each device adds only its 1/sqrt(m) share of the "
     "noise, so without secure aggregation the coordinator sees every update with that share "
     "alone, and nothing clips an update after its device"
+)
+ASYNC_POISSON: Final = (
+    "does not combine with --dp-sampling poisson: an aggregation's devices are those whose "
+    "updates arrive first, not a secret Poisson sample the accountant could amplify by; leave "
+    "--dp-sampling unset (fixed: each aggregation accounted without amplification)"
+)
+ASYNC_TREE_LIMIT: Final = (
+    "does not combine with DP-FTRL's tree_participations: the asynchronous scheduler does not "
+    "enforce a per-tree limit (a device joins at most once per aggregation, which the tree's "
+    "accountant counts with tree_participations unset)"
 )
 _EQUAL_UNDER_DP: Final = "DP clips every update to --dp-clip and weighs each the same"
 _ONLY_THE_SUM: Final = "the coordinator sees only the sum of the updates"
@@ -225,10 +239,10 @@ FEATURES: Final[tuple[Feature, ...]] = (
     ),
     _dp(DP, {}, lambda dp: True, refuses=_dp_refuses),
     _dp("DP-FTRL", {"dp_mechanism": "ftrl-tree"}, lambda dp: dp.mechanism == "ftrl-tree"),
-    # the count's noise grows with the cohort: a fleet of 4 needs more than the default
+    # the count's noise grows with the cohort: a cohort of 2 (an async buffer) needs 0.3
     _dp(
         "adaptive clip",
-        {"dp_adaptive_clip": True, "dp_options": {"quantile_noise": 0.2}},
+        {"dp_adaptive_clip": True, "dp_options": {"quantile_noise": 0.3}},
         lambda dp: dp.adaptive_clipping,
     ),
     Feature(
@@ -246,9 +260,6 @@ FEATURES: Final[tuple[Feature, ...]] = (
         lambda run: run.asynchronous,
         refuses=_async_refuses,
         conflicts={
-            DP: "does not combine with differential privacy (--dp-noise): its accountant counts "
-            "rounds that each sample one cohort, and buffered updates from devices asked at "
-            "different times are not such rounds",
             SECAGG: "does not combine with secure aggregation (--secagg): masks cancel only "
             "within one round's cohort, and a buffer mixes devices asked at different times",
             PRETRAIN: "does not combine with --pretrain-rounds: the shared part changes between "
@@ -256,6 +267,13 @@ FEATURES: Final[tuple[Feature, ...]] = (
             DOWNLINK_INT8: "does not combine with --compress-down int8: devices fetch whichever "
             "model is current when they start, and a model delta needs the one just before it; "
             "use --compress-down none",
+        },
+        resolutions={
+            DP: "each aggregation is a release: the noised sum of its buffer's clipped updates "
+            "(devices clip as told in each announcement, the coordinator again after the "
+            "staleness and fair-share weights, each at most 1), divided by --buffer and "
+            "accounted as a Gaussian mechanism with no sampling amplification; --dp-sampling "
+            "defaults to fixed (replace-one, sensitivity 2C), and poisson is refused",
         },
     ),
     Feature(

@@ -18,27 +18,18 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from coordinator.engine.selection import poisson_sample
-from coordinator.stages.accountant import DpRound, Epsilons, FleetAccountant, PrivacyAccountant
+from coordinator.stages.accountant import DpRound, Epsilons, FleetAccountant
 from coordinator.stages.discrete_accountant import RingRound
-from coordinator.stages.ftrl import ParticipationLimit, TreeNoise
+from coordinator.stages.mechanisms import mechanism, poisson_cohort
 from coordinator.stages.noise_state import generator_state, restore_generator
-from coordinator.stages.tree_accountant import TreeAccountant
-from coordinator.strategies.base import (
-    DeviceInfo,
-    FleetSnapshot,
-    ReceivedUpdate,
-)
+from coordinator.strategies.base import FleetSnapshot, ReceivedUpdate
 from protocols import secure_aggregation as sa
-from protocols.codec import Tensors
 from protocols.messages import DevicePrivacy, SecureRound
 from protocols.privacy import (
     PrivacySettings,
-    add_gaussian_noise,
     clip_to_norm,
     next_clip_norm,
     noise_generator,
-    secrets_seed,
     update_noise_multiplier,
     within_fraction,
 )
@@ -54,122 +45,6 @@ def privacy_engine(
     if settings is None:
         return None
     return PrivacyEngine(settings, participation, reproducible_seed)
-
-
-def poisson_cohort(fleet: FleetSnapshot, rate: float, rng: np.random.Generator) -> FleetSnapshot:
-    """The fleet with only a Poisson sample online: each online device kept with prob. `rate`.
-
-    Nobody may be kept: that round releases the noise alone (`PrivacyEngine.privatize`).
-    """
-    online = [d.device_id for d in fleet.devices if d.online]
-    kept = set(poisson_sample(online, rate, rng))
-    return FleetSnapshot(
-        tuple(
-            DeviceInfo(d.device_id, d.num_train_samples, d.device_id in kept) for d in fleet.devices
-        )
-    )
-
-
-class FreshNoise:
-    """DP-FedAvg's noise: a new N(0, std^2) on every round's sum."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.generator = generator
-
-    def increment(self, shapes: Mapping[str, torch.Tensor], std: float) -> Tensors:
-        """N(0, std^2) in `shapes`' dtypes, drawn in name order."""
-        return add_gaussian_noise(
-            {n: torch.zeros_like(t) for n, t in shapes.items()}, std, self.generator
-        )
-
-
-class Mechanism:
-    """How a run's rounds are noised and accounted: DP-FedAvg's fresh noise (this null stage).
-
-    DP-FTRL's tree is `TreeMechanism`.
-    """
-
-    secret_sampling = True
-    """Its accountant amplifies by a sample kept secret (devices see the cohorts: see
-    `FleetAccountant` for the figure against them)."""
-
-    def __init__(self, settings: PrivacySettings, generator: torch.Generator) -> None:
-        self.noise: FreshNoise | TreeNoise = FreshNoise(generator)
-        self.accountant: PrivacyAccountant | TreeAccountant = PrivacyAccountant(
-            settings.sampling, settings.delta
-        )
-
-    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
-        """The fleet a round's strategy may select from (unchanged: no rule limits it)."""
-        del round_number
-        return fleet
-
-    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
-        """Note a round's selected devices (nothing to note here)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs beyond the rounds accounted and the engine's generator."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from `state_dict`'s output."""
-
-
-class TreeMechanism(Mechanism):
-    """DP-FTRL: tree noise (stages/ftrl.py), its accountant, the per-tree participation."""
-
-    secret_sampling = False
-
-    def __init__(self, settings: PrivacySettings, seed: int) -> None:
-        restart = settings.tree_restart
-        self.noise: TreeNoise = TreeNoise(seed, restart)
-        self.accountant = TreeAccountant(settings.delta, restart, settings.tree_participations)
-        self.limit = (
-            None
-            if settings.tree_participations is None
-            else ParticipationLimit(settings.tree_participations, restart)
-        )
-
-    def cohort(self, fleet: FleetSnapshot, round_number: int) -> FleetSnapshot:
-        """The fleet with the devices at their per-tree limit offline for this round."""
-        if self.limit is None:
-            return fleet
-        allowed = self.limit.allowed(round_number, [d.device_id for d in fleet.devices])
-        return FleetSnapshot(
-            tuple(
-                DeviceInfo(d.device_id, d.num_train_samples, d.online and d.device_id in allowed)
-                for d in fleet.devices
-            )
-        )
-
-    def selected(self, round_number: int, device_ids: Sequence[str]) -> None:
-        """Count the round's selected devices against their per-tree limit."""
-        if self.limit is not None:
-            self.limit.count(round_number, device_ids)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The tree's seed and rounds, and the current tree's participation counts."""
-        joined = {} if self.limit is None else dict(self.limit.joined)
-        return {"tree": self.noise.state_dict(), "joined": joined}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the same tree (`TreeNoise.resume`: nodes a lost round used drawn anew)."""
-        self.noise = TreeNoise.resume(state["tree"])
-        if self.limit is not None:
-            self.limit.restore(state["joined"], self.noise.rounds)
-
-
-def mechanism(
-    settings: PrivacySettings, generator: torch.Generator, reproducible_seed: int | None
-) -> Mechanism:
-    """The run's mechanism; a simulation's seed makes the tree's noise reproducible.
-
-    DP-FedAvg draws from the engine's `generator`, the stream its adaptive clipping's count
-    noise also comes from: one stream, as before, never two seeded alike.
-    """
-    if settings.mechanism == "ftrl-tree":
-        return TreeMechanism(settings, secrets_seed(reproducible_seed))
-    return Mechanism(settings, generator)
 
 
 @dataclass(frozen=True)
@@ -202,6 +77,9 @@ class PrivacyEngine:
         self._announced: tuple[str, ...] = ()
         self._ring: tuple[float, int] | None = None
         """The discrete Gaussian's grid: the last secure round's delta scale and coordinates."""
+        self.buffer: int | None = None
+        """Asynchronous: the updates an aggregation holds (`plan_aggregation`); None: rounds
+        draw their cohorts."""
 
     def cohort(self, fleet: FleetSnapshot, rng: np.random.Generator) -> FleetSnapshot:
         """The fleet a round's strategy plans on (a Poisson sample online, or all of it)."""
@@ -223,14 +101,38 @@ class PrivacyEngine:
         Raises:
             ValueError: adaptive clipping whose count noise leaves the update no budget.
         """
-        settings = self.settings
         population = len(fleet.online())
         cohort = (
             self.participation * population
-            if settings.sampling == "poisson"
+            if self.settings.sampling == "poisson"
             else float(len(selected))
         )
-        cohort = max(cohort, 1.0)
+        return self._plan(population, max(cohort, 1.0), selected)
+
+    def plan_aggregation(self, buffer: int) -> DevicePrivacy:
+        """The next asynchronous aggregation's noise: up to `buffer` updates, none sampled.
+
+        Who fills a buffer is decided by the devices' timing, not by a sample the accountant
+        may rely on: each aggregation is accounted as a Gaussian mechanism with no
+        amplification (population = cohort = `buffer`, replace-one as fixed-size rounds), its
+        noised sum divided by `buffer`. From the first call on, every round is counted so,
+        the budget's look-ahead too, and the figure against the fleet is the same one.
+
+        Raises:
+            ValueError: Poisson sampling (no sample is drawn: the compatibility check refuses
+                it), or adaptive clipping whose count noise leaves the update no budget.
+        """
+        if self.settings.sampling == "poisson":
+            msg = "asynchronous aggregations draw no Poisson sample: use --dp-sampling fixed"
+            raise ValueError(msg)
+        if self.buffer is None:
+            self.spent_vs_fleet = self.spent
+        self.buffer = buffer
+        return self._plan(buffer, float(buffer), ())
+
+    def _plan(self, population: int, cohort: float, selected: Sequence[str]) -> DevicePrivacy:
+        """The round's noise for a cohort of (expected) size `cohort` of `population`."""
+        settings = self.settings
         z = settings.noise_multiplier
         indicator_std = settings.quantile_noise * cohort if settings.adaptive_clipping else 0.0
         update_z = update_noise_multiplier(z, indicator_std) if settings.adaptive_clipping else z
@@ -253,7 +155,10 @@ class PrivacyEngine:
         target = self.settings.target_epsilon
         if target is None:
             return ""
-        cohort = max(self.participation * population, 1.0)
+        if self.buffer is not None:  # asynchronous: an aggregation samples nobody
+            population, cohort = self.buffer, float(self.buffer)
+        else:
+            cohort = max(self.participation * population, 1.0)
         planned = DpRound(self.settings.noise_multiplier, population, cohort)
         if self.settings.distribution == "discrete-gaussian":
             planned = self.shares_round(max(round(cohort), 1), population, cohort)
@@ -368,7 +273,7 @@ class PrivacyEngine:
         that did not answer too: an upper bound), at the round's multiplier.
         """
         self.spent = self.accountant.record(spent)
-        if self.mechanism.secret_sampling:
+        if self.mechanism.secret_sampling and self.buffer is None:
             self.spent_vs_fleet = self.fleet.record(self._announced, spent.noise_multiplier)
         else:  # nothing was amplified by a sample the fleet could see through
             self.spent_vs_fleet = self.spent
@@ -446,9 +351,8 @@ class PrivacyEngine:
             raise ValueError(msg) from error
         for spent in rounds:
             self.spent = self.accountant.record(spent)
-        self.spent_vs_fleet = (
-            self.fleet.restore(taken) if self.mechanism.secret_sampling else self.spent
-        )
+        sampled = self.mechanism.secret_sampling and self.buffer is None
+        self.spent_vs_fleet = self.fleet.restore(taken) if sampled else self.spent
         self.clip_norm = clip_norm
         self._ring = grid
 

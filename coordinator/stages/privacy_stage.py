@@ -45,6 +45,10 @@ class PrivacyStage:
         """See `RoundStage.device_privacy`: the round's clip and noise (`PrivacyEngine.plan`)."""
         return self.engine.plan(fleet, selected)
 
+    def aggregation(self, buffer: int) -> DevicePrivacy | None:
+        """See `RoundStage.aggregation`: unsampled, its sum over `buffer` (`plan_aggregation`)."""
+        return self.engine.plan_aggregation(buffer)
+
     def dealt(self, secure: SecureRound, dimension: int) -> None:
         """See `RoundStage.dealt`: the grid a discrete Gaussian is counted on."""
         self.engine.ring(secure, dimension)

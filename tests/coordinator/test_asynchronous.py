@@ -149,7 +149,7 @@ def test_a_sync_deadline_drops_the_late_devices_updates_and_bounds_the_round() -
         ({"algorithm": "selffl"}, "fleet variance"),
         ({"algorithm": "federico"}, "relayed"),
         ({"algorithm": "local"}, "aggregates nothing"),
-        ({"dp_noise": 1.0}, "differential privacy"),
+        ({"dp_noise": 1.0, "dp_sampling": "poisson"}, "dp-sampling poisson"),
         ({"secagg": True}, "secure aggregation"),
         ({"algorithm": "fedalt", "pretrain_rounds": 2}, "pretrain"),
         ({"compress_down": "int8"}, "compress-down"),

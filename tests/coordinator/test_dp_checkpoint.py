@@ -36,10 +36,18 @@ def _coordinator(privacy: PrivacyEngine | None) -> Coordinator:
     )
 
 
-def _rounds(engine: PrivacyEngine, count: int) -> None:
+def _plan(engine: PrivacyEngine, *, asynchronous: bool) -> None:
+    """Plan a round of dev-0 and dev-1 (asynchronous: an aggregation of 2, unsampled)."""
+    if asynchronous:
+        engine.plan_aggregation(2)
+    else:
+        engine.plan(FLEET, ["dev-0", "dev-1"])
+
+
+def _rounds(engine: PrivacyEngine, count: int, *, asynchronous: bool = False) -> None:
     shared = {"w": torch.zeros(4)}
     for _ in range(count):
-        engine.plan(FLEET, ["dev-0", "dev-1"])
+        _plan(engine, asynchronous=asynchronous)
         updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(4)}) for d in ("dev-0", "dev-1")]
         engine.privatize(updates, shared)
         engine.finish([None, None])
@@ -120,9 +128,9 @@ def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Pa
         restore_checkpoint(_coordinator(other), checkpoint)
 
 
-def _released(engine: PrivacyEngine) -> tuple[torch.Tensor, float]:
+def _released(engine: PrivacyEngine, *, asynchronous: bool = False) -> tuple[torch.Tensor, float]:
     """One more round: the noised update the strategy sees, and the clip adapted after it."""
-    engine.plan(FLEET, ["dev-0", "dev-1"])
+    _plan(engine, asynchronous=asynchronous)
     updates = [ReceivedUpdate(d, 1, 0.0, {"w": torch.ones(4)}) for d in ("dev-0", "dev-1")]
     private = engine.privatize(updates, {"w": torch.zeros(4)})
     engine.finish([0.5, -0.5])
@@ -148,6 +156,33 @@ def test_a_resumed_dp_fedavg_run_draws_the_noise_the_uninterrupted_run_would(
         assert torch.equal(noised, again)
         assert clip == clip_again
     assert resumed.epsilon == original.epsilon
+
+
+def _resumed(tmp_path: Path, original: PrivacyEngine) -> PrivacyEngine:
+    """A new engine of `original`'s settings, resumed from `original`'s checkpoint."""
+    save_checkpoint(tmp_path, _coordinator(original), {})
+    resumed = PrivacyEngine(original.settings, original.participation, None)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint is not None
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    return resumed
+
+
+def test_a_resumed_async_dp_run_goes_on_with_the_same_epsilon_and_noise(tmp_path: Path) -> None:
+    # Prepare: three asynchronous aggregations, serve's unseeded noise
+    original = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
+    _rounds(original, 3, asynchronous=True)
+    # Execute
+    resumed = _resumed(tmp_path, original)
+    # Assert: the aggregations accounted, then the same noise (the scheduler plans again)
+    assert resumed.accountant.rounds == original.accountant.rounds
+    (noised, _), (again, _) = (
+        _released(original, asynchronous=True),
+        _released(resumed, asynchronous=True),
+    )
+    assert torch.equal(noised, again)
+    assert resumed.epsilon == original.epsilon > 0
+    assert resumed.spent_vs_fleet == resumed.spent == original.spent_vs_fleet
 
 
 def test_a_checkpoint_with_a_broken_noise_state_is_refused(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ import torch
 from coordinator.run.settings import RunSettings
 from coordinator.stages.accountant import RDP_ORDERS, DpRound, epsilon_of, rdp_epsilon_of
 from coordinator.stages.compatibility import problem
-from coordinator.stages.privacy import PrivacyEngine, poisson_cohort
+from coordinator.stages.mechanisms import poisson_cohort
+from coordinator.stages.privacy import PrivacyEngine
 from coordinator.strategies import build_strategy
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot, ReceivedUpdate
 from device_agent.algorithms.base import LocalResult

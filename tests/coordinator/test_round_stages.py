@@ -48,6 +48,9 @@ class _Frozen:
     def device_privacy(self, fleet: FleetSnapshot, selected: Sequence[str]) -> DevicePrivacy | None:
         return None
 
+    def aggregation(self, buffer: int) -> DevicePrivacy | None:
+        return None
+
     def dealt(self, secure: SecureRound, dimension: int) -> None:
         pass
 
