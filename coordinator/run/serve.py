@@ -13,7 +13,7 @@ from typing import Any, Final
 from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.engine.metrics import RunRecorder
-from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.rounds import Coordinator, RoundRecord, coordinator_will
 from coordinator.run.checkpoint import (
     RECORD_FILE,
     load_checkpoint,
@@ -112,19 +112,7 @@ def run_serve(
             clean_start=True,
             offences=offences,
         )
-        engine = EngineSettings(
-            fleet=settings.fleet,
-            task=task.name,
-            metric=task.metric_name,
-            rounds=stages.total_rounds,
-            round_timeout_s=settings.round_timeout,
-            quorum=settings.quorum,
-            eval_every=settings.eval_every,
-            seed=settings.seed,
-            guard=settings.guard_settings(),
-            uplink=settings.uplink(),
-            downlink=settings.compress.down,
-        )
+        engine = settings.engine_settings(task, stages.total_rounds)
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
         try:
             with ExitStack() as dashboard:

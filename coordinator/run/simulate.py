@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from coordinator.dashboard.history import RunHistoryLog, publish_round
 from coordinator.engine.metrics import RunRecorder
-from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.rounds import Coordinator, RoundRecord, coordinator_will
 from coordinator.run.pipeline import (
     RoundCallback,
     RunResult,
@@ -258,17 +258,7 @@ def _run(
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
     stages = plan_stages(settings, task, workspace)  # refuses what does not compose
-    engine = EngineSettings(
-        fleet=settings.fleet,
-        task=task.name,
-        metric=task.metric_name,
-        rounds=stages.total_rounds,
-        eval_every=settings.eval_every,
-        seed=settings.seed,
-        guard=settings.guard_settings(),
-        uplink=settings.uplink(),
-        downlink=settings.compress.down,
-    )
+    engine = settings.engine_settings(task, stages.total_rounds)
     coordinator = build_coordinator(
         wiring.connect_coordinator,
         stages,
