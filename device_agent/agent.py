@@ -17,7 +17,7 @@ from device_agent.agent_exports import AgentExports
 from device_agent.attacks import HONEST, Attack
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
-from device_agent.context import RoundContexts
+from device_agent.context import LocalDevice, RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.egress import Egress, will_frame
 from device_agent.eligibility import EligibilityPolicy
@@ -106,23 +106,14 @@ class DeviceAgent:
         """Every message this device sends goes out through it."""
         self.task = task
         self.data = data
-        self.seed = seed
         self.store = store
         self.workspace = workspace
-        self.initial_state = initial_state
         self.stateful = stateful
         self.capabilities = capabilities
         self.eligibility = eligibility or EligibilityPolicy()
         self.model_cache = model_cache or DecodedModelCache()
         self.contexts = RoundContexts(
-            device_id=device_id,
-            task=task,
-            data=data,
-            seed=seed,
-            store=store,
-            workspace=workspace,
-            initial_state=initial_state,
-            stateful=stateful,
+            LocalDevice(device_id, task, data, seed, store, workspace, initial_state, stateful),
             budget=budget or StepBudget(),
             model_cache=self.model_cache,
             memory_budget_bytes=memory_budget_bytes,
