@@ -129,7 +129,7 @@ def run_serve(
                 coordinator = build_coordinator(
                     lambda: engine_transport, stages, workspace, engine, task, privacy, offences
                 )
-                return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
+                return _serve(coordinator, stages, settings, on_round, say)
         finally:
             transport.close()
     finally:
@@ -141,7 +141,6 @@ def _serve(
     coordinator: Coordinator,
     stages: Stages,
     settings: ServeSettings,
-    metric_name: str,
     on_round: RoundCallback | None,
     say: Notify,
 ) -> ServeResult:
@@ -178,15 +177,8 @@ def _serve(
             on_round(record)
 
     records, reports = drive_rounds(
-        coordinator,
-        stages,
-        eval_every=settings.eval_every,
-        run_round=run_round,
-        after_round=after_round,
+        coordinator, stages, run_round=run_round, after_round=after_round, scheduler=engine
     )
-    if engine is not None:
-        engine.close()
-    coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = summarize_run(
         coordinator,
@@ -194,7 +186,6 @@ def _serve(
         settings,
         records,
         reports,
-        metric_name=metric_name,
         devices=len(coordinator.registry.records()),
         traffic=(coordinator.bytes_up, coordinator.bytes_down),
         started=started,

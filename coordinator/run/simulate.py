@@ -318,15 +318,8 @@ def _run(
         return coordinator.run_round() if buffered is None else buffered.run_round()
 
     records, reports = drive_rounds(
-        coordinator,
-        stages,
-        eval_every=settings.eval_every,
-        run_round=run_round,
-        after_round=after_round,
+        coordinator, stages, run_round=run_round, after_round=after_round, scheduler=buffered
     )
-    if buffered is not None:
-        buffered.close()
-    coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = replace(
         summarize_run(
@@ -335,7 +328,6 @@ def _run(
             settings,
             records,
             reports,
-            metric_name=task.metric_name,
             devices=settings.devices,
             traffic=devices.settle(),
             started=started,
