@@ -14,10 +14,11 @@ import secrets
 from torch import nn
 
 from device_agent.agent_exports import AgentExports
+from device_agent.algorithms.base import LocalContext, LocalUpdate
 from device_agent.attacks import HONEST, Attack
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
-from device_agent.context import RoundContexts
+from device_agent.context import LocalDevice, RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.egress import Egress, will_frame
 from device_agent.eligibility import EligibilityPolicy
@@ -106,23 +107,14 @@ class DeviceAgent:
         """Every message this device sends goes out through it."""
         self.task = task
         self.data = data
-        self.seed = seed
         self.store = store
         self.workspace = workspace
-        self.initial_state = initial_state
         self.stateful = stateful
         self.capabilities = capabilities
         self.eligibility = eligibility or EligibilityPolicy()
         self.model_cache = model_cache or DecodedModelCache()
         self.contexts = RoundContexts(
-            device_id=device_id,
-            task=task,
-            data=data,
-            seed=seed,
-            store=store,
-            workspace=workspace,
-            initial_state=initial_state,
-            stateful=stateful,
+            LocalDevice(device_id, task, data, seed, store, workspace, initial_state, stateful),
             budget=budget or StepBudget(),
             model_cache=self.model_cache,
             memory_budget_bytes=memory_budget_bytes,
@@ -382,14 +374,14 @@ class DeviceAgent:
                 return
             plan = self.contexts.plan_work(announcement)
             with threads_for(self.threads, min(plan.config.batch_size, len(self.data.train))):
+                update, ctx = self.contexts.build(announcement, model, peer_models)
                 if peer_models is None and self.relay.wants_models(plan.update):
-                    update, ctx = self.contexts.build(announcement, model)
                     request = self.relay.request(announcement, model, update, ctx)
                     self.egress.send(request, answering=announcement)
                 elif announcement.phase == "train":
-                    self._train(announcement, model, peer_models)
+                    self._train(announcement, update, ctx)
                 else:
-                    self._evaluate(announcement, model, peer_models)
+                    self._evaluate(announcement, model, update, ctx)
         except Exception as error:  # any local failure declines the round, never hangs it
             if not isinstance(error, PflError):
                 logger.debug("device %s: local failure", self.device_id, exc_info=True)
@@ -410,12 +402,8 @@ class DeviceAgent:
         )
 
     def _train(
-        self,
-        announcement: RoundAnnouncement,
-        model: ReceivedModel,
-        peer_models: dict[str, Tensors] | None = None,
+        self, announcement: RoundAnnouncement, update: LocalUpdate, ctx: LocalContext
     ) -> None:
-        update, ctx = self.contexts.build(announcement, model, peer_models)
         trained = update.run(ctx)
         self._reply_with(announcement, *self.uplink.answer(announcement, trained))
         self.last_loss = trained.train_loss
@@ -424,9 +412,9 @@ class DeviceAgent:
         self,
         announcement: RoundAnnouncement,
         model: ReceivedModel,
-        peer_models: dict[str, Tensors] | None = None,
+        update: LocalUpdate,
+        ctx: LocalContext,
     ) -> None:
-        update, ctx = self.contexts.build(announcement, model, peer_models)
         personalized = evaluate(deployable(update, ctx), self.task, self.data.test)
         if not math.isfinite(personalized):
             msg = (

@@ -45,13 +45,13 @@ class AgentExports:
 
     def source(self) -> ExportSource:
         """What an export of this device reads, without the agent itself."""
-        contexts = self.contexts
+        device = self.contexts.device
         return ExportSource(
-            device_id=contexts.device_id,
-            task=contexts.task,
-            data=contexts.data,
-            seed=contexts.seed,
-            initial_state=contexts.initial_state,
+            device_id=device.device_id,
+            task=device.task,
+            data=device.data,
+            seed=device.seed,
+            initial_state=device.initial_state,
             latest_round_id=self.latest_round_id(),
             context=self.context,
         )
@@ -66,7 +66,7 @@ class AgentExports:
         announcement, model = self._latest()
         if announcement is None or model is None:
             msg = "no round seen yet: a device exports after it has received a round and a model"
-            raise StateError(msg, device_id=self.contexts.device_id)
+            raise StateError(msg, device_id=self.contexts.device.device_id)
         update, ctx = self.contexts.build(announcement, model, self.relay.export_models())
         return self.relay.export_round(update, announcement, model), update, ctx
 

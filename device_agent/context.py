@@ -59,47 +59,47 @@ class Plan:
     fingerprint: str
 
 
-class RoundContexts:
-    """Builds each round's `LocalContext` in the device's workspace and keeps what must stay.
+@dataclass(frozen=True)
+class LocalDevice:
+    """Who a device is, what it trains on and where it keeps its state: what every round reads.
 
     Args:
         workspace: the nn.Module training happens in; virtual devices share one.
         initial_state: the task model's initial tensors, where personal state starts.
     """
 
+    device_id: str
+    task: Task
+    data: DeviceData
+    seed: int
+    store: StateStore
+    workspace: nn.Module
+    initial_state: Tensors
+    stateful: bool
+
+
+class RoundContexts:
+    """Builds each round's `LocalContext` in the device's workspace and keeps what must stay."""
+
     def __init__(
         self,
+        device: LocalDevice,
         *,
-        device_id: str,
-        task: Task,
-        data: DeviceData,
-        seed: int,
-        store: StateStore,
-        workspace: nn.Module,
-        initial_state: Tensors,
-        stateful: bool,
         budget: StepBudget,
         model_cache: DecodedModelCache,
         memory_budget_bytes: int | None,
         limits: WorkLimits | None = None,
         reproducible_noise: bool = False,
     ) -> None:
-        self.device_id = device_id
-        self.task = task
-        self.data = data
-        self.seed = seed
-        self.store = store
-        self.workspace = workspace
-        self.initial_state = initial_state
+        self.device = device
         # the coordinator sends the whole model: shared tensors and personal starting points
-        self.model_layout = describe_tensors(initial_state)
-        self.stateful = stateful
+        self.model_layout = describe_tensors(device.initial_state)
         self.budget = budget
         self.model_cache = model_cache
         self.memory_budget_bytes = memory_budget_bytes
         self.limits = limits
         self.reproducible_noise = reproducible_noise
-        self._slots = ModelSlots(workspace)
+        self._slots = ModelSlots(device.workspace)
         self._memory: MemoryModel | None = None
         # the last announcement planned, its (algorithm, config) key and its plan
         self._last_plan: tuple[RoundAnnouncement, tuple[str, dict[str, Any]], Plan] | None = None
@@ -111,8 +111,10 @@ class RoundContexts:
         """
         if self.memory_budget_bytes is None:
             return None
-        everything_shared = ParamSplit.for_model(self.workspace, ())
-        self._memory = memory_model(self.workspace, self.task, self.data.train, everything_shared)
+        everything_shared = ParamSplit.for_model(self.device.workspace, ())
+        self._memory = memory_model(
+            self.device.workspace, self.device.task, self.device.data.train, everything_shared
+        )
         try:
             return plan_training(
                 self._memory,
@@ -120,7 +122,7 @@ class RoundContexts:
                 AlgorithmConfig.model_fields["batch_size"].default,
             )
         except MemoryBudgetError as error:
-            logger.error("device %s: %s", self.device_id, error)
+            logger.error("device %s: %s", self.device.device_id, error)
             return None
 
     def plan(self, announcement: RoundAnnouncement) -> Plan:
@@ -142,7 +144,7 @@ class RoundContexts:
                 update = build_local_update(announcement.algorithm)
             except ValueError as error:
                 raise ProtocolError(str(error), round_id=announcement.round_id) from None
-            split = resolve_split(self.workspace, self.task.personal_patterns, config)
+            split = resolve_split(self.device.workspace, self.device.task.personal_patterns, config)
             plan = Plan(config, update, split, self.fingerprint(split))
         self._last_plan = (announcement, key, plan)
         return plan
@@ -157,13 +159,13 @@ class RoundContexts:
         plan = self.plan(announcement)
         problem = None if self.limits is None else config_problem(announcement.config, self.limits)
         if problem is not None:
-            raise WorkLimitError(problem, device_id=self.device_id)
-        if not self.stateful and plan.config.stateful_only:
+            raise WorkLimitError(problem, device_id=self.device.device_id)
+        if not self.device.stateful and plan.config.stateful_only:
             msg = (
                 f"{announcement.algorithm} keeps per-device state between rounds: "
                 "run the agent stateful (without --stateless)"
             )
-            raise StateError(msg, device_id=self.device_id)
+            raise StateError(msg, device_id=self.device.device_id)
         return plan
 
     def build(
@@ -184,13 +186,15 @@ class RoundContexts:
         self._slots.load(global_shared)
         self._slots.load(personal)
         generator = torch.Generator().manual_seed(
-            derive_seed(self.seed, self.device_id, announcement.round_id, announcement.phase)
+            derive_seed(
+                self.device.seed, self.device.device_id, announcement.round_id, announcement.phase
+            )
         )
-        scalars = announcement.assignments.get(self.device_id)
+        scalars = announcement.assignments.get(self.device.device_id)
         context = LocalContext(
-            model=self.workspace,
-            task=self.task,
-            data=self.data,
+            model=self.device.workspace,
+            task=self.device.task,
+            data=self.device.data,
             split=plan.split,
             config=plan.config,
             global_shared=global_shared,
@@ -199,7 +203,7 @@ class RoundContexts:
             budget=self._round_budget(plan),
             assignment=dict(scalars.scalars) if scalars is not None else {},
             state=state,
-            device_id=self.device_id,
+            device_id=self.device.device_id,
             peers=announcement.peers,
             peer_models=peer_models or {},
             slots=self._slots,
@@ -229,7 +233,7 @@ class RoundContexts:
     def _noise_seed(self, announcement: RoundAnnouncement, purpose: str) -> int | None:
         if not self.reproducible_noise:
             return None
-        return derive_seed(self.seed, self.device_id, announcement.round_id, purpose)
+        return derive_seed(self.device.seed, self.device.device_id, announcement.round_id, purpose)
 
     def compress(self, announcement: RoundAnnouncement, delta: Tensors) -> tuple[Tensors, Tensors]:
         """(what the update carries, the residual to keep) under the round's uplink codec.
@@ -242,23 +246,23 @@ class RoundContexts:
         if not announcement.uplink.lossy:
             return dict(delta), {}
         residual: Tensors = {}
-        if self.stateful:
+        if self.device.stateful:
             plan = self.plan(announcement)
-            stored = self.store.load(plan.fingerprint, announcement.run_id) or {}
+            stored = self.device.store.load(plan.fingerprint, announcement.run_id) or {}
             residual = {
                 k.removeprefix(RESIDUAL_PREFIX): v
                 for k, v in stored.items()
                 if k.startswith(RESIDUAL_PREFIX)
             }
         generator = torch.Generator().manual_seed(
-            derive_seed(self.seed, self.device_id, announcement.round_id, "uplink")
+            derive_seed(self.device.seed, self.device.device_id, announcement.round_id, "uplink")
         )
         encoded, residual = with_error_feedback(delta, residual, announcement.uplink, generator)
         if announcement.privacy is not None:  # DP bounds what is sent, residual included
             layout = describe_tensors(delta)
             clip = announcement.privacy.clip_norm
             encoded = clip_encoded(encoded, layout, announcement.uplink, clip)
-        return encoded, residual if self.stateful else {}
+        return encoded, residual if self.device.stateful else {}
 
     def keep(
         self, announcement: RoundAnnouncement, result: LocalResult, residual: Tensors | None = None
@@ -271,7 +275,7 @@ class RoundContexts:
         """
         plan = self.plan(announcement)
         residual = residual or {}
-        if not self.stateful or not (plan.split.personal or result.state or residual):
+        if not self.device.stateful or not (plan.split.personal or result.state or residual):
             return
         kept = {
             **result.personal,
@@ -279,7 +283,7 @@ class RoundContexts:
             **{RESIDUAL_PREFIX + k: v for k, v in residual.items()},
         }
         require_finite(kept, "personal state")
-        self.store.save(plan.fingerprint, kept, announcement.run_id)
+        self.device.store.save(plan.fingerprint, kept, announcement.run_id)
 
     def _round_budget(self, plan: Plan) -> StepBudget:
         """The step budget with a fresh meter for this round's ceilings (none without limits)."""
@@ -298,7 +302,7 @@ class RoundContexts:
             return self.budget
         terms = for_split(
             self._memory,
-            self.workspace,
+            self.device.workspace,
             plan.split,
             momentum=plan.config.momentum > 0,
             relayed_models=plan.config.relayed_models(),
@@ -309,13 +313,13 @@ class RoundContexts:
     def fingerprint(self, split: ParamSplit) -> str:
         """The key personal state is stored under: the task and the personal tensors' shapes."""
         layout = ";".join(
-            f"{name}:{tuple(self.initial_state[name].shape)}" for name in split.personal
+            f"{name}:{tuple(self.device.initial_state[name].shape)}" for name in split.personal
         )
-        return hashlib.sha256(f"{self.task.name}|{layout}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.device.task.name}|{layout}".encode()).hexdigest()
 
     def _load_personal(self, plan: Plan, received: Tensors, run_id: str) -> tuple[Tensors, Tensors]:
         """This run's stored personal part and algorithm state, else the coordinator's start."""
-        stored = self.store.load(plan.fingerprint, run_id) if self.stateful else None
+        stored = self.device.store.load(plan.fingerprint, run_id) if self.device.stateful else None
         if stored is not None:
             personal = {
                 k: v for k, v in stored.items() if not k.startswith((STATE_PREFIX, RESIDUAL_PREFIX))

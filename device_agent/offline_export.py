@@ -5,16 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from device_agent.agent import DeviceAgent
 from device_agent.received import load_received
-from device_agent.runner import load_data
+from device_agent.runner import build_agent
 from device_agent.settings import AgentSettings
-from device_agent.state_store import DiskStateStore
-from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.messages import ExportReport
-from protocols.transport.factory import connect
-from protocols.transport.inprocess import InProcessBroker
 
 logger = logging.getLogger(__name__)
 
@@ -47,22 +42,7 @@ def export_offline(
             f"{settings.device_id!r}: pass --device-id {received.device_id} or its own --state-dir"
         )
         raise StateError(msg)
-    task = load_task(settings.task, settings.task_options)
-    data = load_data(settings, task)
-    workspace = task.build_model(settings.seed)
-    initial_state = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
-    agent = DeviceAgent(
-        device_id=settings.device_id,
-        fleet=settings.fleet,
-        transport=connect(InProcessBroker(), settings.device_id),
-        task=task,
-        data=data,
-        seed=settings.seed,
-        store=DiskStateStore(settings.state_dir),
-        workspace=workspace,
-        initial_state=initial_state,
-        stateful=not settings.stateless,
-    )
+    agent = build_agent(settings, offline=True)
     exports = agent.exports
     exports.load_received(received.model_frame, received.announcement, received.relayed)
     logger.info(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import available_memory_bytes, require_numpy_bridge
@@ -12,12 +13,15 @@ from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
 from device_agent.state_store import DiskStateStore
+from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.datadir import load_device_data
 from pfl_tasks.fit_check import check_model_fits
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
+from protocols.transport.base import Transport
 from protocols.transport.factory import connect
+from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.mqtt import BrokerConnectionError
 
 logger = logging.getLogger(__name__)
@@ -39,8 +43,23 @@ def load_data(settings: AgentSettings, task: Task) -> DeviceData:
     return fleet[settings.data_shard or 0]
 
 
-def build_agent(settings: AgentSettings) -> DeviceAgent:
+@dataclass(frozen=True)
+class _Running:
+    """What only an agent that takes part in rounds needs (the defaults: none of it)."""
+
+    memory_budget_bytes: int | None = None
+    eligibility: EligibilityPolicy | None = None
+    limits: WorkLimits | None = None
+    threads: StepThreads | None = None
+    strict_egress: bool = False
+
+
+def build_agent(settings: AgentSettings, *, offline: bool = False) -> DeviceAgent:
     """A connected agent with the model, data and state store its settings describe.
+
+    `offline` (`pfl-agent export`) builds the same agent on a private in-process transport that
+    reaches no broker, without what only taking part in rounds needs (memory budget,
+    eligibility, work limits, compute threads, strict egress).
 
     Raises:
         ValueError: unknown task or unusable data.
@@ -50,14 +69,22 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
     data = load_data(settings, task)
     workspace = task.build_model(settings.seed)
     initial_state = {k: v.detach().clone() for k, v in workspace.state_dict().items()}
-    transport = connect(
-        settings.broker_settings(settings.broker).model_copy(
-            update={"max_takeovers": settings.max_takeovers}
-        ),
-        settings.device_id,
-        device_will(settings.fleet, settings.device_id, strict_egress=settings.dp_strict_egress),
-    )
-    agent = DeviceAgent(
+    transport: Transport
+    if offline:
+        transport = connect(InProcessBroker(), settings.device_id)
+        running = _Running()
+    else:
+        transport = connect(
+            settings.broker_settings(settings.broker).model_copy(
+                update={"max_takeovers": settings.max_takeovers}
+            ),
+            settings.device_id,
+            device_will(
+                settings.fleet, settings.device_id, strict_egress=settings.dp_strict_egress
+            ),
+        )
+        running = _running(settings, task, data)
+    return DeviceAgent(
         device_id=settings.device_id,
         fleet=settings.fleet,
         transport=transport,
@@ -68,6 +95,16 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         workspace=workspace,
         initial_state=initial_state,
         stateful=not settings.stateless,
+        memory_budget_bytes=running.memory_budget_bytes,
+        eligibility=running.eligibility,
+        limits=running.limits,
+        threads=running.threads,
+        strict_egress=running.strict_egress,
+    )
+
+
+def _running(settings: AgentSettings, task: Task, data: DeviceData) -> _Running:
+    return _Running(
         memory_budget_bytes=None
         if settings.memory_budget is None
         else parse_memory_budget(settings.memory_budget, available_memory_bytes()),
@@ -84,7 +121,6 @@ def build_agent(settings: AgentSettings) -> DeviceAgent:
         ),
         strict_egress=settings.dp_strict_egress,
     )
-    return agent
 
 
 class DuplicateIdError(BrokerConnectionError):

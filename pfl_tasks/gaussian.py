@@ -9,8 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.models import check_int, check_real
+from pfl_tasks.per_device import PerDeviceRegression
 
 
 class ScalarMeanModel(nn.Module):
@@ -29,7 +30,7 @@ class ScalarMeanModel(nn.Module):
         return self.theta.expand(x.shape[0], 1)
 
 
-class GaussianTask:
+class GaussianTask(PerDeviceRegression):
     """Self-FL's synthetic scalar data (selffl.md 5.1): the closed-form posterior is the oracle.
 
     theta_m ~ N(theta_0, sigma0_sq); device m observes N_m ~ Uniform{n_min..n_max} (inclusive)
@@ -56,9 +57,6 @@ class GaussianTask:
     """
 
     name: ClassVar[str] = "gaussian"
-    metric_name: ClassVar[MetricName] = "mse"
-    personal_patterns: tuple[str, ...] = ()
-    input_names: tuple[str, ...] = ("x",)
     output_names: tuple[str, ...] = ("theta",)
 
     def __init__(
@@ -90,20 +88,6 @@ class GaussianTask:
         """Half the mean squared error, so the gradient is (theta - sample mean)."""
         return 0.5 * torch.mean((outputs - targets) ** 2)
 
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Sum of squared errors over the batch."""
-        return float(torch.sum((outputs - targets) ** 2).item())
-
-    def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
-        """Draw every device's theta_m and observations from its own seed-derived stream.
-
-        Raises:
-            ValueError: If `num_devices` is not positive.
-        """
-        check_int("num_devices", num_devices)
-        streams = np.random.SeedSequence(seed).spawn(num_devices)
-        return [self._make_device(m, np.random.default_rng(s)) for m, s in enumerate(streams)]
-
     def _make_device(self, device_index: int, rng: np.random.Generator) -> DeviceData:
         theta_m = float(rng.normal(self.theta_0, math.sqrt(self.sigma0_sq)))
         num_observations = int(rng.integers(self.n_min, self.n_max, endpoint=True))
@@ -113,19 +97,11 @@ class GaussianTask:
             values = rng.normal(theta_m, obs_std, size=(count, 1)).astype(np.float32)
             return Split(torch.zeros((count, 1)), torch.from_numpy(values))
 
-        train = draw(num_observations)
-        val = draw(self.n_val)
-        test = draw(self.n_test)
-        return DeviceData(
-            device_index=device_index,
-            train=train,
-            val=val,
-            test=test,
-            truth={
-                "theta": theta_m,
-                "theta_0": self.theta_0,
-                "sigma0_sq": self.sigma0_sq,
-                "obs_var": self.obs_var,
-                "num_observations": num_observations,
-            },
-        )
+        truth = {
+            "theta": theta_m,
+            "theta_0": self.theta_0,
+            "sigma0_sq": self.sigma0_sq,
+            "obs_var": self.obs_var,
+            "num_observations": num_observations,
+        }
+        return self._drawn(device_index, draw, num_observations, truth)

@@ -37,9 +37,19 @@ class Partition:
     truth: Sequence[dict[str, float]] = field(default_factory=tuple)
 
 
-Partitioner = Callable[
-    [np.ndarray, np.ndarray, int, PartitionSpec, np.random.Generator, int], Partition
-]
+@dataclass(frozen=True)
+class _Job:
+    """What a scheme is handed: the (subsampled) labels, the whole pool's classes, the ask."""
+
+    labels: np.ndarray
+    classes: np.ndarray
+    num_devices: int
+    spec: PartitionSpec
+    rng: np.random.Generator
+    min_samples: int
+
+
+Partitioner = Callable[[_Job], Partition]
 
 
 def partition_indices(
@@ -113,7 +123,7 @@ def partition_labels(
             f"samples each"
         )
         raise ValueError(msg)
-    partition = partitioner(pool, classes, num_devices, spec, rng, min_samples)
+    partition = partitioner(_Job(pool, classes, num_devices, spec, rng, min_samples))
     smallest = min(len(p) for p in partition.indices)
     if smallest < min_samples:
         msg = (
@@ -204,40 +214,26 @@ def _subsample(num_samples: int, fraction: float, rng: np.random.Generator) -> n
     return np.sort(rng.choice(num_samples, size=size, replace=False))
 
 
-def _labels_per_device(spec: PartitionSpec, num_classes: int) -> int:
-    k = spec.labels_per_device
-    if not 1 <= k <= num_classes:
-        msg = f"labels_per_device must lie in [1, {num_classes}] (the class count), got {k}"
+def _labels_per_device(job: _Job) -> int:
+    k = job.spec.labels_per_device
+    if not 1 <= k <= len(job.classes):
+        msg = f"labels_per_device must lie in [1, {len(job.classes)}] (the class count), got {k}"
         raise ValueError(msg)
     return k
 
 
-def _shuffled_by_class(
-    labels: np.ndarray, classes: np.ndarray, rng: np.random.Generator
-) -> list[np.ndarray]:
-    return [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+def _shuffled_by_class(job: _Job) -> list[np.ndarray]:
+    return [job.rng.permutation(np.flatnonzero(job.labels == c)) for c in job.classes]
 
 
-def _partition_iid(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_devices: int,
-    spec: PartitionSpec,
-    rng: np.random.Generator,
-    min_samples: int,
-) -> Partition:
+def _partition_iid(job: _Job) -> Partition:
     """Uniform shuffle cut into near-equal pieces: the homogeneous baseline."""
-    return Partition(list(np.array_split(rng.permutation(labels.shape[0]), num_devices)))
+    return Partition(
+        list(np.array_split(job.rng.permutation(job.labels.shape[0]), job.num_devices))
+    )
 
 
-def _partition_dirichlet(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_devices: int,
-    spec: PartitionSpec,
-    rng: np.random.Generator,
-    min_samples: int,
-) -> Partition:
+def _partition_dirichlet(job: _Job) -> Partition:
     """Per class, cut its samples among devices by proportions ~ Dir(alpha) (NIID-Bench style).
 
     As in NIID-Bench (Li et al. 2022), a device already holding its fair share n / num_devices
@@ -245,18 +241,18 @@ def _partition_dirichlet(
     Draws are repeated until every device has `min_samples`; only counts are drawn per attempt, so
     retries are cheap.
     """
-    if not spec.alpha > 0.0:
-        msg = f"dirichlet alpha must be positive, got {spec.alpha}"
+    if not job.spec.alpha > 0.0:
+        msg = f"dirichlet alpha must be positive, got {job.spec.alpha}"
         raise ValueError(msg)
-    class_sizes = np.array([np.count_nonzero(labels == c) for c in classes])
-    fair_share = labels.shape[0] / num_devices
-    concentration = np.full(num_devices, float(spec.alpha))
+    class_sizes = np.array([np.count_nonzero(job.labels == c) for c in job.classes])
+    fair_share = job.labels.shape[0] / job.num_devices
+    concentration = np.full(job.num_devices, float(job.spec.alpha))
     for _ in range(MAX_DIRICHLET_TRIES):
-        counts = np.zeros((len(classes), num_devices), dtype=np.int64)
-        sizes = np.zeros(num_devices, dtype=np.int64)
+        counts = np.zeros((len(job.classes), job.num_devices), dtype=np.int64)
+        sizes = np.zeros(job.num_devices, dtype=np.int64)
         for c, class_size in enumerate(class_sizes):
             hungry = sizes < fair_share
-            proportions = rng.dirichlet(concentration) * hungry
+            proportions = job.rng.dirichlet(concentration) * hungry
             if not proportions.sum() > 0.0:
                 proportions = hungry.astype(np.float64)
             proportions /= proportions.sum()
@@ -264,24 +260,17 @@ def _partition_dirichlet(
             cuts[-1] = class_size
             counts[c] = np.diff(cuts, prepend=0)
             sizes += counts[c]
-        if sizes.min() >= min_samples:
-            return Partition(_hand_out(_shuffled_by_class(labels, classes, rng), counts))
+        if sizes.min() >= job.min_samples:
+            return Partition(_hand_out(_shuffled_by_class(job), counts))
     msg = (
-        f"dirichlet partition with alpha={spec.alpha} left a device with fewer than "
-        f"{min_samples} samples in {MAX_DIRICHLET_TRIES} draws ({num_devices} devices, "
-        f"{labels.shape[0]} samples); use a larger alpha, fewer devices, or another scheme"
+        f"dirichlet partition with alpha={job.spec.alpha} left a device with fewer than "
+        f"{job.min_samples} samples in {MAX_DIRICHLET_TRIES} draws ({job.num_devices} devices, "
+        f"{job.labels.shape[0]} samples); use a larger alpha, fewer devices, or another scheme"
     )
     raise ValueError(msg)
 
 
-def _partition_shards(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_devices: int,
-    spec: PartitionSpec,
-    rng: np.random.Generator,
-    min_samples: int,
-) -> Partition:
+def _partition_shards(job: _Job) -> Partition:
     """Pathological label shards (McMahan et al. 2017), with exactly k labels per device.
 
     Classes are shuffled; device u holds the k consecutive classes at positions u*k .. u*k+k-1
@@ -291,44 +280,30 @@ def _partition_shards(
     num_devices * k >= C. Sizes are near-equal when C divides num_devices * k (e.g. 20 or 100
     devices with k = 2 on 10 classes); otherwise a class with one holder fewer gives bigger shards.
     """
-    k = _labels_per_device(spec, len(classes))
-    order = rng.permutation(len(classes))
-    slot_class = order[(np.arange(num_devices)[:, None] * k + np.arange(k)[None, :]) % len(classes)]
-    return Partition(_cut_among_holders(_shuffled_by_class(labels, classes, rng), slot_class, None))
+    k = _labels_per_device(job)
+    order = job.rng.permutation(len(job.classes))
+    slot_class = order[
+        (np.arange(job.num_devices)[:, None] * k + np.arange(k)[None, :]) % len(job.classes)
+    ]
+    return Partition(_cut_among_holders(_shuffled_by_class(job), slot_class, None))
 
 
-def _partition_powerlaw(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_devices: int,
-    spec: PartitionSpec,
-    rng: np.random.Generator,
-    min_samples: int,
-) -> Partition:
+def _partition_powerlaw(job: _Job) -> Partition:
     """Give k labels per device with log-normal sizes, after the pFedMe generator (pfedbred.md 4.1).
 
     Device u holds classes (u + j) mod C for j < k. Each (device, class) slot first gets
     ceil(min_samples / k) samples, then the rest of the class is shared among its slots in
     proportion to log-normal(0, 2) weights, so the whole class is used without replacement.
     """
-    k = _labels_per_device(spec, len(classes))
-    slot_class = (np.arange(num_devices)[:, None] + np.arange(k)[None, :]) % len(classes)
-    weights = rng.lognormal(0.0, POWERLAW_SIGMA, size=slot_class.shape)
+    k = _labels_per_device(job)
+    slot_class = (np.arange(job.num_devices)[:, None] + np.arange(k)[None, :]) % len(job.classes)
+    weights = job.rng.lognormal(0.0, POWERLAW_SIGMA, size=slot_class.shape)
     return Partition(
-        _cut_among_holders(
-            _shuffled_by_class(labels, classes, rng), slot_class, (weights, -(-min_samples // k))
-        )
+        _cut_among_holders(_shuffled_by_class(job), slot_class, (weights, -(-job.min_samples // k)))
     )
 
 
-def _partition_groups(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_devices: int,
-    spec: PartitionSpec,
-    rng: np.random.Generator,
-    min_samples: int,
-) -> Partition:
+def _partition_groups(job: _Job) -> Partition:
     """FedeRiCo's label-group split (federico.md 5.1, resolution steps 1, 3 and 4).
 
     The shuffled class ids are cut into D contiguous groups of floor(C/D) or floor(C/D) + 1
@@ -337,19 +312,21 @@ def _partition_groups(
     differing by at most one, handed to the group's devices in index order. A device alone in
     its group gets the whole group. Step 2 (the fraction) is `partition_labels`'s subsample.
     """
-    num_groups = spec.groups
-    if not 1 <= num_groups <= len(classes):
-        msg = f"groups must lie in [1, {len(classes)}] (the class count), got {num_groups}"
+    num_groups = job.spec.groups
+    if not 1 <= num_groups <= len(job.classes):
+        msg = f"groups must lie in [1, {len(job.classes)}] (the class count), got {num_groups}"
         raise ValueError(msg)
-    if num_groups > num_devices:
-        msg = f"groups ({num_groups}) must not exceed the devices ({num_devices}): each needs one"
+    if num_groups > job.num_devices:
+        msg = (
+            f"groups ({num_groups}) must not exceed the devices ({job.num_devices}): each needs one"
+        )
         raise ValueError(msg)
-    class_groups = np.array_split(rng.permutation(classes), num_groups)
-    device_group = _draw_device_groups(num_devices, num_groups, rng)
-    parts: list[np.ndarray] = [np.empty(0, np.int64)] * num_devices
+    class_groups = np.array_split(job.rng.permutation(job.classes), num_groups)
+    device_group = _draw_device_groups(job.num_devices, num_groups, job.rng)
+    parts: list[np.ndarray] = [np.empty(0, np.int64)] * job.num_devices
     for group, group_classes in enumerate(class_groups):
         members = np.flatnonzero(device_group == group)
-        pool = rng.permutation(np.flatnonzero(np.isin(labels, group_classes)))
+        pool = job.rng.permutation(np.flatnonzero(np.isin(job.labels, group_classes)))
         for device, share in zip(members, np.array_split(pool, len(members)), strict=True):
             parts[device] = share
     return Partition(parts, [{"group": float(group)} for group in device_group])

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pfl_tasks.base import DeviceData, MetricName, PartitionSpec, Split
+from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.models import build_seeded, check_int, check_real
+from pfl_tasks.per_device import PerDeviceRegression
 
 INIT_STD: Final = 0.1
 
@@ -23,7 +24,7 @@ def _make_line() -> nn.Sequential:
     return line
 
 
-class SineTask:
+class SineTask(PerDeviceRegression):
     """Noisy sine-curve regression with a linear model (federico.md 5.1, generator table).
 
     [-pi, pi] is cut into `intervals` equal contiguous pieces; device k draws x ~ U(piece k mod D)
@@ -46,9 +47,6 @@ class SineTask:
     """
 
     name: ClassVar[str] = "sine"
-    metric_name: ClassVar[MetricName] = "mse"
-    personal_patterns: tuple[str, ...] = ()
-    input_names: tuple[str, ...] = ("x",)
     output_names: tuple[str, ...] = ("y",)
 
     def __init__(
@@ -73,24 +71,10 @@ class SineTask:
         """Mean squared error over the batch."""
         return torch.mean((outputs - targets) ** 2)
 
-    def metric_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Sum of squared errors over the batch."""
-        return float(torch.sum((outputs - targets) ** 2).item())
-
     def interval_bounds(self, interval: int) -> tuple[float, float]:
         """The [low, high) range of one piece of [-pi, pi]."""
         width = 2.0 * math.pi / self.intervals
         return -math.pi + interval * width, -math.pi + (interval + 1) * width
-
-    def make_fleet(self, num_devices: int, partition: PartitionSpec, seed: int) -> list[DeviceData]:
-        """Draw every device's points on its piece from its own seed-derived stream.
-
-        Raises:
-            ValueError: If `num_devices` is not positive.
-        """
-        check_int("num_devices", num_devices)
-        streams = np.random.SeedSequence(seed).spawn(num_devices)
-        return [self._make_device(k, np.random.default_rng(s)) for k, s in enumerate(streams)]
 
     def _make_device(self, device_index: int, rng: np.random.Generator) -> DeviceData:
         interval = device_index % self.intervals
@@ -103,13 +87,5 @@ class SineTask:
                 torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
             )
 
-        train = draw(self.n_train)
-        val = draw(self.n_val)
-        test = draw(self.n_test)
-        return DeviceData(
-            device_index=device_index,
-            train=train,
-            val=val,
-            test=test,
-            truth={"interval": interval, "interval_low": low, "interval_high": high},
-        )
+        truth = {"interval": interval, "interval_low": low, "interval_high": high}
+        return self._drawn(device_index, draw, self.n_train, truth)

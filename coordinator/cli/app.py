@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 import typer
 from rich.console import Console
@@ -50,6 +50,8 @@ COMPARE_FLAGS: Final = (
 )
 """The settings `compare` offers as flags (the workload; every run gets its own algorithm)."""
 
+Settings = TypeVar("Settings", SimulationSettings, ServeSettings)
+
 
 @app.command()
 @settings_options(SimulationSettings, exclude=SIMULATE_TOML_ONLY)
@@ -60,12 +62,23 @@ def simulate(
 
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
+    _run_shown(
+        verbose,
+        lambda: SimulationSettings.load(config, **flags),
+        lambda settings, advance: run_simulation(settings, on_round=advance),
+    )
+
+
+def _run_shown(
+    verbose: bool,
+    load: Callable[[], Settings],
+    run: Callable[[Settings, Callable[[RoundRecord], None]], SimulationResult | ServeResult],
+) -> None:
+    """Load the settings, run with a progress bar, then print the summary; errors exit."""
     configure_logging(verbose)
     try:
-        settings = SimulationSettings.load(config, **flags)
-        result = _run_with_progress(
-            settings, lambda advance: run_simulation(settings, on_round=advance)
-        )
+        settings = load()
+        result = _run_with_progress(settings, lambda advance: run(settings, advance))
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)
     _print_summary(result)
@@ -143,18 +156,13 @@ def serve(
 
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
-    configure_logging(verbose)
-    try:
-        settings = ServeSettings.load(config, **flags)
-        result = _run_with_progress(
-            settings,
-            lambda advance: run_serve(
-                settings, on_round=advance, notify=lambda text: console.print(text)
-            ),
-        )
-    except (PflError, ValueError, FileNotFoundError) as error:
-        exit_with_error(console, error)
-    _print_summary(result)
+    _run_shown(
+        verbose,
+        lambda: ServeSettings.load(config, **flags),
+        lambda settings, advance: run_serve(
+            settings, on_round=advance, notify=lambda text: console.print(text)
+        ),
+    )
 
 
 @app.command()

@@ -19,9 +19,7 @@ from coordinator.engine.device_messages import DeviceIntake, IntakeParts, Traffi
 from coordinator.engine.downlink import ModelPublisher
 from coordinator.engine.flapping import FlapWatch
 from coordinator.engine.fleet_view import fleet_status
-from coordinator.engine.intake import (
-    Collector,
-)
+from coordinator.engine.intake import Collector
 from coordinator.engine.metrics import summarize_evaluations
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
@@ -140,18 +138,10 @@ class Coordinator:
         """Payload bytes devices sent the engine."""
         return self.traffic.bytes_up
 
-    @bytes_up.setter
-    def bytes_up(self, value: int) -> None:
-        self.traffic.bytes_up = value
-
     @property
     def bytes_down(self) -> int:
         """Payload bytes the engine sent devices."""
         return self.traffic.bytes_down
-
-    @bytes_down.setter
-    def bytes_down(self, value: int) -> None:
-        self.traffic.bytes_down = value
 
     @property
     def rejected(self) -> int:
@@ -368,7 +358,7 @@ class Coordinator:
 
     def count_down(self, sent: int) -> None:
         """Count bytes an uplink path sent to devices itself."""
-        self.bytes_down += sent
+        self.traffic.bytes_down += sent
 
     @property
     def specs(self) -> tuple[TensorSpec, ...]:
@@ -452,8 +442,8 @@ class Coordinator:
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
         asked = selected or self.registry.online_ids()
-        self.bytes_down += self.models.download_bytes(asked)
+        self.traffic.bytes_down += self.models.download_bytes(asked)
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
-        self.bytes_down += len(payload) * self.registry.online_count()
+        self.traffic.bytes_down += len(payload) * self.registry.online_count()

@@ -171,7 +171,8 @@ def restore_checkpoint(coordinator: Coordinator, checkpoint: Checkpoint) -> None
     coordinator.model = dict(checkpoint.model)
     coordinator.round_id = record.round_id
     coordinator.run_id = record.run_id or coordinator.run_id
-    coordinator.bytes_up, coordinator.bytes_down = record.bytes_up, record.bytes_down
+    coordinator.traffic.bytes_up = record.bytes_up
+    coordinator.traffic.bytes_down = record.bytes_down
     coordinator.strategy.load_state_dict(record.strategy_state)
     coordinator.relay.load_state_tensors(checkpoint.strategy_tensors)
     coordinator.rng.bit_generator.state = record.rng_state

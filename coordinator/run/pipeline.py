@@ -21,6 +21,7 @@ from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.rounds import Coordinator, RoundRecord
 from coordinator.run.settings import RunSettings
 from coordinator.run.summary import RunSummary
+from coordinator.scheduling.asynchronous import BufferedRounds
 from coordinator.stages.compatibility import check
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.privacy_stage import PrivacyStage
@@ -186,16 +187,18 @@ def drive_rounds(
     coordinator: Coordinator,
     stages: Stages,
     *,
-    eval_every: int,
     run_round: Callable[[], RoundRecord],
     after_round: Callable[[RoundRecord, Sequence[EvaluationReport]], None],
+    scheduler: BufferedRounds | None = None,
 ) -> tuple[list[RoundRecord], list[EvaluationReport]]:
-    """Run the remaining rounds of every stage with periodic and final evaluation.
+    """Run the remaining rounds of every stage with periodic and final evaluation, then finish.
 
     `run_round` runs one training round (a caller may add retries); `after_round` sees each
     finished record with the device evaluations made after it, if any (metrics, checkpoints,
-    dashboards, progress).
+    dashboards, progress). A `scheduler` that collects on its own stops before the
+    coordinator says "finished".
     """
+    eval_every = coordinator.settings.eval_every
     records: list[RoundRecord] = []
     reports: list[EvaluationReport] = []
     total = stages.total_rounds
@@ -223,6 +226,9 @@ def drive_rounds(
         reports, evaluation = coordinator.evaluate(final=True)
         if records:
             records[-1].evaluation = evaluation
+    if scheduler is not None:
+        scheduler.close()
+    coordinator.publish_status("finished")
     return records, reports
 
 
@@ -248,7 +254,6 @@ def summarize_run(
     records: list[RoundRecord],
     reports: list[EvaluationReport],
     *,
-    metric_name: str,
     devices: int,
     traffic: tuple[int, int],
     started: float,
@@ -263,7 +268,7 @@ def summarize_run(
     return RunSummary(
         algorithm=config.name,
         task=coordinator.settings.task,
-        metric_name=metric_name,
+        metric_name=coordinator.settings.metric,
         devices=devices,
         rounds=coordinator.round_id,
         pretrain_rounds=settings.pretrain_rounds,

@@ -13,7 +13,7 @@ from typing import Any, Final
 from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.engine.metrics import RunRecorder
-from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.rounds import Coordinator, RoundRecord, coordinator_will
 from coordinator.run.checkpoint import (
     RECORD_FILE,
     load_checkpoint,
@@ -112,19 +112,7 @@ def run_serve(
             clean_start=True,
             offences=offences,
         )
-        engine = EngineSettings(
-            fleet=settings.fleet,
-            task=task.name,
-            metric=task.metric_name,
-            rounds=stages.total_rounds,
-            round_timeout_s=settings.round_timeout,
-            quorum=settings.quorum,
-            eval_every=settings.eval_every,
-            seed=settings.seed,
-            guard=settings.guard_settings(),
-            uplink=settings.uplink(),
-            downlink=settings.compress.down,
-        )
+        engine = settings.engine_settings(task, stages.total_rounds)
         privacy = privacy_engine(settings.privacy(), settings.participation, None)
         try:
             with ExitStack() as dashboard:
@@ -141,7 +129,7 @@ def run_serve(
                 coordinator = build_coordinator(
                     lambda: engine_transport, stages, workspace, engine, task, privacy, offences
                 )
-                return _serve(coordinator, stages, settings, task.metric_name, on_round, say)
+                return _serve(coordinator, stages, settings, on_round, say)
         finally:
             transport.close()
     finally:
@@ -153,7 +141,6 @@ def _serve(
     coordinator: Coordinator,
     stages: Stages,
     settings: ServeSettings,
-    metric_name: str,
     on_round: RoundCallback | None,
     say: Notify,
 ) -> ServeResult:
@@ -190,15 +177,8 @@ def _serve(
             on_round(record)
 
     records, reports = drive_rounds(
-        coordinator,
-        stages,
-        eval_every=settings.eval_every,
-        run_round=run_round,
-        after_round=after_round,
+        coordinator, stages, run_round=run_round, after_round=after_round, scheduler=engine
     )
-    if engine is not None:
-        engine.close()
-    coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = summarize_run(
         coordinator,
@@ -206,7 +186,6 @@ def _serve(
         settings,
         records,
         reports,
-        metric_name=metric_name,
         devices=len(coordinator.registry.records()),
         traffic=(coordinator.bytes_up, coordinator.bytes_down),
         started=started,

@@ -10,12 +10,14 @@ Every field here is also a flag of the command its model configures (`protocols.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from coordinator.dashboard.settings import DashboardSettings
+from coordinator.engine.round_types import EngineSettings
 from coordinator.run.sections import (
     AsyncOptions,
     CompressOptions,
@@ -28,6 +30,7 @@ from coordinator.run.sections import (
 from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
 from coordinator.stages.aggregate_guard import GuardSettings
+from pfl_tasks.base import Task
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import (
     AlgorithmConfig,
@@ -111,6 +114,20 @@ class RunSettings(TomlSettings):
         return self.guard.guard_settings(
             private=self.privacy() is not None or self.secagg.enabled,  # secagg: one sum
             comparable=self.algorithm_config().comparable_update_norms,
+        )
+
+    def engine_settings(self, task: Task, rounds: int) -> EngineSettings:
+        """How the round engine runs `rounds` rounds of `task` (pretraining included)."""
+        return EngineSettings(
+            fleet=self.fleet,
+            task=task.name,
+            metric=task.metric_name,
+            rounds=rounds,
+            eval_every=self.eval_every,
+            seed=self.seed,
+            guard=self.guard_settings(),
+            uplink=self.uplink(),
+            downlink=self.compress.down,
         )
 
     def secure_aggregation(self) -> SecureAggregationSettings | None:
@@ -250,6 +267,14 @@ class ServeSettings(RunSettings, BrokerAccess):
     resume: bool = Field(False, description="continue from the last checkpoint")
     fresh: bool = Field(False, description="start over, replacing an earlier run's checkpoint")
     dashboard: DashboardOptions = Field(default_factory=DashboardOptions)
+
+    def engine_settings(self, task: Task, rounds: int) -> EngineSettings:
+        """The run's engine settings, with the real fleet's round deadline and quorum."""
+        return replace(
+            super().engine_settings(task, rounds),
+            round_timeout_s=self.round_timeout,
+            quorum=self.quorum,
+        )
 
     def dashboard_settings(self) -> DashboardSettings | None:
         """How to serve the dashboard, or None without --dashboard."""

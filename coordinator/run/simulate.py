@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from coordinator.dashboard.history import RunHistoryLog, publish_round
 from coordinator.engine.metrics import RunRecorder
-from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.rounds import Coordinator, RoundRecord, coordinator_will
 from coordinator.run.pipeline import (
     RoundCallback,
     RunResult,
@@ -258,17 +258,7 @@ def _run(
     task = load_task(settings.task, settings.task_options)
     workspace = task.build_model(settings.seed)
     stages = plan_stages(settings, task, workspace)  # refuses what does not compose
-    engine = EngineSettings(
-        fleet=settings.fleet,
-        task=task.name,
-        metric=task.metric_name,
-        rounds=stages.total_rounds,
-        eval_every=settings.eval_every,
-        seed=settings.seed,
-        guard=settings.guard_settings(),
-        uplink=settings.uplink(),
-        downlink=settings.compress.down,
-    )
+    engine = settings.engine_settings(task, stages.total_rounds)
     coordinator = build_coordinator(
         wiring.connect_coordinator,
         stages,
@@ -328,15 +318,8 @@ def _run(
         return coordinator.run_round() if buffered is None else buffered.run_round()
 
     records, reports = drive_rounds(
-        coordinator,
-        stages,
-        eval_every=settings.eval_every,
-        run_round=run_round,
-        after_round=after_round,
+        coordinator, stages, run_round=run_round, after_round=after_round, scheduler=buffered
     )
-    if buffered is not None:
-        buffered.close()
-    coordinator.publish_status("finished")
     final_shared = coordinator.shared
     summary = replace(
         summarize_run(
@@ -345,7 +328,6 @@ def _run(
             settings,
             records,
             reports,
-            metric_name=task.metric_name,
             devices=settings.devices,
             traffic=devices.settle(),
             started=started,
