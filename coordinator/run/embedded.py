@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocols.access import COORDINATOR_USER, OPERATOR_USER
+from protocols.access import COORDINATOR_USER, TOOL_USERS
 from protocols.transport.broker import EmbeddedBroker, free_port
 from protocols.transport.run_access import DEVICE_USER, RunAccess
 from protocols.transport.settings import BrokerSettings
 
-ENV_ACCOUNTS = (DEVICE_USER, OPERATOR_USER)
-"""The accounts whose `PFL_*` env files a run writes: agents', and status/export/dashboard's."""
+ENV_ACCOUNTS = (DEVICE_USER, *TOOL_USERS)
+"""The accounts whose `PFL_*` env files a run writes: agents', and one per operator tool
+(`operator.env` for export, `viewer.env` for status, `dashboard.env` for the dashboard)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class EmbeddedRun:
 
 
 def start_embedded(host: str, port: int, fleet: str, directory: Path) -> EmbeddedRun:
-    """Draw this run's passwords, write `<directory>/{device,operator}.env`, start the broker.
+    """Draw this run's passwords, write `<directory>/<account>.env` files, start the broker.
 
     The files are written before the broker listens, so a client that waits for the port finds
     them. A port of 0 picks a free one.
