@@ -61,11 +61,17 @@ class Processes:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self._all: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
-        """Start `command` with its output in <tmp>/<name>.log."""
+    def start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `command` with its output in <tmp>/<name>.log (and `env` over child_env())."""
         with (self.directory / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=self.directory
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**child_env(), **(env or {})},
+                cwd=self.directory,
             )
         self.running[name] = process
         self._all.append(process)
