@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -76,7 +77,9 @@ from coordinator.cli.options import (
     console,
 )
 from coordinator.engine.rounds import RoundRecord
+from coordinator.ops.earlier_run import interrupted_line
 from coordinator.ops.report import build_report
+from coordinator.ops.run_outcome import exit_if_all_skipped
 from coordinator.run.compare import (
     COLUMNS,
     RunOutcome,
@@ -263,6 +266,7 @@ def simulate(
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)
     _print_summary(result)
+    exit_if_all_skipped(console, result.records)
 
 
 def _run_with_progress(
@@ -438,7 +442,11 @@ def serve(
         )
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped and how to go on, in one line
+        console.print(interrupted_line(settings.checkpoint_dir, sys.argv[1:]), soft_wrap=True)
+        raise typer.Exit(130) from None
     _print_summary(result)
+    exit_if_all_skipped(console, result.records)
 
 
 @app.command()

@@ -27,6 +27,7 @@ from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
 from coordinator.engine.silence import SilentDevices
+from coordinator.ops.once import OnceEach, kind_of
 from coordinator.stages.aggregate_guard import guarded_aggregate
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.relay import RelayHook, relay_for
@@ -93,6 +94,7 @@ class Coordinator(DeviceMessages):
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.silent = SilentDevices()
         self.flaps = FlapWatch()
+        self.guard_notes = OnceEach(logger, "said once per device; later rounds count in guard_cut")
         self.last_fleet_status: FleetStatus | None = None
         self.last_scalars: dict[str, float] = {}
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
@@ -310,7 +312,9 @@ class Coordinator(DeviceMessages):
             restorable=self.relay.resends_model,
         )
         for device_id, reason in guarded.cut.items():
-            logger.warning("round %d: %s: %s", round_id, device_id, reason)
+            self.guard_notes.warning(
+                (device_id, kind_of(reason)), f"round {round_id}: {device_id}: {reason}"
+            )
         scalars = dict(guarded.aggregate.scalars) if guarded.aggregate is not None else {}
         if guarded.aggregate is not None:
             self.shared = guarded.aggregate.shared

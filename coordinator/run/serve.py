@@ -14,8 +14,8 @@ from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.engine.metrics import RunRecorder
 from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.ops.earlier_run import earlier_run_problem
 from coordinator.run.checkpoint import (
-    RECORD_FILE,
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
@@ -229,20 +229,9 @@ def refuse_overwrite(settings: ServeSettings) -> None:
         raise ValueError(msg)
     if settings.resume or settings.fresh:
         return
-    found = [
-        str(path)
-        for path in (
-            settings.checkpoint_dir / RECORD_FILE,
-            None if settings.out is None else settings.out / "metrics.jsonl",
-        )
-        if path is not None and path.exists()
-    ]
-    if found:
-        msg = (
-            f"an earlier run left {' and '.join(found)}: pass --resume to continue it or "
-            "--fresh to start over and replace it (or use another --checkpoint-dir / --out)"
-        )
-        raise ValueError(msg)
+    problem = earlier_run_problem(settings.checkpoint_dir, settings.out)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _resume(
