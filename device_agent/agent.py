@@ -432,6 +432,12 @@ class DeviceAgent(AgentExports):
             self.contexts.keep(announcement, result, residual)
             self._send_update(announcement, result, encoded, within_clip)
         self.last_loss = trained.train_loss
+        logger.info(
+            "device %s: round %d trained, loss %.4f",
+            self.device_id,
+            announcement.round_id,
+            trained.train_loss,
+        )
 
     def _send_update(
         self,

@@ -15,6 +15,7 @@ from coordinator.dashboard.history import RunHistoryLog, publish_history, publis
 from coordinator.engine.metrics import RunRecorder
 from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
 from coordinator.ops.earlier_run import earlier_run_problem
+from coordinator.ops.round_line import round_line
 from coordinator.run.checkpoint import (
     load_checkpoint,
     restore_checkpoint,
@@ -37,6 +38,7 @@ from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
+from protocols.start_line import start_line
 from protocols.transport.base import Transport
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.run_access import coordinator_client_id
@@ -103,6 +105,14 @@ def run_serve(
         say(f"  this run's broker accounts: {', '.join(map(str, embedded.env_files))}")
     else:
         broker = settings.broker_settings(settings.broker)
+    say(
+        start_line(
+            f"coordinator {coordinator_client_id(settings.fleet)}",
+            broker.url,
+            settings.fleet,
+            broker.username,
+        )
+    )
     try:
         offences = Offences()  # the transport's drops and the engine's, per device, in one count
         transport = MqttTransport(
@@ -187,6 +197,7 @@ def _serve(
         recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
         publish_round(coordinator, history, record, evaluated)
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
+        say(round_line(record, stages.total_rounds))
         if on_round is not None:
             on_round(record)
 
