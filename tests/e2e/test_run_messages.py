@@ -102,7 +102,8 @@ def test_serve_and_agents_say_who_they_are_each_round_and_end_quietly(
             assert f"device {name}: round {round_id} trained, loss " in said
         assert "the coordinator of fleet 'default' has finished and its broker closed" in said
         assert "lost its connection" not in said
-        assert "WARNING" not in said and "ERROR" not in said, said
+        assert "WARNING" not in said, said
+        assert "ERROR" not in said, said
         assert "Traceback" not in said
         assert "Exception ignored" not in said
 
@@ -158,9 +159,11 @@ def test_an_agent_denied_its_fleet_says_why_it_may_be_idle(tmp_path: Path) -> No
     # Assert: one warning, naming the fleet, the flag and the ACL; none for the right fleet
     assert early is None
     assert warning is not None
-    assert "fleet 'default'" in warning and "--fleet NAME (or PFL_FLEET)" in warning
+    assert "fleet 'default'" in warning
+    assert "--fleet NAME (or PFL_FLEET)" in warning
     assert "ACL" in warning
-    assert again is None and quiet is None
+    assert again is None
+    assert quiet is None
 
 
 def test_a_lost_connection_is_a_warning_until_the_coordinator_has_ended() -> None:
