@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from protocols.codec import encode_frame
 from protocols.messages import CoordinatorStatus
 from protocols.transport.mqtt import MqttTransport
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import Processes, sourced
+from tests.e2e.conftest import Processes, child_env, sourced
 from tests.provisioned import start_provisioned
 
 pytestmark = pytest.mark.timeout(600)
@@ -187,3 +188,21 @@ def test_a_lost_connection_is_a_warning_until_the_coordinator_has_ended() -> Non
         transport_logger.removeHandler(handler)
     assert [r.levelname for r in seen] == ["WARNING", "INFO", "WARNING"]
     assert "has finished and its broker closed the connection" in seen[1].getMessage()
+
+
+def test_an_offline_export_of_a_shard_needs_the_number_of_shards(tmp_path: Path) -> None:
+    command = [
+        sys.executable, "-m", "device_agent.cli", "export", "--out", str(tmp_path / "m.onnx"),
+        "--task", "digits", "--device-id", "dev-1", "--state-dir", str(tmp_path / "state"),
+        "--data-shard", "0",
+    ]  # fmt: skip
+    env = {k: v for k, v in child_env().items() if not k.startswith("PFL_")}
+    done = subprocess.run(
+        command, env={**env, "COLUMNS": "250"}, capture_output=True, text=True, timeout=CEILING_S
+    )
+    said = one_line(done.stdout + done.stderr)
+    assert done.returncode == 2, said
+    assert "error: --data-shard 0 needs --num-shards" in said
+    assert "the default split of 20 shards" in said
+    assert "Traceback" not in said
+    assert not (tmp_path / "m.onnx").exists()
