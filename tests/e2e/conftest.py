@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -17,6 +18,18 @@ from coordinator.run.simulate import device_name
 
 E2E_DIR = Path(__file__).resolve().parent
 REPO = E2E_DIR.parent.parent
+CEILING_S: Final = 240.0
+"""How long an awaited event may take on a loaded machine (both cores busy): a ceiling that
+only a failure reaches, never a measure of speed."""
+
+
+def wait_for(condition: Callable[[], bool], what: str, ceiling_s: float = CEILING_S) -> None:
+    """Poll until `condition` holds; fail naming `what` once the generous ceiling is reached."""
+    deadline = time.monotonic() + ceiling_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not seen within {ceiling_s:g} s: {what}")
+        time.sleep(0.1)
 
 
 def child_env() -> dict[str, str]:

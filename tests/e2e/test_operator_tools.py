@@ -12,9 +12,7 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +21,14 @@ import pytest
 from coordinator.run.simulate import device_name
 from protocols import topics
 from protocols.transport.mqtt import MqttTransport
-from tests.e2e.conftest import Processes, child_env, sourced
+from tests.e2e.conftest import CEILING_S, Processes, child_env, sourced, wait_for
 from tests.provisioned import ProvisionedBroker, start_provisioned
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 FLEET = "lab"
 DEVICES = 2
 ROUNDS = 40
-CEILING_S = 240.0
-"""How long any awaited event may take on a loaded machine; never reached when things work."""
 COORD = [sys.executable, "-m", "coordinator.cli.app"]
-
-
-def wait_for(condition: Callable[[], bool], what: str, ceiling_s: float = CEILING_S) -> None:
-    """Poll until `condition` holds; fail naming `what` after the generous ceiling."""
-    deadline = time.monotonic() + ceiling_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not seen within {ceiling_s:g} s: {what}")
-        time.sleep(0.1)
 
 
 def snapshot(page: str) -> Any:

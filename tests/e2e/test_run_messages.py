@@ -10,8 +10,6 @@ import logging
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,21 +20,10 @@ from protocols.codec import encode_frame
 from protocols.messages import CoordinatorStatus
 from protocols.transport.mqtt import MqttTransport
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import Processes, child_env, sourced
+from tests.e2e.conftest import CEILING_S, Processes, child_env, sourced, wait_for
 from tests.provisioned import start_provisioned
 
 pytestmark = pytest.mark.timeout(600)
-CEILING_S = 240.0
-"""How long any awaited event may take on a loaded machine; never reached when things work."""
-
-
-def wait_for(condition: Callable[[], bool], what: str, ceiling_s: float = CEILING_S) -> None:
-    """Poll until `condition` holds; fail naming `what` after the generous ceiling."""
-    deadline = time.monotonic() + ceiling_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not seen within {ceiling_s:g} s: {what}")
-        time.sleep(0.1)
 
 
 def one_line(text: str) -> str:
