@@ -136,12 +136,12 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, round_id: int) -> int:
-    """SIGKILL a serving coordinator once its checkpoint reaches `round_id` (at most 60 s on).
+    """SIGKILL a serving coordinator once its checkpoint reaches `round_id` (at most CEILING_S on).
 
     Returns:
         The round its last checkpoint holds.
     """
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + CEILING_S
     while time.monotonic() < deadline:
         if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= round_id:
             break

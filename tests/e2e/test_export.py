@@ -38,9 +38,9 @@ from protocols.messages import (
 )
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
-from tests.e2e.conftest import child_env
+from tests.e2e.conftest import CEILING_S, child_env
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(900)]
 FLEET = "default"
 
 
@@ -69,7 +69,7 @@ class Wiretap:
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=90
+        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=CEILING_S
     )
 
 

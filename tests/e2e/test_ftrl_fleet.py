@@ -15,9 +15,9 @@ from coordinator.run.simulate import run_simulation
 from coordinator.stages.accountant import DpRound
 from coordinator.stages.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, kill_after_checkpoint
+from tests.e2e.conftest import CEILING_S, Processes, kill_after_checkpoint
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN = {
     "task": "digits",
     "algorithm": "fedavg",
@@ -35,7 +35,7 @@ def _settings(url: str, tmp_path: Path, **options: object) -> ServeSettings:
         broker=url,
         min_devices=3,
         round_timeout=30.0,
-        join_timeout=60.0,
+        join_timeout=CEILING_S,  # a ceiling: the run starts once the agents are online
         out=tmp_path / "run",
         checkpoint_dir=tmp_path / "checkpoint",
     )
