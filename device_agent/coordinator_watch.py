@@ -42,13 +42,14 @@ class CoordinatorWatch:
 
     def __init__(
         self,
-        device_id: str,
+        who: str,
         fleet: str,
         broker_url: str,
         after_s: float = IDLE_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.device_id = device_id
+        self.who = who
+        """Who waits, for the notice: e.g. "device dev-1" or "pool of 30 devices (0-29)"."""
         self.fleet = fleet
         self.broker_url = broker_url
         self.after_s = after_s
@@ -57,6 +58,7 @@ class CoordinatorWatch:
         self._heard = threading.Event()
         self._said = False
         self.coordinator_state: str | None = None
+        self._end_said = False
 
     def listen(self, transport: Transport) -> CoordinatorWatch:
         """Subscribe to the coordinator's status of the fleet (a topic every device may read)."""
@@ -73,7 +75,7 @@ class CoordinatorWatch:
             return None
         self._said = True
         warning = (
-            f"device {self.device_id} has received nothing from a coordinator of fleet "
+            f"{self.who} has received nothing from a coordinator of fleet "
             f"{self.fleet!r} on {self.broker_url} for {self.after_s:g} s: is `pfl-coord serve` "
             f"running for fleet {self.fleet!r}? If this device was provisioned for another "
             "fleet, start it with --fleet NAME (or PFL_FLEET): the broker's ACL denies it "
@@ -81,6 +83,12 @@ class CoordinatorWatch:
         )
         logger.warning("%s", warning)
         return warning
+
+    def watch_until(self, stop: threading.Event, poll_s: float = 0.5) -> None:
+        """Until `stop` is set: say why the agent may be idle, and a normal end quietly."""
+        with self.quiet_normal_end():
+            while not stop.wait(poll_s):
+                self.check()
 
     @contextmanager
     def quiet_normal_end(self) -> Iterator[None]:
@@ -101,6 +109,9 @@ class CoordinatorWatch:
             return True
         if self.coordinator_state not in ENDED_STATES:
             return True
+        if self._end_said:  # a pool: one line for all its devices
+            return False
+        self._end_said = True
         ended = "finished" if self.coordinator_state == "finished" else "gone offline"
         record.levelno, record.levelname = logging.INFO, "INFO"
         record.msg = (
@@ -119,3 +130,5 @@ class CoordinatorWatch:
             return  # the agent's own handlers judge what arrives; a state is all this needs
         if isinstance(message, CoordinatorStatus):
             self.coordinator_state = message.state
+            if message.state not in ENDED_STATES:
+                self._end_said = False  # a new run: its end is said again

@@ -107,7 +107,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
     stop = stop_on_signals(stop or threading.Event())
     agent = build_agent(settings)
     agent.start()
-    watch = CoordinatorWatch(settings.device_id, settings.fleet, settings.broker)
+    watch = CoordinatorWatch(f"device {settings.device_id}", settings.fleet, settings.broker)
     watch.listen(agent.transport)
     logger.info(
         "%s",

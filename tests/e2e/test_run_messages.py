@@ -133,9 +133,9 @@ def test_an_agent_denied_its_fleet_says_why_it_may_be_idle(tmp_path: Path) -> No
             status = CoordinatorStatus(state="finished", fleet="lab", task="digits", round_id=3)
             coord.publish(topics.coordinator_status("lab"), encode_frame(status), retain=True)
             # Execute: the device listening as fleet "default" (denied), then as "lab"
-            astray = CoordinatorWatch("dev-1", "default", "mqtts://x", 60.0, lambda: now[0])
+            astray = CoordinatorWatch("device dev-1", "default", "mqtts://x", 60.0, lambda: now[0])
             astray.listen(agent)
-            home = CoordinatorWatch("dev-1", "lab", "mqtts://x", 60.0, lambda: now[0])
+            home = CoordinatorWatch("device dev-1", "lab", "mqtts://x", 60.0, lambda: now[0])
             home.listen(agent)
             wait_for(lambda: home.coordinator_state == "finished", "lab's coordinator status")
             now[0] = 59.0
@@ -147,6 +147,7 @@ def test_an_agent_denied_its_fleet_says_why_it_may_be_idle(tmp_path: Path) -> No
     # Assert: one warning, naming the fleet, the flag and the ACL; none for the right fleet
     assert early is None
     assert warning is not None
+    assert warning.startswith("device dev-1 has received nothing from a coordinator")
     assert "fleet 'default'" in warning
     assert "--fleet NAME (or PFL_FLEET)" in warning
     assert "ACL" in warning
@@ -155,7 +156,7 @@ def test_an_agent_denied_its_fleet_says_why_it_may_be_idle(tmp_path: Path) -> No
 
 
 def test_a_lost_connection_is_a_warning_until_the_coordinator_has_ended() -> None:
-    watch = CoordinatorWatch("dev-1", "lab", "mqtt://x")
+    watch = CoordinatorWatch("device dev-1", "lab", "mqtt://x")
     transport_logger = logging.getLogger("protocols.transport.mqtt")
     seen: list[logging.LogRecord] = []
 
@@ -170,10 +171,11 @@ def test_a_lost_connection_is_a_warning_until_the_coordinator_has_ended() -> Non
             transport_logger.warning("%s lost its connection to %s", "dev-1", "mqtt://x")
             watch.coordinator_state = "finished"
             transport_logger.warning("%s lost its connection to %s", "dev-1", "mqtt://x")
+            transport_logger.warning("%s lost its connection to %s", "dev-2", "mqtt://x")
         transport_logger.warning("%s lost its connection to %s", "dev-1", "mqtt://x")
     finally:
         transport_logger.removeHandler(handler)
-    assert [r.levelname for r in seen] == ["WARNING", "INFO", "WARNING"]
+    assert [r.levelname for r in seen] == ["WARNING", "INFO", "WARNING"]  # dev-2's: no line
     assert "has finished and its broker closed the connection" in seen[1].getMessage()
 
 
@@ -193,3 +195,43 @@ def test_an_offline_export_of_a_shard_needs_the_number_of_shards(tmp_path: Path)
     assert "the default split of 20 shards" in said
     assert "Traceback" not in said
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_pool_says_who_it_is_and_its_normal_end_in_one_line(
+    processes: Processes, tmp_path: Path
+) -> None:
+    # Prepare / Execute: a 2-round run of six devices in one pool process
+    port = free_port()
+    serve = processes.start(
+        "serve",
+        [
+            sys.executable, "-m", "coordinator.cli.app", "serve", "--port", str(port),
+            "--task", "digits", "--algorithm", "fedavg", "--rounds", "2", "--min-devices", "6",
+            "--round-timeout", "60", "--join-timeout", str(CEILING_S), "--out", "run",
+            "--checkpoint-dir", "checkpoint",
+        ],
+        {"COLUMNS": "250"},
+    )  # fmt: skip
+    assert wait_for_port(port, timeout_s=CEILING_S), processes.log("serve")
+    env = {**sourced(tmp_path / "run" / "broker" / "device.env"), "COLUMNS": "250"}
+    pool = processes.start(
+        "pool",
+        [
+            sys.executable, "-m", "device_agent.cli", "pool", "--task", "digits",
+            "--devices", "0-5", "--num-shards", "6",
+        ],
+        env,
+    )  # fmt: skip
+    serve.wait(timeout=CEILING_S * 2)
+    wait_for(lambda: "has finished" in processes.log("pool"), "the pool noticing the end")
+    pool.send_signal(signal.SIGINT)
+    pool.wait(timeout=CEILING_S)
+    # Assert
+    said = one_line(processes.log("pool"))
+    assert serve.returncode == 0, processes.log("serve")
+    assert pool.returncode == 0, said
+    assert "pool of 6 devices (0-5) on mqtt://127.0.0.1:" in said
+    assert said.count("has finished and its broker closed the connection") == 1, said
+    assert "lost its connection" not in said
+    assert "WARNING" not in said, said
+    assert "Traceback" not in said
