@@ -407,6 +407,12 @@ class DeviceAgent:
         trained = update.run(ctx)
         self._reply_with(announcement, *self.uplink.answer(announcement, trained))
         self.last_loss = trained.train_loss
+        logger.info(
+            "device %s: round %d trained, loss %.4f",
+            self.device_id,
+            announcement.round_id,
+            trained.train_loss,
+        )
 
     def _evaluate(
         self,

@@ -15,6 +15,7 @@ from device_agent.offline_export import export_offline, recorded_device_id
 from device_agent.pool import run_pool
 from device_agent.runner import run_agent
 from device_agent.settings import AgentSettings, PoolSettings
+from device_agent.shard_check import unsplit_shard_problem
 from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.datadir import load_npy, read_csv_columns, save_device_data, split_arrays
@@ -130,6 +131,8 @@ def export(
             probe = AgentSettings.load(config, **{**values, "device_id": "unknown"})
             values["device_id"] = recorded_device_id(probe.state_dir)
         settings = AgentSettings.load(config, **values)
+        if (problem := unsplit_shard_problem(settings)) is not None:
+            raise ValueError(problem)
         report = export_offline(settings, out, quantize=quantize, guard=guard)
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 
+from device_agent.coordinator_watch import CoordinatorWatch
 from device_agent.settings import PoolSettings
 from device_agent.virtual_fleet import VirtualFleet
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
+from protocols.start_line import start_line
 from protocols.transport.base import Transport, Will
 from protocols.transport.factory import connect
 from protocols.transport.mqtt import MqttTransport
@@ -51,14 +53,10 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
         indices = settings.device_range()
         threads = fleet.step_threads(indices, settings.thread_ceiling())
         agents = fleet.build(indices, connect_device, threaded=True, threads=threads)
-        logger.info(
-            "pool of %d devices (%s) serving fleet %s on %s",
-            len(agents),
-            settings.devices,
-            settings.fleet,
-            settings.broker,
-        )
-        stop.wait()
+        pool = f"pool of {len(agents)} devices ({settings.devices})"
+        logger.info("%s", start_line(pool, settings.broker, settings.fleet, settings.username))
+        watch = CoordinatorWatch(pool, settings.fleet, settings.broker).listen(transports[0])
+        watch.watch_until(stop)
     finally:
         for agent in agents:
             agent.stop()

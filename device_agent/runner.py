@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import available_memory_bytes, require_numpy_bridge
 from device_agent.compute_threads import StepThreads
+from device_agent.coordinator_watch import CoordinatorWatch
 from device_agent.eligibility import EligibilityPolicy
 from device_agent.memory_plan import parse_memory_budget
 from device_agent.settings import AgentSettings
@@ -19,6 +20,7 @@ from pfl_tasks.datadir import load_device_data
 from pfl_tasks.fit_check import check_model_fits
 from pfl_tasks.registry import load_task
 from protocols.program_options import stop_on_signals
+from protocols.start_line import start_line
 from protocols.transport.base import Transport
 from protocols.transport.factory import connect
 from protocols.transport.inprocess import InProcessBroker
@@ -139,16 +141,23 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> N
     stop = stop_on_signals(stop or threading.Event())
     agent = build_agent(settings)
     agent.start()
+    watch = CoordinatorWatch(f"device {settings.device_id}", settings.fleet, settings.broker)
+    watch.listen(agent.transport)
     logger.info(
-        "device %s serving fleet %s on %s", settings.device_id, settings.fleet, settings.broker
+        "%s",
+        start_line(
+            f"device {settings.device_id}", settings.broker, settings.fleet, settings.username
+        ),
     )
     transport = agent.transport
     displaced = None
     try:
-        while not stop.wait(0.5):
-            displaced = transport.displaced
-            if displaced is not None:
-                break
+        with watch.quiet_normal_end():
+            while not stop.wait(0.5):
+                watch.check()
+                displaced = transport.displaced
+                if displaced is not None:
+                    break
     finally:
         if displaced is None:
             agent.stop()

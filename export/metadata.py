@@ -41,6 +41,9 @@ KEY_ARCHITECTURE: Final = "pfl.architecture_fingerprint"
 KEY_VERSION: Final = "pfl.version"
 KEY_QUANTIZATION: Final = "pfl.quantization"
 KEY_SOURCE_SHA256: Final = "pfl.source_sha256"
+KEY_INPUT_PREPROCESSING: Final = "pfl.input_preprocessing"
+"""What a raw input needs before the model takes it, when the task declares it (optional
+`input_preprocessing` text on the task): the scaling lives in the task's source otherwise."""
 
 PACKAGE: Final = "pfl-edge"
 
@@ -102,6 +105,8 @@ def build_metadata(
     shared: Mapping[str, torch.Tensor],
 ) -> dict[str, str]:
     """Every metadata key of an fp32 export, as the strings ONNX metadata_props hold."""
+    preprocessing = str(getattr(task, "input_preprocessing", "") or "")
+    declared = {KEY_INPUT_PREPROCESSING: preprocessing} if preprocessing else {}
     return {
         KEY_METADATA_VERSION: METADATA_VERSION,
         KEY_ALGORITHM: provenance.algorithm,
@@ -116,6 +121,7 @@ def build_metadata(
         KEY_ARCHITECTURE: task_fingerprint(task, model),
         KEY_VERSION: package_version(),
         KEY_QUANTIZATION: "none",
+        **declared,
     }
 
 

@@ -58,6 +58,7 @@ class DigitsTask(Classification):
     name: ClassVar[str] = "digits"
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("pixels",)
+    input_preprocessing: ClassVar[str] = "pixels / 16: the 0-16 grey levels scaled to [0, 1]"
     output_names: tuple[str, ...] = ("logits",)
 
     def __init__(

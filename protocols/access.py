@@ -18,7 +18,15 @@ from protocols.transport.chunking import HEADER
 
 COORDINATOR_USER: Final = "pfl-coordinator"
 OPERATOR_USER: Final = "pfl-operator"
-"""The account of `pfl-coord status` and `export`: reads statuses and reports, sends commands."""
+"""The account of `pfl-coord export`: sends commands, reads statuses and export reports."""
+VIEWER_USER: Final = "pfl-viewer"
+"""The account of `pfl-coord status`: reads the fleet's retained statuses, writes nothing."""
+DASHBOARD_USER: Final = "pfl-dashboard"
+"""The account of `pfl-coord dashboard`: reads what the viewer reads, writes nothing."""
+TOOL_USERS: Final = (OPERATOR_USER, VIEWER_USER, DASHBOARD_USER)
+"""One account per operator tool: a broker that binds client ids to user names (mosquitto's
+`use_username_as_clientid`) drops an older session for a newcomer of the same name, so tools
+sharing one account would knock each other off."""
 CHUNKED_DEVICE_KINDS: Final[tuple[topics.DeviceTopicKind, ...]] = ("update", "secagg")
 """The device messages that can outgrow one MQTT message (deltas, masked vectors, shares)."""
 DEFAULT_MAX_UPLOAD_BYTES: Final = 16 * 1024 * 1024
@@ -49,6 +57,30 @@ def operator_grants(fleet: str) -> tuple[Grant, ...]:
     """Commands out; statuses, history and export reports in; never updates, models or relays."""
     reads = [topics.operator_readable(fleet)]
     return (Grant("write", topics.command_subscription(fleet)), *_reads(*reads))
+
+
+def viewer_grants(fleet: str) -> tuple[Grant, ...]:
+    """Statuses and the run's history in; nothing out (no command, no model, no round)."""
+    reads = [
+        topics.coordinator_status(fleet),
+        topics.fleet_status(fleet),
+        topics.run_history(fleet),
+        topics.device_subscription(fleet, "status"),
+    ]
+    return _reads(reads)
+
+
+def tool_grants(user: str, fleet: str) -> tuple[Grant, ...]:
+    """What the operator tool logging in as `user` (one of TOOL_USERS) may do.
+
+    Raises:
+        KeyError: `user` is no tool's account.
+    """
+    return {
+        OPERATOR_USER: operator_grants,
+        VIEWER_USER: viewer_grants,
+        DASHBOARD_USER: viewer_grants,
+    }[user](fleet)
 
 
 def device_grants(fleet: str, device_id: str, max_chunks: int) -> tuple[Grant, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Final, TypeVar
@@ -16,7 +17,9 @@ from coordinator.cli.fleet import dashboard as dashboard_command
 from coordinator.cli.fleet import export, provision, status
 from coordinator.cli.options import ConfigOption, VerboseOption, configure_logging, console
 from coordinator.engine.rounds import RoundRecord
+from coordinator.ops.earlier_run import interrupted_line
 from coordinator.ops.report import build_report
+from coordinator.ops.run_outcome import exit_if_all_skipped
 from coordinator.run.compare import (
     COLUMNS,
     RunOutcome,
@@ -73,15 +76,26 @@ def _run_shown(
     verbose: bool,
     load: Callable[[], Settings],
     run: Callable[[Settings, Callable[[RoundRecord], None]], SimulationResult | ServeResult],
+    on_interrupt: Callable[[Settings], str] | None = None,
 ) -> None:
-    """Load the settings, run with a progress bar, then print the summary; errors exit."""
+    """Load the settings, run with a progress bar, then print the summary; errors exit.
+
+    `on_interrupt`: the line Ctrl-C prints (where the run stopped, how to go on), exit 130.
+    """
     configure_logging(verbose)
+    settings: Settings | None = None
     try:
         settings = load()
         result = _run_with_progress(settings, lambda advance: run(settings, advance))
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)
+    except KeyboardInterrupt:
+        if on_interrupt is None or settings is None:
+            raise
+        console.print(on_interrupt(settings), soft_wrap=True)
+        raise typer.Exit(130) from None
     _print_summary(result)
+    exit_if_all_skipped(console, result.records)
 
 
 def _run_with_progress(
@@ -162,6 +176,7 @@ def serve(
         lambda settings, advance: run_serve(
             settings, on_round=advance, notify=lambda text: console.print(text)
         ),
+        on_interrupt=lambda settings: interrupted_line(settings.checkpoint_dir, sys.argv[1:]),
     )
 
 

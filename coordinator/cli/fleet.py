@@ -206,6 +206,8 @@ def provision(
         f"provisioned {len(result.devices)} device(s) of fleet {result.fleet} in {result.directory}"
         f"\n  broker: mosquitto -c {result.files['mosquitto.conf']}  ({result.broker_url})"
         f"\n  agents: {result.directory / 'devices'}/<id>.env; all secrets: credentials.json"
+        "\n  serve: coordinator.env; status: viewer.env; dashboard: dashboard.env;"
+        " export: operator.env (one account each: they run side by side)"
         "\n  the certificates in tls/ are for tests only: see docs/security.md",
         soft_wrap=True,
     )

@@ -21,6 +21,7 @@ from coordinator.engine.flapping import FlapWatch
 from coordinator.engine.fleet_view import fleet_status
 from coordinator.engine.intake import Collector
 from coordinator.engine.metrics import summarize_evaluations
+from coordinator.engine.once import OnceEach
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
@@ -110,6 +111,7 @@ class Coordinator:
         self.quarantine = Quarantine(settings.guard.quarantine_after)
         self.silent = SilentDevices()
         self.flaps = FlapWatch()
+        self.guard_notes = OnceEach(logger, "said once per device; later rounds count in guard_cut")
         self.last_fleet_status: FleetStatus | None = None
         self.last_scalars: dict[str, float] = {}
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
@@ -332,7 +334,7 @@ class Coordinator:
         )
         if guarded.aggregate is not None:
             self.shared = guarded.aggregate.shared
-        return guarded.scalars(round_id), guarded.norm_median
+        return guarded.scalars(round_id, self.guard_notes), guarded.norm_median
 
     def finish_round(self, round_id: int, scalars: dict[str, float]) -> None:
         """Round `round_id` is aggregated: publish its model and the fleet's status."""

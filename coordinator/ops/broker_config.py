@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocols import access
-from protocols.access import COORDINATOR_USER, OPERATOR_USER
+from protocols.access import COORDINATOR_USER, TOOL_USERS
 from protocols.transport.settings import BrokerSettings
 
 _CLIENT_ID_IS_USER = "use_username_as_clientid true"
@@ -66,7 +66,8 @@ def acl_text(
     status and fleet summary, the round announcement, the shared model (with the `/chunk/+`
     topics large payloads travel on), its own command and relay topics and the broadcast command
     topic: no device can read another's relayed models. The operator account reads statuses and
-    export reports and may send commands; it never reads updates, models or relays.
+    export reports and may send commands; the viewer and dashboard accounts only read statuses
+    and the run's history. No tool account reads updates, models or relays.
     """
     limits = limits or BrokerLimits()
     lines = [
@@ -74,9 +75,9 @@ def acl_text(
         "# Anything not granted here is denied.",
         "",
         *access.acl_lines(coordinator_user, access.coordinator_grants(fleet)),
-        "",
-        *access.acl_lines(OPERATOR_USER, access.operator_grants(fleet)),
     ]
+    for user in TOOL_USERS:
+        lines += ["", *access.acl_lines(user, access.tool_grants(user, fleet))]
     for device_id in devices:
         grants = access.device_grants(fleet, device_id, limits.max_chunks)
         lines += ["", *access.acl_lines(device_id, grants)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.ops.identity import tool_client_id
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
 from protocols.errors import PflError
@@ -94,7 +94,9 @@ def request_exports(
 
     Raises:
         BrokerConnectionError: the broker cannot be reached.
+        ToolAccountError: `broker` names the coordinator's account.
     """
+    client_id = tool_client_id(broker, "export")
     result = FleetExport()
     lock = threading.Lock()
     status: list[FleetStatus] = []
@@ -112,7 +114,6 @@ def request_exports(
             elif isinstance(message, ExportReport) and message.device_id == ref.device_id:
                 result.reports[message.device_id] = message
 
-    client_id = f"pfl-export-{uuid.uuid4().hex[:12]}"
     with connect(broker, client_id, clean_start=True) as transport:
         transport.subscribe(topics.device_subscription(fleet, "export-report"), on_message)
         transport.subscribe(topics.fleet_status(fleet), on_message)

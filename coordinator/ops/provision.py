@@ -20,7 +20,7 @@ from pathlib import Path
 from coordinator.ops.broker_config import BrokerLimits, acl_text, mosquitto_conf
 from coordinator.ops.certificates import write_test_certificates
 from protocols import topics
-from protocols.access import COORDINATOR_USER, OPERATOR_USER
+from protocols.access import COORDINATOR_USER, DASHBOARD_USER, OPERATOR_USER, VIEWER_USER
 from protocols.errors import PflError
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,11 @@ class ProvisionResult:
     broker_url: str
     coordinator: Credential
     operator: Credential
+    """`pfl-coord export`'s account (commands, reports)."""
+    viewer: Credential
+    """`pfl-coord status`'s account (read only)."""
+    dashboard: Credential
+    """`pfl-coord dashboard`'s account (read only)."""
     devices: dict[str, Credential]
     files: dict[str, Path] = field(default_factory=dict)
     chown_command: str | None = None
@@ -172,7 +177,9 @@ def provision(
     """Write everything a TLS + ACL mosquitto and its fleet need into `out`.
 
     Files: `passwords`, `acl`, `mosquitto.conf`, `tls/` (a throwaway CA, server and client
-    certificates: for tests only), `credentials.json` (every account), `coordinator.env` and
+    certificates: for tests only), `credentials.json` (every account), `coordinator.env`,
+    one env file per operator tool (`operator.env` for export, `viewer.env` for status,
+    `dashboard.env` for the dashboard: each its own account, so they run side by side) and
     `devices/<id>.env`. Secrets are written with mode 0600.
 
     Args:
@@ -205,12 +212,16 @@ def provision(
     (out / "devices").mkdir(parents=True, exist_ok=True)
     broker_dir = out if broker_dir is None else broker_dir
     coordinator = Credential(COORDINATOR_USER, generate_password())
-    operator = Credential(OPERATOR_USER, generate_password())
+    operator, viewer, dashboard = (
+        Credential(user, generate_password())
+        for user in (OPERATOR_USER, VIEWER_USER, DASHBOARD_USER)
+    )
+    tools = (coordinator, operator, viewer, dashboard)
     accounts = {device_id: Credential(device_id, generate_password()) for device_id in ids}
-    files = write_test_certificates(out / "tls", host, [COORDINATOR_USER, OPERATOR_USER, *ids])
+    files = write_test_certificates(out / "tls", host, [*(tool.username for tool in tools), *ids])
     hasher = write_password_file(
         out / "passwords",
-        [coordinator, operator, *accounts.values()],
+        [*tools, *accounts.values()],
         use_mosquitto_passwd=use_mosquitto_passwd,
     )
     logger.info("password hashes by %s", hasher)
@@ -220,7 +231,7 @@ def provision(
     )
     url = f"mqtts://{host}:{tls_port}"
     ca_file = str(files["ca.crt"])
-    for account in (coordinator, operator):
+    for account in tools:
         env = device_env(fleet, url, account, ca_file, is_device=False)
         _write_private(out / f"{account.username.removeprefix('pfl-')}.env", env)
     for credential in accounts.values():
@@ -229,7 +240,7 @@ def provision(
     _write_private(
         out / "credentials.json",
         json.dumps(
-            _credentials_json(fleet, url, ca_file, coordinator, operator, accounts, files),
+            _credentials_json(fleet, url, ca_file, tools, accounts, files),
             indent=2,
         ),
     )
@@ -237,15 +248,16 @@ def provision(
         {name: out / name for name in ("passwords", "acl", "mosquitto.conf", "credentials.json")}
     )
     pending = hand_to_broker_user(files)
-    return ProvisionResult(out, fleet, url, coordinator, operator, accounts, files, pending)
+    return ProvisionResult(
+        out, fleet, url, coordinator, operator, viewer, dashboard, accounts, files, pending
+    )
 
 
 def _credentials_json(
     fleet: str,
     url: str,
     ca_file: str,
-    coordinator: Credential,
-    operator: Credential,
+    tools: Sequence[Credential],
     accounts: Mapping[str, Credential],
     files: Mapping[str, Path],
 ) -> dict[str, object]:
@@ -261,8 +273,7 @@ def _credentials_json(
         "fleet": fleet,
         "broker_url": url,
         "ca_file": ca_file,
-        "coordinator": entry(coordinator),
-        "operator": entry(operator),
+        **{tool.username.removeprefix("pfl-"): entry(tool) for tool in tools},
         "devices": {device_id: entry(c) for device_id, c in accounts.items()},
     }
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from coordinator.ops.identity import tool_client_id
 from coordinator.ops.view_intake import view_message, view_topic
 from protocols import topics
 from protocols.errors import PflError
@@ -167,8 +167,9 @@ def watch_fleet(
 
     Raises:
         BrokerConnectionError: the broker cannot be reached.
+        ToolAccountError: `broker` names the coordinator's account.
     """
-    client_id = f"{topics.RESERVED_PREFIX}{purpose}-{uuid.uuid4().hex[:12]}"
+    client_id = tool_client_id(broker, purpose)
     transport = connect(broker, client_id, clean_start=True)
     patterns = [
         topics.coordinator_status(fleet),

@@ -14,8 +14,9 @@ from coordinator.dashboard.feeds import ViewTap
 from coordinator.dashboard.history import RunHistoryLog, publish_history, publish_round
 from coordinator.engine.metrics import RunRecorder
 from coordinator.engine.rounds import Coordinator, RoundRecord, coordinator_will
+from coordinator.ops.earlier_run import earlier_run_problem
+from coordinator.ops.round_line import round_line
 from coordinator.run.checkpoint import (
-    RECORD_FILE,
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
@@ -37,6 +38,7 @@ from pfl_tasks.registry import load_task
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
+from protocols.start_line import start_line
 from protocols.transport.base import Transport
 from protocols.transport.factory import connect
 from protocols.transport.run_access import coordinator_client_id
@@ -103,6 +105,14 @@ def run_serve(
         say(f"  this run's broker accounts: {', '.join(map(str, embedded.env_files))}")
     else:
         broker = settings.broker_settings(settings.broker)
+    say(
+        start_line(
+            f"coordinator {coordinator_client_id(settings.fleet)}",
+            broker.url,
+            settings.fleet,
+            broker.username,
+        )
+    )
     try:
         offences = Offences()  # the transport's drops and the engine's, per device, in one count
         transport = connect(
@@ -173,6 +183,7 @@ def _serve(
         recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
         publish_round(coordinator, history, record, evaluated)
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
+        say(round_line(record, stages.total_rounds))
         if on_round is not None:
             on_round(record)
 
@@ -207,20 +218,9 @@ def refuse_overwrite(settings: ServeSettings) -> None:
         raise ValueError(msg)
     if settings.resume or settings.fresh:
         return
-    found = [
-        str(path)
-        for path in (
-            settings.checkpoint_dir / RECORD_FILE,
-            None if settings.out is None else settings.out / "metrics.jsonl",
-        )
-        if path is not None and path.exists()
-    ]
-    if found:
-        msg = (
-            f"an earlier run left {' and '.join(found)}: pass --resume to continue it or "
-            "--fresh to start over and replace it (or use another --checkpoint-dir / --out)"
-        )
-        raise ValueError(msg)
+    problem = earlier_run_problem(settings.checkpoint_dir, settings.out)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _resume(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from coordinator.engine.once import OnceEach, kind_of
 from coordinator.strategies.base import Aggregate, ReceivedUpdate, Strategy
 from protocols.codec import Tensors
 from protocols.privacy import clip_to_norm, update_norm
@@ -173,10 +174,13 @@ class Guarded:
     rejected: str = ""
     norm_median: float = 0.0
 
-    def scalars(self, round_id: int) -> dict[str, float]:
-        """The round's scalars: the aggregate's, and what the guard cut or rejected (logged)."""
+    def scalars(self, round_id: int, notes: OnceEach) -> dict[str, float]:
+        """The round's scalars: the aggregate's, and what the guard cut or rejected (logged).
+
+        A cut is said once per device and kind of reason (`notes`); every round counts it.
+        """
         for device_id, reason in self.cut.items():
-            logger.warning("round %d: %s: %s", round_id, device_id, reason)
+            notes.warning((device_id, kind_of(reason)), f"round {round_id}: {device_id}: {reason}")
         scalars = dict(self.aggregate.scalars) if self.aggregate is not None else {}
         if self.aggregate is None:
             logger.error("round %d skipped, the model is unchanged: %s", round_id, self.rejected)

@@ -24,6 +24,7 @@ from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin
 from amqtt.session import Session
 
+from protocols.transport.amqtt_races import snapshot_subscriptions, wait_for_previous_disconnect
 from protocols.transport.run_access import RunAccess
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class _CheckedBroker(Broker):
     def __init__(self, config: dict[str, object], run_access: RunAccess) -> None:
         super().__init__(config, loop=asyncio.get_running_loop())
         self.run_access = run_access
+        snapshot_subscriptions(self)
 
     async def _initialize_client_session(
         self, reader: ReaderAdapter, writer: WriterAdapter, remote_address: str, remote_port: int
@@ -122,6 +124,7 @@ class _CheckedBroker(Broker):
         # amqtt's own plugin round (AcceptAllAuthPlugin) first: it yields to the loop, which lets
         # the DISCONNECT of a client's previous connection land before a reconnect takes over
         admitted: bool = await super()._authenticate(session, listener)
+        await wait_for_previous_disconnect(session)
         refusal = self.run_access.refusal(session.username, session.password, session.client_id)
         return admitted and refusal is None
 
@@ -264,6 +267,7 @@ class EmbeddedBroker:
         }
         if self.run_access is None:
             self._broker = Broker(config, loop=asyncio.get_running_loop())
+            snapshot_subscriptions(self._broker)
         else:
             self._broker = _CheckedBroker(config, self.run_access)
         await self._broker.start()

@@ -1,9 +1,10 @@
 """Per-run accounts for the embedded broker: random passwords, client ids bound to roles, the ACL.
 
-Each identity (the coordinator, operator tools, devices) gets a random password for one run. A
-client id is bound to its account: only the coordinator's account may take the coordinator's
-id, operator tools use reserved `pfl-...` ids, and a device's id must be a valid device id,
-whose topics are then the only ones it may write, as on the provisioned mosquitto.
+Each identity (the coordinator, each operator tool, devices) gets a random password for one run.
+A client id is bound to its account: only the coordinator's account may take the coordinator's
+id, an operator tool's ids start with its own account's name (`pfl-viewer-...`), so no tool can
+take another's session, and a device's id must be a valid device id, whose topics are then the
+only ones it may write, as on the provisioned mosquitto.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from protocols import access, topics
-from protocols.access import COORDINATOR_USER, OPERATOR_USER, Grant
+from protocols.access import COORDINATOR_USER, TOOL_USERS, Grant
 from protocols.atomic import write_atomically
 from protocols.transport.settings import BrokerSettings
 
@@ -43,9 +44,14 @@ def _is_coordinator(fleet: str, client_id: str) -> bool:
     return client_id == coordinator_client_id(fleet)
 
 
-def _is_tool(fleet: str, client_id: str) -> bool:
-    """Operator tools use `pfl-<purpose>-<random>` ids, never the coordinator's."""
-    return client_id.startswith(topics.RESERVED_PREFIX) and not _is_coordinator(fleet, client_id)
+def _tool(account: str) -> Role:
+    """An operator tool's account: ids `<account>-<random>`, the grants `access` gives it."""
+
+    def client_id_ok(fleet: str, client_id: str) -> bool:
+        del fleet
+        return client_id.startswith(f"{account}-")
+
+    return Role(client_id_ok, lambda fleet, _, __: access.tool_grants(account, fleet))
 
 
 def _is_device(fleet: str, client_id: str) -> bool:
@@ -55,8 +61,8 @@ def _is_device(fleet: str, client_id: str) -> bool:
 
 ROLES: Final[Mapping[str, Role]] = {
     COORDINATOR_USER: Role(_is_coordinator, lambda fleet, _, __: access.coordinator_grants(fleet)),
-    OPERATOR_USER: Role(_is_tool, lambda fleet, _, __: access.operator_grants(fleet)),
     DEVICE_USER: Role(_is_device, access.device_grants),
+    **{account: _tool(account) for account in TOOL_USERS},
 }
 """Another identity (e.g. a dashboard of its own) is one more entry: its account and Role."""
 

@@ -8,9 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -19,6 +19,18 @@ from coordinator.run.simulate import device_name
 
 E2E_DIR = Path(__file__).resolve().parent
 REPO = E2E_DIR.parent.parent
+CEILING_S: Final = 240.0
+"""How long an awaited event may take on a loaded machine (both cores busy): a ceiling that
+only a failure reaches, never a measure of speed."""
+
+
+def wait_for(condition: Callable[[], bool], what: str, ceiling_s: float = CEILING_S) -> None:
+    """Poll until `condition` holds; fail naming `what` once the generous ceiling is reached."""
+    deadline = time.monotonic() + ceiling_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not seen within {ceiling_s:g} s: {what}")
+        time.sleep(0.1)
 
 
 def child_env() -> dict[str, str]:
@@ -63,11 +75,17 @@ class Processes:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self._all: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
-        """Start `command` with its output in <tmp>/<name>.log."""
+    def start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `command` with its output in <tmp>/<name>.log (and `env` over child_env())."""
         with (self.directory / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=self.directory
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**child_env(), **(env or {})},
+                cwd=self.directory,
             )
         self.running[name] = process
         self._all.append(process)
@@ -126,19 +144,19 @@ def serve_settings(url: str, directory: Path, **options: Any) -> ServeSettings:
         broker=url,
         min_devices=3,
         round_timeout=30.0,
-        join_timeout=60.0,
+        join_timeout=CEILING_S,
         out=directory / "run",
         checkpoint_dir=directory / "checkpoint",
     )
 
 
 def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, round_id: int) -> int:
-    """SIGKILL a serving coordinator once its checkpoint reaches `round_id` (at most 60 s on).
+    """SIGKILL a serving coordinator once its checkpoint reaches `round_id` (at most CEILING_S on).
 
     Returns:
         The round its last checkpoint holds.
     """
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + CEILING_S
     while time.monotonic() < deadline:
         if checkpoint.exists() and json.loads(checkpoint.read_text())["round_id"] >= round_id:
             break

@@ -1,8 +1,9 @@
 """The dashboard on a live fleet: serve --dashboard over mosquitto with agent processes.
 
 Its data endpoints follow the run round by round, and in a real headless Chromium the page's
-tables and charts update without a reload; a killed agent shows as offline within seconds (its
-broker-published last-will), well inside any liveness window.
+tables and charts update without a reload; a killed agent shows as offline through its
+broker-published last-will ("connection lost"), not a liveness timeout. Every wait has a
+generous ceiling (`CEILING_S`) that only a failure reaches: the machine may be loaded.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from coordinator.run.serve import ServeResult, run_serve
 from coordinator.run.settings import ServeSettings
 from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
-from tests.e2e.conftest import Processes
+from tests.e2e.conftest import CEILING_S, Processes
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 DEVICES = 3
+CEILING_MS = CEILING_S * 1000
 
 
 class _TestOverError(Exception):
@@ -69,7 +71,7 @@ def live_run(
             min_devices=DEVICES,
             eval_every=1,
             round_timeout=30.0,
-            join_timeout=30.0,  # agents start slowly on a busy machine; a killed one ends the run
+            join_timeout=CEILING_S,  # agents start slowly on a busy machine
             out=tmp_path / "run",
             checkpoint_dir=tmp_path / "checkpoint",
             dashboard="127.0.0.1:0",
@@ -78,7 +80,7 @@ def live_run(
         def on_round(record: RoundRecord) -> None:
             run.records.append(record)
             if record.round_id in run.holds:
-                run.holds[record.round_id].wait(60.0)
+                run.holds[record.round_id].wait(CEILING_S)
             if run.ended.is_set():  # a killed agent would keep the next round waiting for it
                 raise _TestOverError
 
@@ -95,7 +97,7 @@ def live_run(
             # a training memory cap and a free-memory condition: the hello's plan and conditions
             budget = ("--memory-budget", "2GB", "--min-free-memory", "1MB")
             processes.agent(mosquitto.url, index, shards=DEVICES, extra=budget)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + CEILING_S
         while not run.url and time.monotonic() < deadline and not run.result:
             found = [re.search(r"dashboard on (\S+)", line) for line in lines]
             run.url = next((m.group(1) for m in found if m), "")
@@ -109,7 +111,7 @@ def live_run(
         for hold in run.holds.values():
             hold.set()
     for thread in threads:
-        thread.join(60.0)
+        thread.join(CEILING_S)
 
 
 def _snapshot(url: str) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def test_serve_dashboard_data_follows_rounds_and_a_killed_agent_goes_offline(
 ) -> None:
     # Prepare: a three-round run held after round 2
     run = live_run(3, (2,))
-    _wait_for(lambda: len(_snapshot(run.url)["rounds"]) == 2, 90, "two rounds on the dashboard")
+    _wait_for(lambda: len(_snapshot(run.url)["rounds"]) == 2, CEILING_S, "two rounds on the page")
     snapshot = _snapshot(run.url)
     # Assert: the rounds so far, every device online with its rounds, the run's settings
     assert [r["round_id"] for r in snapshot["rounds"]] == [1, 2]
@@ -154,16 +156,15 @@ def test_serve_dashboard_data_follows_rounds_and_a_killed_agent_goes_offline(
         assert row["eligibility"]["min_free_memory_bytes"] > 0
     assert len(snapshot["devices"]) == DEVICES
     # Execute: an agent dies without a word
-    killed_at = time.monotonic()
     processes.running["dev-0002"].send_signal(signal.SIGKILL)
     _wait_for(
         lambda: not {r["device"]: r for r in _snapshot(run.url)["fleet"]}["dev-0002"]["online"],
-        15,
+        CEILING_S,
         "dev-0002 offline",
     )
-    # Assert: offline within seconds, the others still online
-    assert time.monotonic() - killed_at < 15
+    # Assert: offline (its last-will, not a liveness timeout), the others still online
     rows = {row["device"]: row for row in _snapshot(run.url)["fleet"]}
+    assert rows["dev-0002"]["detail"] == "connection lost"
     assert rows["dev-0000"]["online"]
     assert rows["dev-0001"]["online"]
 
@@ -175,10 +176,10 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
     with chromium_page() as page:
         # Prepare: the page open while round 1 is held
         page.goto(run.url)
-        _wait_for(lambda: len(run.records) == 1 or bool(run.result), 180, "round 1")
+        _wait_for(lambda: len(run.records) == 1 or bool(run.result), CEILING_S, "round 1")
         assert len(run.records) == 1, run.result
         page.wait_for_function(
-            "() => document.querySelectorAll('#rounds tbody tr').length === 1", timeout=20_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 1", timeout=CEILING_MS
         )
         page.evaluate("window.__sameDocument = true")
         renders = page.evaluate("window.pflDashboard.renders")
@@ -186,13 +187,13 @@ def test_the_page_updates_without_a_reload_in_headless_chromium(
         # Execute: the run goes on to round 3; then an agent dies
         run.release(1)
         page.wait_for_function(
-            "() => document.querySelectorAll('#rounds tbody tr').length === 3", timeout=90_000
+            "() => document.querySelectorAll('#rounds tbody tr').length === 3", timeout=CEILING_MS
         )
         processes.running["dev-0001"].send_signal(signal.SIGKILL)
         page.wait_for_function(
             "() => document.querySelector('#fleet tr[data-device=\"dev-0001\"] td.online')"
             ".textContent.includes('offline')",
-            timeout=15_000,
+            timeout=CEILING_MS,
         )
         # Assert: the same document all along, re-rendered from pushed snapshots
         assert page.evaluate("window.__sameDocument") is True

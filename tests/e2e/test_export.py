@@ -38,10 +38,10 @@ from protocols.messages import (
 )
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
-from tests.e2e.conftest import child_env
+from tests.e2e.conftest import CEILING_S, child_env
 from tests.wiretap import decoded_into
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(900)]
 FLEET = "default"
 
 
@@ -70,7 +70,7 @@ class Wiretap:
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=90
+        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=CEILING_S
     )
 
 

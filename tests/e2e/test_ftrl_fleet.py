@@ -17,7 +17,7 @@ from coordinator.stages.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
 from tests.e2e.conftest import Processes, kill_after_checkpoint, serve_settings
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN = {
     "task": "digits",
     "algorithm": "fedavg",

@@ -16,8 +16,9 @@ from coordinator.stages.discrete_accountant import RingRound
 from protocols import secure_aggregation as sa
 from protocols.messages import SecureRound
 from protocols.secure_levels import LEVELS
+from tests.e2e.conftest import CEILING_S
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN = {"task": "digits", "algorithm": "fedalt", "seed": 0, "secagg": True, "rounds": 2}
 
 
@@ -31,7 +32,7 @@ def _serve_three(mosquitto, processes, tmp_path: Path, run: dict[str, Any]) -> S
         broker=mosquitto.url,
         min_devices=3,
         round_timeout=30.0,
-        join_timeout=60.0,
+        join_timeout=CEILING_S,  # a ceiling: the run starts once the agents are online
         out=tmp_path / "run",
         checkpoint_dir=tmp_path / "checkpoint",
     )

@@ -10,9 +10,10 @@ from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings
 from protocols.codec import decode_frame
 from protocols.messages import DeviceHello, DeviceStatus, FleetStatus
+from tests.e2e.conftest import CEILING_S
 from tests.e2e.test_export import Wiretap
 
-pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 
 
 def test_strict_agents_train_under_dp_and_release_nothing_else(
@@ -33,7 +34,7 @@ def test_strict_agents_train_under_dp_and_release_nothing_else(
         broker=mosquitto.url,
         min_devices=3,
         round_timeout=30.0,
-        join_timeout=60.0,
+        join_timeout=CEILING_S,  # a ceiling: the run starts once the agents are online
         out=tmp_path / "run",
         checkpoint_dir=tmp_path / "checkpoint",
     )

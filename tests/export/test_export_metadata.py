@@ -10,7 +10,7 @@ import torch
 
 from export import ExportError, ExportProvenance, export_model, read_metadata
 from export.metadata import package_version, shared_parameters_hash
-from pfl_tasks.base import DeviceData, Task
+from pfl_tasks.base import DeviceData, PartitionSpec, Task
 from pfl_tasks.registry import task_fingerprint
 
 
@@ -44,6 +44,7 @@ def test_metadata_round_trips_through_the_file(
         "pfl.architecture_fingerprint": task_fingerprint(digits, model),
         "pfl.version": package_version(),
         "pfl.quantization": "none",
+        "pfl.input_preprocessing": "pixels / 16: the 0-16 grey levels scaled to [0, 1]",
     }
     assert float(stored["pfl.personalized_metric"]) == provenance.personalized_metric
 
@@ -129,3 +130,18 @@ def test_provenance_rejects_an_unknown_choice() -> None:
             personalized_metric=0.0,
             global_metric=0.0,
         )
+
+
+def test_a_task_without_declared_preprocessing_records_none(
+    tmp_path: Path, provenance: ExportProvenance
+) -> None:
+    from pfl_tasks.registry import load_task
+
+    sine = load_task("sine")
+    model = sine.build_model(0)
+    path = tmp_path / "sine.onnx"
+    fleet = sine.make_fleet(2, PartitionSpec(), 0)
+    export_model(model, sine, path, provenance=provenance, shared={}, heldout=fleet[0].test)
+    stored = read_metadata(path)
+    assert "pfl.input_preprocessing" not in stored
+    assert stored["pfl.task"] == "sine"

@@ -57,7 +57,7 @@ def test_anonymous_unknown_and_wrong_password_clients_are_refused(connect: Conne
         (None, "dev-1", None),  # anonymous
         (DEVICE_USER, "dev-1", "wrong"),
         (COORDINATOR_USER, coordinator_client_id(FLEET), "wrong"),
-        (OPERATOR_USER, "pfl-status-1", ""),
+        (OPERATOR_USER, "pfl-operator-status-1", ""),
     ]
     for account, client_id, password in attempts:
         with pytest.raises(BrokerConnectionError):
@@ -122,7 +122,7 @@ def test_a_device_is_confined_to_its_own_topics(connect: Connect) -> None:
 
 
 def test_the_operator_reads_statuses_not_updates(connect: Connect) -> None:
-    operator = connect(OPERATOR_USER, "pfl-status-test")
+    operator = connect(OPERATOR_USER, "pfl-operator-status-test")
     statuses = Inbox()
     operator.subscribe(topics.device_subscription(FLEET, "status"), statuses)
     with pytest.raises(Exception, match="refused the subscription"):

@@ -182,6 +182,10 @@ def test_the_cli_provisions_and_refuses_to_overwrite(tmp_path: Path) -> None:
     credentials = json.loads((tmp_path / "d" / "credentials.json").read_text())
     assert credentials["broker_url"] == "mqtts://broker.lan:8883"
     assert "a-2" in (tmp_path / "d" / "acl").read_text()
+    assert "status: viewer.env; dashboard: dashboard.env;" in " ".join(first.output.split())
+    for tool in ("coordinator", "operator", "viewer", "dashboard"):
+        assert f"PFL_USERNAME=pfl-{tool}\n" in (tmp_path / "d" / f"{tool}.env").read_text()
+        assert credentials[tool]["username"] == f"pfl-{tool}"
     again = runner.invoke(app, arguments)
     assert again.exit_code == 2
     assert "--force" in again.output
@@ -268,7 +272,9 @@ def test_status_runs_with_the_operator_env_file(broker: ProvisionedBroker) -> No
     assert "cannot connect" in refused.output
 
 
-@pytest.mark.parametrize("reserved", ["all", "pfl-coordinator", "pfl-operator", "pfl-coord-x"])
+@pytest.mark.parametrize(
+    "reserved", ["all", "pfl-coordinator", "pfl-operator", "pfl-viewer", "pfl-coord-x"]
+)
 def test_reserved_device_ids_are_refused_everywhere(tmp_path: Path, reserved: str) -> None:
     with pytest.raises(ProvisionError, match="reserved"):
         provision(["dev-1", reserved], tmp_path / "deploy")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protocols import access, topics
-from protocols.access import COORDINATOR_USER, OPERATOR_USER
+from protocols.access import COORDINATOR_USER, DASHBOARD_USER, OPERATOR_USER, VIEWER_USER
 from protocols.transport.run_access import DEVICE_USER, RunAccess, coordinator_client_id
 
 FLEET = "lab"
@@ -41,7 +41,8 @@ def test_run_accounts_bind_client_ids_and_refuse_wrong_passwords() -> None:
     assert len({coordinator, device, run.passwords[OPERATOR_USER]}) == 3
     assert run.refusal(COORDINATOR_USER, coordinator, coordinator_client_id(FLEET)) is None
     assert run.refusal(DEVICE_USER, device, "dev-1") is None
-    assert run.refusal(OPERATOR_USER, run.passwords[OPERATOR_USER], "pfl-status-1") is None
+    assert run.refusal(OPERATOR_USER, run.passwords[OPERATOR_USER], "pfl-operator-x-1") is None
+    assert run.refusal(VIEWER_USER, run.passwords[VIEWER_USER], "pfl-viewer-status-1") is None
     refused = [
         (None, None, "dev-1"),
         ("nobody", device, "dev-1"),
@@ -49,6 +50,9 @@ def test_run_accounts_bind_client_ids_and_refuse_wrong_passwords() -> None:
         (DEVICE_USER, device, coordinator_client_id(FLEET)),
         (DEVICE_USER, device, "all"),
         (OPERATOR_USER, run.passwords[OPERATOR_USER], coordinator_client_id(FLEET)),
+        (OPERATOR_USER, run.passwords[OPERATOR_USER], "pfl-status-1"),
+        (VIEWER_USER, run.passwords[VIEWER_USER], "pfl-operator-export-1"),  # not its session
+        (DASHBOARD_USER, run.passwords[DASHBOARD_USER], "pfl-viewer-status-1"),
         (COORDINATOR_USER, coordinator, "dev-1"),
     ]
     for username, password, client_id in refused:
@@ -62,11 +66,41 @@ def test_run_accounts_apply_each_roles_grants_to_its_client_id() -> None:
     assert run.allows(DEVICE_USER, "dev-1", own, write=True)
     assert not run.allows(DEVICE_USER, "dev-2", own, write=True)
     assert not run.allows(DEVICE_USER, "dev-1", topics.command(FLEET), write=True)
-    assert run.allows(OPERATOR_USER, "pfl-export-1", topics.command(FLEET), write=True)
+    assert run.allows(OPERATOR_USER, "pfl-operator-1", topics.command(FLEET), write=True)
     assert not run.allows(
-        OPERATOR_USER, "pfl-export-1", topics.device_subscription(FLEET, "update"), write=False
+        OPERATOR_USER, "pfl-operator-1", topics.device_subscription(FLEET, "update"), write=False
     )
     assert run.allows(
         COORDINATOR_USER, coordinator_client_id(FLEET), topics.fleet_subtree(FLEET), write=False
     )
     assert not run.allows(None, "dev-1", own, write=True)
+
+
+def test_viewer_accounts_read_statuses_and_write_nothing() -> None:
+    run = RunAccess.generate(FLEET)
+    for user in (VIEWER_USER, DASHBOARD_USER):
+        grants = access.tool_grants(user, FLEET)
+        client_id = f"{user}-1"
+        for readable in (
+            topics.coordinator_status(FLEET),
+            topics.fleet_status(FLEET),
+            topics.run_history(FLEET),
+            topics.device_subscription(FLEET, "status"),
+        ):
+            assert access.allows(grants, readable, write=False), readable
+            assert run.allows(user, client_id, readable, write=False), readable
+        for forbidden in (
+            topics.command(FLEET),
+            topics.command(FLEET, "dev-1"),
+            topics.shared_model(FLEET),
+            topics.round_announcement(FLEET),
+            topics.coordinator_status(FLEET),
+        ):
+            assert not access.allows(grants, forbidden, write=True), forbidden
+            assert not run.allows(user, client_id, forbidden, write=True), forbidden
+        for secret in (
+            topics.shared_model(FLEET),
+            topics.device_subscription(FLEET, "update"),
+            topics.device_subscription(FLEET, "export-report"),
+        ):
+            assert not access.allows(grants, secret, write=False), secret
