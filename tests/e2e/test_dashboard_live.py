@@ -154,15 +154,13 @@ def test_serve_dashboard_data_follows_rounds_and_a_killed_agent_goes_offline(
         assert row["eligibility"]["min_free_memory_bytes"] > 0
     assert len(snapshot["devices"]) == DEVICES
     # Execute: an agent dies without a word
-    killed_at = time.monotonic()
     processes.running["dev-0002"].send_signal(signal.SIGKILL)
     _wait_for(
         lambda: not {r["device"]: r for r in _snapshot(run.url)["fleet"]}["dev-0002"]["online"],
         15,
         "dev-0002 offline",
     )
-    # Assert: offline within seconds, the others still online
-    assert time.monotonic() - killed_at < 15
+    # Assert: the others still online
     rows = {row["device"]: row for row in _snapshot(run.url)["fleet"]}
     assert rows["dev-0000"]["online"]
     assert rows["dev-0001"]["online"]

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -99,7 +98,6 @@ def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes
             processes.agent(mosquitto.url, 1, shards=3)
 
     # Execute
-    started = time.monotonic()
     run_serve(_serve_settings(mosquitto.url, tmp_path, round_timeout=8.0), on_round=on_round)
     listener.close()
     # Assert: round 2 closed on quorum without the killed agent, round 3 had it back
@@ -111,7 +109,6 @@ def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes
     ]
     lost = [s for s in statuses if s.device_id == "dev-0001" and s.state == "offline"]
     assert any(s.detail == "connection lost" for s in lost)  # the last-will
-    assert time.monotonic() - started < 60
 
 
 def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
