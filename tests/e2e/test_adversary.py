@@ -62,6 +62,7 @@ from tests.e2e.conftest import Processes
 from tests.forged_views import forged_views, strict_json
 from tests.integration.test_broker_limits import Client as RawClient
 from tests.provisioned import ProvisionedBroker, start_provisioned
+from tests.run_metrics import metrics_lines
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
 FLEET = "lab"
@@ -83,7 +84,7 @@ class Fleet:
 
     @property
     def url(self) -> str:
-        return f"mqtts://127.0.0.1:{self.broker.tls_port}"
+        return self.broker.url
 
     def serve(
         self, rounds: int, min_devices: int = HONEST, **options: Any
@@ -91,15 +92,11 @@ class Fleet:
         """One fresh run of `pfl-coord serve` (more `options` of it); result, metrics lines."""
         self.runs += 1
         out = self.directory / f"run-{self.runs}"
-        coordinator = self.broker.account("coordinator")
         settings = ServeSettings.load(
             None,
             **RUN,
-            broker=self.url,
+            **self.broker.coordinator_options(),
             fleet=FLEET,
-            username=coordinator.username,
-            password=coordinator.password,
-            ca_file=str(self.broker.result.files["ca.crt"]),
             rounds=rounds,
             min_devices=min_devices,
             round_timeout=30.0,
@@ -108,9 +105,7 @@ class Fleet:
             checkpoint_dir=out / "checkpoint",
             **options,
         )
-        result = run_serve(settings)
-        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
-        return result, [json.loads(line) for line in lines if line.strip()]
+        return run_serve(settings), metrics_lines(out / "run")
 
     def dropped(self) -> dict[str, tuple[int, bool]]:
         """Each device's dropped count and quarantine flag, as `pfl-coord status` shows them."""
