@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from coordinator.stages.privacy import privacy_engine
+from coordinator.stages.privacy import PrivacyEngine, privacy_engine
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.state_store import MemoryStateStore
 from pfl_tasks.base import DeviceData, PartitionSpec, Task
 from pfl_tasks.registry import load_task
 from protocols import topics
-from protocols.codec import decode_frame, encode_frame
-from protocols.messages import DeviceHello, RoundAnnouncement
+from protocols.codec import decode_frame, encode_frame, pack_tensors
+from protocols.messages import DeviceHello, DeviceUpdate, RoundAnnouncement
 from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
 
@@ -63,14 +65,51 @@ def hub_coordinator(
 
 
 def hub_engine(
-    broker: InProcessBroker, settings: SimulationSettings, engine: EngineSettings
+    broker: InProcessBroker,
+    settings: SimulationSettings,
+    engine: EngineSettings,
+    privacy: PrivacyEngine | None = None,
 ) -> Coordinator:
     """A coordinator on the hub for `settings`, starting from its task's seed-0 model."""
     task = load_task(settings.task)
     model = task.build_model(0)
     return build_coordinator(
-        lambda: broker.connect("coordinator"), plan_stages(settings, task, model), model, engine
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        engine,
+        privacy=privacy,
     )
+
+
+def record_waits(coordinator: Coordinator, waits: list[tuple[float, bool]]) -> None:
+    """Append each wait of the coordinator's transport to `waits`: timeout, whether it was met."""
+    transport = coordinator.transport
+    waited = transport.wait_until
+
+    def recorded(predicate: Callable[[], bool], timeout_s: float) -> bool:
+        done = waited(predicate, timeout_s)
+        waits.append((timeout_s, done))
+        return done
+
+    transport.wait_until = recorded  # type: ignore[method-assign]
+
+
+def update_frame(
+    announcement: RoundAnnouncement, device_id: str, tensors: dict[str, torch.Tensor]
+) -> bytes:
+    """A framed update of `tensors` from `device_id` to `announcement`: one sample, loss 0."""
+    manifest, blob = pack_tensors(tensors)
+    update = DeviceUpdate(
+        run_id=announcement.run_id,
+        round_id=announcement.round_id,
+        device_id=device_id,
+        algorithm=announcement.algorithm,
+        num_samples=1,
+        train_loss=0.0,
+        manifest=manifest,
+    )
+    return encode_frame(update, blob)
 
 
 def hub_agents(

@@ -37,6 +37,21 @@ class ProvisionedBroker:
             self.stop()
             pytest.fail(f"provisioned mosquitto did not start; its log:\n{self.log.read_text()}")
 
+    @property
+    def url(self) -> str:
+        """The TLS listener's URL."""
+        return f"mqtts://127.0.0.1:{self.tls_port}"
+
+    def coordinator_options(self) -> dict[str, Any]:
+        """Run settings that reach this broker as its provisioned coordinator, over TLS."""
+        credential = self.account("coordinator")
+        return {
+            "broker": self.url,
+            "username": credential.username,
+            "password": credential.password,
+            "ca_file": str(self.result.files["ca.crt"]),
+        }
+
     def account(self, user: str) -> Credential:
         """The credential of "coordinator", "operator" or a device id."""
         result = self.result
@@ -46,7 +61,7 @@ class ProvisionedBroker:
     def settings(self, username: str | None, password: str | None, **extra: Any) -> BrokerSettings:
         """Settings for the TLS listener with the generated CA."""
         return BrokerSettings(
-            url=f"mqtts://127.0.0.1:{self.tls_port}",
+            url=self.url,
             ca_file=str(self.result.files["ca.crt"]),
             username=username,
             password=password,

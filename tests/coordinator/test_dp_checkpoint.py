@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from coordinator.engine.rounds import Coordinator, EngineSettings
-from coordinator.run.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from coordinator.run.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from coordinator.stages.ftrl import TreeNoise
 from coordinator.stages.privacy import PrivacyEngine
 from coordinator.stages.privacy_stage import PrivacyStage
@@ -36,6 +41,24 @@ def _coordinator(privacy: PrivacyEngine | None) -> Coordinator:
     )
 
 
+def _saved(directory: Path, privacy: PrivacyEngine | None) -> Checkpoint:
+    """A run with `privacy` checkpointed in `directory`, read back."""
+    save_checkpoint(directory, _coordinator(privacy), {})
+    checkpoint = load_checkpoint(directory)
+    assert checkpoint is not None
+    return checkpoint
+
+
+def _resumed(
+    directory: Path, original: PrivacyEngine, settings: PrivacySettings, multiplier: float
+) -> PrivacyEngine:
+    """A new engine of `settings`, restored from `original`'s checkpoint."""
+    checkpoint = _saved(directory, original)
+    resumed = PrivacyEngine(settings, multiplier, None)
+    restore_checkpoint(_coordinator(resumed), checkpoint)
+    return resumed
+
+
 def _plan(engine: PrivacyEngine, *, asynchronous: bool) -> None:
     """Plan a round of dev-0 and dev-1 (asynchronous: an aggregation of 2, unsampled)."""
     if asynchronous:
@@ -60,12 +83,8 @@ def test_a_resumed_dp_run_goes_on_from_the_epsilon_it_spent(
     # Prepare: 5 rounds; the serve engine's noise is unseeded, so the tree's seed must be kept
     original = PrivacyEngine(settings, 1.0, None)
     _rounds(original, 5)
-    save_checkpoint(tmp_path, _coordinator(original), {})
     # Execute
-    resumed = PrivacyEngine(settings, 1.0, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
+    resumed = _resumed(tmp_path, original, settings, 1.0)
     # Assert
     assert resumed.accountant.rounds == original.accountant.rounds
     assert resumed.epsilon == original.epsilon > 0
@@ -84,11 +103,7 @@ def test_a_resumed_discrete_gaussian_run_keeps_its_ring_rounds(tmp_path: Path) -
         original.plan(FLEET, ["dev-0", "dev-1"])
         original.finish([None], reporters=2)
     assert all(r.ring is not None for r in original.accountant.rounds)
-    save_checkpoint(tmp_path, _coordinator(original), {})
-    resumed = PrivacyEngine(settings, 0.5, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
+    resumed = _resumed(tmp_path, original, settings, 0.5)
     assert resumed.accountant.rounds == original.accountant.rounds
     assert resumed.epsilon == original.epsilon > 0
     assert resumed.spent_vs_fleet == original.spent_vs_fleet
@@ -97,11 +112,7 @@ def test_a_resumed_discrete_gaussian_run_keeps_its_ring_rounds(tmp_path: Path) -
 def test_a_resumed_tree_continues_the_same_tree_and_participation_counts(tmp_path: Path) -> None:
     original = PrivacyEngine(TREE, 1.0, None)
     _rounds(original, 5)  # round 5 opened the second tree, where dev-0 and dev-1 joined once
-    save_checkpoint(tmp_path, _coordinator(original), {})
-    resumed = PrivacyEngine(TREE, 1.0, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
+    resumed = _resumed(tmp_path, original, TREE, 1.0)
     before, after = original.mechanism.noise, resumed.mechanism.noise
     assert isinstance(before, TreeNoise)
     assert isinstance(after, TreeNoise)
@@ -114,15 +125,10 @@ def test_a_resumed_tree_continues_the_same_tree_and_participation_counts(tmp_pat
 
 
 def test_a_dp_run_is_not_resumed_from_a_checkpoint_without_dp_state(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path, _coordinator(None), {})
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
+    checkpoint = _saved(tmp_path, None)
     with pytest.raises(StateError, match="no privacy state"):
         restore_checkpoint(_coordinator(PrivacyEngine(TREE, 1.0, None)), checkpoint)
-    original = PrivacyEngine(TREE, 1.0, None)
-    save_checkpoint(tmp_path, _coordinator(original), {})
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
+    checkpoint = _saved(tmp_path, PrivacyEngine(TREE, 1.0, None))
     other = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
     with pytest.raises(StateError, match="of mechanism 'ftrl-tree'"):
         restore_checkpoint(_coordinator(other), checkpoint)
@@ -144,12 +150,8 @@ def test_a_resumed_dp_fedavg_run_draws_the_noise_the_uninterrupted_run_would(
     settings = PrivacySettings(sampling="fixed", adaptive_clipping=True, quantile_noise=0.5)
     original = PrivacyEngine(settings, 1.0, None)
     _rounds(original, 3)
-    save_checkpoint(tmp_path, _coordinator(original), {})
     # Execute
-    resumed = PrivacyEngine(settings, 1.0, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
+    resumed = _resumed(tmp_path, original, settings, 1.0)
     # Assert: the same noise and the same clip, round after round
     for _ in range(2):
         (noised, clip), (again, clip_again) = _released(original), _released(resumed)
@@ -158,22 +160,12 @@ def test_a_resumed_dp_fedavg_run_draws_the_noise_the_uninterrupted_run_would(
     assert resumed.epsilon == original.epsilon
 
 
-def _resumed(tmp_path: Path, original: PrivacyEngine) -> PrivacyEngine:
-    """A new engine of `original`'s settings, resumed from `original`'s checkpoint."""
-    save_checkpoint(tmp_path, _coordinator(original), {})
-    resumed = PrivacyEngine(original.settings, original.participation, None)
-    checkpoint = load_checkpoint(tmp_path)
-    assert checkpoint is not None
-    restore_checkpoint(_coordinator(resumed), checkpoint)
-    return resumed
-
-
 def test_a_resumed_async_dp_run_goes_on_with_the_same_epsilon_and_noise(tmp_path: Path) -> None:
     # Prepare: three asynchronous aggregations, serve's unseeded noise
     original = PrivacyEngine(PrivacySettings(sampling="fixed"), 1.0, None)
     _rounds(original, 3, asynchronous=True)
     # Execute
-    resumed = _resumed(tmp_path, original)
+    resumed = _resumed(tmp_path, original, original.settings, original.participation)
     # Assert: the aggregations accounted, then the same noise (the scheduler plans again)
     assert resumed.accountant.rounds == original.accountant.rounds
     (noised, _), (again, _) = (

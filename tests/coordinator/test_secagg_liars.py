@@ -18,19 +18,17 @@ import torch
 
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.engine.silence import GRACE_SHARE
-from coordinator.run.pipeline import build_coordinator, plan_stages, privacy_of
+from coordinator.run.pipeline import privacy_of
 from coordinator.run.settings import SimulationSettings
 from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient
-from pfl_tasks.registry import load_task
 from protocols import topics
-from protocols.codec import decode_frame, encode_frame, pack_tensors
+from protocols.codec import decode_frame, encode_frame
 from protocols.messages import (
     DeviceHello,
     DeviceStatus,
-    DeviceUpdate,
     Message,
     RoundAnnouncement,
     SecAggKeys,
@@ -38,7 +36,7 @@ from protocols.messages import (
 )
 from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
 from protocols.transport.inprocess import InProcessBroker, InProcessTransport
-from tests.hub_fleet import TASK, hub_agents
+from tests.hub_fleet import TASK, hub_agents, hub_engine, record_waits, update_frame
 
 FLEET = "default"
 LIAR = "liar"
@@ -104,17 +102,9 @@ class Liar:
         vector = self.masked(masked[MASKED_TENSOR].numpy().view(np.uint32).copy())
         if vector is None:
             return
-        manifest, blob = pack_tensors({MASKED_TENSOR: torch.from_numpy(vector.view(np.int32))})
-        update = DeviceUpdate(
-            run_id=announcement.run_id,
-            round_id=announcement.round_id,
-            device_id=LIAR,
-            algorithm=announcement.algorithm,
-            num_samples=1,
-            train_loss=0.0,
-            manifest=manifest,
-        )
-        self.transport.publish(topics.device(FLEET, LIAR, "update"), encode_frame(update, blob))
+        masked_update = {MASKED_TENSOR: torch.from_numpy(vector.view(np.int32))}
+        update = update_frame(announcement, LIAR, masked_update)
+        self.transport.publish(topics.device(FLEET, LIAR, "update"), update)
 
 
 @dataclass
@@ -125,38 +115,29 @@ class Fleet:
     broker: InProcessBroker
     honest: list[str]
     unmaskings: list[int] = field(default_factory=list)
-    settled: list[bool] = field(default_factory=list)
-    """Each wait of the coordinator: True when it ended because the awaited thing happened."""
     waits: list[tuple[float, bool]] = field(default_factory=list)
     """Each wait's timeout and whether it ended before it."""
+
+    @property
+    def settled(self) -> list[bool]:
+        """Each wait of the coordinator: True when it ended because the awaited thing happened."""
+        return [done for _, done in self.waits]
 
 
 def fleet(liar: Liar | None, honest: int = 3, **options: Any) -> Fleet:
     """`honest` agents and the liar (joined) around a secure engine; `options`: the run's."""
-    task = load_task(TASK)
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(
         None, task=TASK, algorithm="fedavg", devices=honest, secagg=True, **options
     )
-    transport = broker.connect("coordinator")
-    coordinator = build_coordinator(
-        lambda: transport,
-        plan_stages(settings, task, model),
-        model,
+    coordinator = hub_engine(
+        broker,
+        settings,
         EngineSettings(task=TASK, rounds=5, quorum=0.5, round_timeout_s=5.0, seed=1),
         privacy=privacy_engine(settings.privacy(), settings.participation, 0),
     )
     result = Fleet(coordinator, broker, [f"dev-{index}" for index in range(honest)])
-    waited = transport.wait_until
-
-    def recorded(predicate: Callable[[], bool], timeout_s: float) -> bool:
-        done = waited(predicate, timeout_s)
-        result.settled.append(done)
-        result.waits.append((timeout_s, done))
-        return done
-
-    transport.wait_until = recorded  # type: ignore[method-assign]
+    record_waits(coordinator, result.waits)
     coordinator.start()
     members = honest
     if liar is not None:  # first: its answers come before the honest devices'
@@ -173,7 +154,6 @@ def fleet(liar: Liar | None, honest: int = 3, **options: Any) -> Fleet:
         ),
     )
     assert coordinator.wait_for_devices(members, 2.0)
-    result.settled.clear()
     result.waits.clear()
     return result
 

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.engine.silence import GRACE_SHARE
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
-from pfl_tasks.registry import load_task
 from protocols import topics
-from protocols.codec import encode_frame, pack_tensors
-from protocols.messages import DeviceUpdate, RoundAnnouncement
+from protocols.messages import RoundAnnouncement
 from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import TASK, hub_agents, hub_impostor
+from tests.hub_fleet import TASK, hub_agents, hub_engine, hub_impostor, record_waits, update_frame
 
 DEADLINE_S = 2.0
 SILENT = "dev-silent"
@@ -34,26 +30,15 @@ class Run:
 
 
 def silent_fleet() -> Run:
-    task = load_task(TASK)
-    model = task.build_model(0)
     broker = InProcessBroker()
     settings = SimulationSettings.load(None, task=TASK, algorithm="fedavg", devices=3)
-    transport = broker.connect("coordinator")
-    coordinator = build_coordinator(
-        lambda: transport,
-        plan_stages(settings, task, model),
-        model,
+    coordinator = hub_engine(
+        broker,
+        settings,
         EngineSettings(task=TASK, rounds=5, quorum=0.5, round_timeout_s=DEADLINE_S, seed=1),
     )
     run = Run(coordinator)
-    waited = transport.wait_until
-
-    def recorded(predicate: Callable[[], bool], timeout_s: float) -> bool:
-        done = waited(predicate, timeout_s)
-        run.waits.append((timeout_s, done))
-        return done
-
-    transport.wait_until = recorded  # type: ignore[method-assign]
+    record_waits(coordinator, run.waits)
     coordinator.start()
 
     def keep_quiet(device: Transport, announcement: RoundAnnouncement) -> None:
@@ -81,18 +66,8 @@ def test_a_silent_device_costs_one_deadline_then_only_a_grace_until_heard_from()
     assert (DEADLINE_S, True) in run.waits
     assert (DEADLINE_S * GRACE_SHARE, False) in run.waits
     # a late answer (a slow device, not a dead one) earns it the whole deadline again
-    late = run.announcements[-1]
-    manifest, blob = pack_tensors({"w": torch.zeros(1)})
-    update = DeviceUpdate(
-        run_id=late.run_id,
-        round_id=late.round_id,
-        device_id=SILENT,
-        algorithm=late.algorithm,
-        num_samples=1,
-        train_loss=0.0,
-        manifest=manifest,
-    )
-    run.silent[0].publish(topics.device("default", SILENT, "update"), encode_frame(update, blob))
+    late = update_frame(run.announcements[-1], SILENT, {"w": torch.zeros(1)})
+    run.silent[0].publish(topics.device("default", SILENT, "update"), late)
     run.coordinator.transport.wait_until(lambda: False, 0.2)  # delivered, dropped as late
     run.waits.clear()
     run.coordinator.run_round()

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from device_agent.agent import DeviceAgent
@@ -14,7 +13,7 @@ from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols.errors import StateError
 from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import hub_agents, hub_coordinator
+from tests.hub_fleet import hub_agents, hub_coordinator, hub_engine
 
 
 def _fleet(tmp_path, algorithm_options: dict[str, object]):
@@ -28,15 +27,8 @@ def _fleet(tmp_path, algorithm_options: dict[str, object]):
         algorithm_options=algorithm_options,
     )
     task = load_task("digits")
-    model = task.build_model(0)
     broker = InProcessBroker()
-    stages = plan_stages(settings, task, model)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        stages,
-        model,
-        EngineSettings(task="digits", rounds=5),
-    )
+    coordinator = hub_engine(broker, settings, EngineSettings(task="digits", rounds=5))
     data = task.make_fleet(4, PartitionSpec(), 0)[0]
 
     def agent() -> DeviceAgent:

@@ -110,6 +110,13 @@ class Processes:
         ]  # fmt: skip
         return self.start(device_id, command)
 
+    def fleet(
+        self, url: str, devices: int, *, task: str = "digits", extra: tuple[str, ...] = ()
+    ) -> None:
+        """Start `devices` agents, the i-th on shard i of `devices`."""
+        for index in range(devices):
+            self.agent(url, index, shards=devices, task=task, extra=extra)
+
     def log(self, name: str) -> str:
         """What a child printed so far."""
         path = self.directory / f"{name}.log"
@@ -137,17 +144,19 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 def serve_settings(url: str, directory: Path, **options: Any) -> ServeSettings:
-    """A serve run of three agents over `url`, its metrics and checkpoint under `directory`."""
-    return ServeSettings.load(
-        None,
-        **options,
-        broker=url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=CEILING_S,
-        out=directory / "run",
-        checkpoint_dir=directory / "checkpoint",
-    )
+    """A serve run of three agents over `url`, its metrics and checkpoint under `directory`.
+
+    `options` add to these settings or replace them.
+    """
+    defaults: dict[str, Any] = {
+        "broker": url,
+        "min_devices": 3,
+        "round_timeout": 30.0,
+        "join_timeout": CEILING_S,
+        "out": directory / "run",
+        "checkpoint_dir": directory / "checkpoint",
+    }
+    return ServeSettings.load(None, **{**defaults, **options})
 
 
 def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, round_id: int) -> int:
@@ -164,3 +173,55 @@ def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, ro
     process.kill()
     process.wait(timeout=10)
     return int(json.loads(checkpoint.read_text())["round_id"])
+
+
+def serve_killed_after(
+    processes: Processes,
+    flags: list[str],
+    directory: Path,
+    round_id: int,
+    module: str = "coordinator.cli.app",
+) -> int:
+    """Start `serve FLAGS` as a child process; SIGKILL it once its checkpoint has `round_id`.
+
+    Its run and checkpoint are under `directory`.
+
+    Returns:
+        The round its last checkpoint holds.
+    """
+    command = [
+        sys.executable, "-m", module, "serve", *flags,
+        "--out", str(directory / "run"), "--checkpoint-dir", str(directory / "checkpoint"),
+    ]  # fmt: skip
+    coordinator = processes.start("coordinator", command)
+    return kill_after_checkpoint(
+        coordinator, directory / "checkpoint" / "checkpoint.json", round_id
+    )
+
+
+def run_child(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run `command` to its end (at most 90 s) in the child environment; its output as text."""
+    return subprocess.run(
+        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=90
+    )
+
+
+def export_over_mqtt(url: str, out_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`pfl-coord export --json` as a process: every device of the fleet at `url` exports."""
+    return run_child(
+        [sys.executable, "-m", "coordinator.cli.app", "export", "--broker", url,
+         "--out-dir", str(out_dir), "--timeout", "60", "--json"],
+        cwd,
+    )  # fmt: skip
+
+
+def export_offline(
+    directory: Path, device_id: str, out: Path, *, task: str, shard: int, shards: int
+) -> subprocess.CompletedProcess[str]:
+    """`pfl-agent export --json` as a process, from `device_id`'s state dir under `directory`."""
+    return run_child(
+        [sys.executable, "-m", "device_agent.cli", "export",
+         "--state-dir", str(directory / "state" / device_id), "--out", str(out),
+         "--task", task, "--data-shard", str(shard), "--num-shards", str(shards), "--json"],
+        directory,
+    )  # fmt: skip

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from coordinator.engine.silence import SilentDevices
 from coordinator.ops.broker_config import BrokerLimits
 from coordinator.ops.status import collect_fleet_view
 from coordinator.run.pipeline import RunResult
@@ -33,6 +34,7 @@ from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import device_name, run_simulation
 from coordinator.stages.aggregate_guard import GuardSettings
+from coordinator.stages.secure.aggregator import SHORT_PHASES
 from device_agent.agent import device_will
 from device_agent.capabilities import probe_capabilities
 from device_agent.secure_aggregation import SecureClient
@@ -51,7 +53,7 @@ from protocols.messages import (
     SecAggKeys,
     SharedModel,
 )
-from protocols.secure_aggregation import MASKED_TENSOR, SecureAggregationSettings
+from protocols.secure_aggregation import MASKED_TENSOR
 from protocols.transport import chunking
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
@@ -60,6 +62,7 @@ from tests.e2e.conftest import Processes
 from tests.forged_views import forged_views, strict_json
 from tests.integration.test_broker_limits import Client as RawClient
 from tests.provisioned import ProvisionedBroker, start_provisioned
+from tests.run_metrics import metrics_lines
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(240)]
 FLEET = "lab"
@@ -81,7 +84,7 @@ class Fleet:
 
     @property
     def url(self) -> str:
-        return f"mqtts://127.0.0.1:{self.broker.tls_port}"
+        return self.broker.url
 
     def serve(
         self, rounds: int, min_devices: int = HONEST, **options: Any
@@ -89,15 +92,11 @@ class Fleet:
         """One fresh run of `pfl-coord serve` (more `options` of it); result, metrics lines."""
         self.runs += 1
         out = self.directory / f"run-{self.runs}"
-        coordinator = self.broker.account("coordinator")
         settings = ServeSettings.load(
             None,
             **RUN,
-            broker=self.url,
+            **self.broker.coordinator_options(),
             fleet=FLEET,
-            username=coordinator.username,
-            password=coordinator.password,
-            ca_file=str(self.broker.result.files["ca.crt"]),
             rounds=rounds,
             min_devices=min_devices,
             round_timeout=30.0,
@@ -106,9 +105,7 @@ class Fleet:
             checkpoint_dir=out / "checkpoint",
             **options,
         )
-        result = run_serve(settings)
-        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
-        return result, [json.loads(line) for line in lines if line.strip()]
+        return run_serve(settings), metrics_lines(out / "run")
 
     def dropped(self) -> dict[str, tuple[int, bool]]:
         """Each device's dropped count and quarantine flag, as `pfl-coord status` shows them."""
@@ -722,14 +719,23 @@ def test_a_device_lost_after_its_keys_costs_no_phase_its_deadline(
         assert transport is not None
         threading.Thread(target=transport.abort).start()  # not from its own network thread
 
+    settled: list[bool] = []  # per short phase: whether it settled before its deadline
+    wait = SilentDevices.wait
+
+    def recorded_wait(self: SilentDevices, *args: Any, **kwargs: Any) -> bool:
+        settled.append(wait(self, *args, **kwargs))
+        return settled[-1]
+
+    monkeypatch.setattr(SilentDevices, "wait", recorded_wait)
     with DroppingAttacker(fleet) as attacker:
         SecureLiar(attacker, after_keys=crash)
         _, lines = _secure_serve(fleet, monkeypatch, 1)
     (line,) = lines
     assert line["participants"] == HONEST
     assert line["scalars"]["secagg_survivors"] == HONEST
-    # the broker's will said it was gone: no phase waited out its 60 s deadline for it
-    assert line["wall_seconds"] < SecureAggregationSettings().phase_timeout_s
+    # the broker's will said it was gone: no phase waited out its deadline for it
+    assert len(settled) == len(SHORT_PHASES)
+    assert all(settled), settled
 
 
 # -- inbound values: updates that decode to Inf, evaluations out of range ---------------------

@@ -2,43 +2,29 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 
 from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings
-from tests.e2e.conftest import kill_after_checkpoint
-from tests.run_metrics import fleet_metric
+from tests.e2e.conftest import serve_killed_after
+from tests.run_metrics import fleet_metric, metrics_lines
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(150)]
-
-
-def _lines(run_dir: Path) -> list[dict[str, object]]:
-    text = (run_dir / "metrics.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_agents_train_asynchronously_and_a_killed_coordinator_resumes(
     mosquitto, processes, tmp_path
 ) -> None:
     # Prepare: four agents; three train at a time, every two updates make an aggregation
-    for index in range(4):
-        processes.agent(mosquitto.url, index, shards=4)
+    processes.fleet(mosquitto.url, 4)
     flags = [
         "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedalt", "--rounds", "6",
         "--mode", "async", "--buffer", "2", "--concurrency", "3", "--max-staleness", "4",
         "--staleness", "hinge:2:1", "--compress", "int8", "--min-devices", "4",
-        "--round-timeout", "30", "--out", str(tmp_path / "run"),
-        "--checkpoint-dir", str(tmp_path / "checkpoint"),
+        "--round-timeout", "30",
     ]  # fmt: skip
-    coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
-    )
     # Execute: kill the coordinator once aggregation 3 is checkpointed, then resume in-process
-    killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 3)
+    killed_at = serve_killed_after(processes, flags, tmp_path, 3)
     resumed = run_serve(
         ServeSettings.load(
             None,
@@ -61,12 +47,12 @@ def test_agents_train_asynchronously_and_a_killed_coordinator_resumes(
     )
     # Assert: every aggregation once, each of a full buffer within the staleness bound
     assert 3 <= killed_at < 6, processes.log("coordinator")
-    lines = _lines(tmp_path / "run")
+    lines = metrics_lines(tmp_path / "run")
     assert [line["round_id"] for line in lines] == [1, 2, 3, 4, 5, 6]
     assert all(line["participants"] == 2 for line in lines), [
         (line["round_id"], line["participants"], line["dropped"]) for line in lines
     ]
-    assert all(0 <= line["scalars"]["staleness_max"] <= 4 for line in lines)  # type: ignore[index]
+    assert all(0 <= line["scalars"]["staleness_max"] <= 4 for line in lines)
     assert "sim_seconds" not in lines[0]  # real time
     assert resumed.records[0].round_id == killed_at + 1
     assert resumed.summary.metrics is not None

@@ -42,9 +42,7 @@ def test_serve_with_its_dashboard_polled_keeps_one_mqtt_session(tmp_path: Path) 
     # Prepare: the provisioned broker (client id = user name) and two agents with their accounts
     broker = start_provisioned(tmp_path / "deploy", [device_name(i) for i in range(DEVICES)], FLEET)
     processes = Processes(tmp_path)
-    url = f"mqtts://127.0.0.1:{broker.tls_port}"
-    ca_file = str(broker.result.files["ca.crt"])
-    coordinator = broker.account("coordinator")
+    url, ca_file = broker.url, str(broker.result.files["ca.crt"])
     lines: list[str] = []
     outcome: list[ServeResult | BaseException] = []
     polls: list[dict[str, Any]] = []
@@ -52,11 +50,8 @@ def test_serve_with_its_dashboard_polled_keeps_one_mqtt_session(tmp_path: Path) 
         None,
         task="digits",
         algorithm="fedavg",
-        broker=url,
+        **broker.coordinator_options(),
         fleet=FLEET,
-        username=coordinator.username,
-        password=coordinator.password,
-        ca_file=ca_file,
         rounds=ROUNDS,
         min_devices=DEVICES,
         round_timeout=30.0,
@@ -112,5 +107,6 @@ def test_serve_with_its_dashboard_polled_keeps_one_mqtt_session(tmp_path: Path) 
     assert max(len(p["rounds"]) for p in polls) >= ROUNDS - 1
     log = broker.log.read_text()
     assert "already connected" not in log
-    logins = re.findall(rf"New client connected from \S+ as {coordinator.username}\b", log)
+    coordinator = broker.account("coordinator").username
+    logins = re.findall(rf"New client connected from \S+ as {coordinator}\b", log)
     assert len(logins) == 2, logins  # MQTT 3.1.1: one to drop an old session, one to stay

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from safetensors.torch import load_file
 from coordinator.run.serve import run_serve
 from coordinator.run.settings import ServeSettings
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, kill_after_checkpoint, serve_settings
+from tests.e2e.conftest import Processes, serve_killed_after, serve_settings
 from tests.e2e.seeded_noise import seeded_generator
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(300)]
@@ -44,20 +43,16 @@ def test_a_killed_dp_coordinator_resumes_to_the_uninterrupted_model_and_epsilon(
 ) -> None:
     # Prepare: both runs draw their noise from one seed; the uninterrupted one runs first
     monkeypatch.setattr("coordinator.stages.privacy.noise_generator", seeded_generator)
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
+    processes.fleet(mosquitto.url, 3)
     whole = run_serve(_settings(mosquitto.url, tmp_path / "whole"))
     flags = [
         "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedavg",
         "--seed", "0", "--rounds", str(ROUNDS), "--dp-noise", "0.25", "--dp-clip", "0.5",
         "--dp-sampling", "fixed", "--dp-adaptive-clip", "--min-devices", "3",
-        "--round-timeout", "30", "--out", str(tmp_path / "killed" / "run"),
-        "--checkpoint-dir", str(tmp_path / "killed" / "checkpoint"),
+        "--round-timeout", "30",
     ]  # fmt: skip
-    killed = processes.start("coordinator", [sys.executable, "-m", "seeded_noise", "serve", *flags])
     # Execute: SIGKILL once round 2 is checkpointed, then resume in this process
-    checkpoint = tmp_path / "killed" / "checkpoint" / "checkpoint.json"
-    killed_at = kill_after_checkpoint(killed, checkpoint, 2)
+    killed_at = serve_killed_after(processes, flags, tmp_path / "killed", 2, module="seeded_noise")
     resumed = run_serve(_settings(mosquitto.url, tmp_path / "killed", resume=True))
     # Assert: the resumed run ran the rounds left and ended where the uninterrupted one did
     assert 2 <= killed_at < ROUNDS, processes.log("coordinator")

@@ -25,8 +25,8 @@ class _SeenEnoughError(Exception):
 
 
 def _two_agents_with_one_id(processes: Processes, url: str, account: tuple[str, ...] = ()) -> None:
-    for index in range(2):  # two boards, one copied command line: the same --device-id
-        processes.agent(url, index, shards=2, extra=("--device-id", "dev-1", *account))
+    # two boards, one copied command line: the same --device-id
+    processes.fleet(url, 2, extra=("--device-id", "dev-1", *account))
 
 
 def test_on_mosquitto_one_agent_gives_up_and_serve_names_the_flapping_id(

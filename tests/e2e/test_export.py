@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +36,7 @@ from protocols.messages import (
 )
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
-from tests.e2e.conftest import CEILING_S, child_env
+from tests.e2e.conftest import export_offline, export_over_mqtt
 from tests.wiretap import decoded_into
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -68,12 +66,6 @@ class Wiretap:
             return list(self.messages)
 
 
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command, capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=CEILING_S
-    )
-
-
 def _check_onnx(path: Path, device_id: str, algorithm: str) -> None:
     """The file loads in onnxruntime, answers a batch of digits and names its device."""
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -88,8 +80,7 @@ def _check_onnx(path: Path, device_id: str, algorithm: str) -> None:
 def test_export_over_mqtt_then_offline_from_the_state_dir(mosquitto, processes, tmp_path) -> None:
     # Prepare: a short served fedavg-ft run with two agent processes, a wiretap on `#`
     tap = Wiretap(mosquitto.port)
-    for index in range(2):
-        processes.agent(mosquitto.url, index, shards=2)
+    processes.fleet(mosquitto.url, 2)
     settings = ServeSettings.load(
         None,
         task="digits",
@@ -103,11 +94,7 @@ def test_export_over_mqtt_then_offline_from_the_state_dir(mosquitto, processes, 
     run_serve(settings)
     out_dir = tmp_path / "exports"
     # Execute: `pfl-coord export` as a process
-    exported = _run(
-        [sys.executable, "-m", "coordinator.cli.app", "export", "--broker", mosquitto.url,
-         "--out-dir", str(out_dir), "--timeout", "60", "--json"],
-        tmp_path,
-    )  # fmt: skip
+    exported = export_over_mqtt(mosquitto.url, out_dir, tmp_path)
     wire = tap.stop()
     # Assert: two ok reports, verified files that name their device
     assert exported.returncode == 0, exported.stdout + exported.stderr
@@ -138,12 +125,7 @@ def test_export_over_mqtt_then_offline_from_the_state_dir(mosquitto, processes, 
     # Execute: the agents stop; `pfl-agent export` works offline from dev-0000's state dir
     processes.stop_all()
     offline_path = tmp_path / "offline" / "model.onnx"
-    offline = _run(
-        [sys.executable, "-m", "device_agent.cli", "export",
-         "--state-dir", str(tmp_path / "state" / "dev-0000"), "--out", str(offline_path),
-         "--task", "digits", "--data-shard", "0", "--num-shards", "2", "--json"],
-        tmp_path,
-    )  # fmt: skip
+    offline = export_offline(tmp_path, "dev-0000", offline_path, task="digits", shard=0, shards=2)
     # Assert: the same model the running agent exported, bit for bit
     assert offline.returncode == 0, offline.stdout + offline.stderr
     report = ExportReport.model_validate_json(offline.stdout)

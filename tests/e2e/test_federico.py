@@ -8,7 +8,6 @@ bit the same.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,51 +17,35 @@ from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import run_simulation
 from export import read_metadata
 from protocols.messages import ExportReport
-from tests.e2e.conftest import kill_after_checkpoint
-from tests.e2e.test_export import _run
+from tests.e2e.conftest import (
+    export_offline,
+    export_over_mqtt,
+    serve_killed_after,
+    serve_settings,
+)
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(120)]
 RUN = {"task": "sine", "algorithm": "federico", "seed": 0, "lr": 0.03}
 
 
 def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings:
-    base: dict[str, object] = {
-        **RUN,
-        "broker": url,
-        "rounds": 4,
-        "min_devices": 3,
-        "round_timeout": 30.0,
-        "join_timeout": 60.0,
-        "out": tmp_path / "run",
-        "checkpoint_dir": tmp_path / "checkpoint",
-    }
-    base.update(values)
-    return ServeSettings.load(None, **base)
+    return serve_settings(url, tmp_path, **{**RUN, "rounds": 4, **values})
 
 
 def _simulate(rounds: int):
     return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds))
 
 
-def _start_agents(processes, url: str) -> None:
-    for index in range(3):
-        processes.agent(url, index, shards=3, task="sine")
-
-
 def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
     mosquitto, processes, tmp_path
 ) -> None:
     # Prepare
-    _start_agents(processes, mosquitto.url)
+    processes.fleet(mosquitto.url, 3, task="sine")
     # Execute: serve 4 rounds, then `pfl-coord export` as a process
     served = run_serve(_serve_settings(mosquitto.url, tmp_path))
     simulated = _simulate(4)
     out_dir = tmp_path / "exports"
-    exported = _run(
-        [sys.executable, "-m", "coordinator.cli.app", "export", "--broker", mosquitto.url,
-         "--out-dir", str(out_dir), "--timeout", "60", "--json"],
-        tmp_path,
-    )  # fmt: skip
+    exported = export_over_mqtt(mosquitto.url, out_dir, tmp_path)
     # Assert: the same losses, metrics and fleet scalars as the in-process relay
     assert [r.train_loss for r in served.records] == [r.train_loss for r in simulated.records]
     assert [r.scalars for r in served.records] == [r.scalars for r in simulated.records]
@@ -77,12 +60,7 @@ def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
     # Execute: the agents stop; `pfl-agent export` works offline from dev-0001's state dir
     processes.stop_all()
     offline_path = tmp_path / "offline" / "model.onnx"
-    offline = _run(
-        [sys.executable, "-m", "device_agent.cli", "export",
-         "--state-dir", str(tmp_path / "state" / "dev-0001"), "--out", str(offline_path),
-         "--task", "sine", "--data-shard", "1", "--num-shards", "3", "--json"],
-        tmp_path,
-    )  # fmt: skip
+    offline = export_offline(tmp_path, "dev-0001", offline_path, task="sine", shard=1, shards=3)
     # Assert: the very file the running agent exported
     assert offline.returncode == 0, offline.stdout + offline.stderr
     report = ExportReport.model_validate_json(offline.stdout)
@@ -92,18 +70,13 @@ def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(
 
 def test_a_killed_coordinator_resumes_every_device_model(mosquitto, processes, tmp_path) -> None:
     # Prepare
-    _start_agents(processes, mosquitto.url)
-    checkpoint = tmp_path / "checkpoint" / "checkpoint.json"
+    processes.fleet(mosquitto.url, 3, task="sine")
     flags = [
         "--broker", mosquitto.url, "--task", "sine", "--algorithm", "federico", "--lr", "0.03",
         "--rounds", "6", "--min-devices", "3", "--round-timeout", "30",
-        "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
-    coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
-    )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
-    killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)
+    killed_at = serve_killed_after(processes, flags, tmp_path, 2)
     resumed = run_serve(_serve_settings(mosquitto.url, tmp_path, rounds=6, resume=True))
     simulated = _simulate(6)
     # Assert: the rounds after the kill are exactly the uninterrupted run's

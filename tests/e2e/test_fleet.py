@@ -23,7 +23,13 @@ from protocols.messages import DeviceStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import free_port, wait_for_port
-from tests.e2e.conftest import CEILING_S, account_flags, kill_after_checkpoint
+from tests.e2e.conftest import (
+    CEILING_S,
+    account_flags,
+    serve_killed_after,
+    serve_settings,
+)
+from tests.run_metrics import metrics_lines
 from tests.wiretap import decoded_into
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
@@ -31,18 +37,7 @@ RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
 
 
 def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings:
-    base: dict[str, object] = {
-        **RUN,
-        "broker": url,
-        "rounds": 3,
-        "min_devices": 3,
-        "round_timeout": 20.0,
-        "join_timeout": CEILING_S,
-        "out": tmp_path / "run",
-        "checkpoint_dir": tmp_path / "checkpoint",
-    }
-    base.update(values)
-    return ServeSettings.load(None, **base)
+    return serve_settings(url, tmp_path, **{**RUN, "rounds": 3, "round_timeout": 20.0, **values})
 
 
 def _simulate(rounds: int, **values: object):
@@ -50,14 +45,12 @@ def _simulate(rounds: int, **values: object):
 
 
 def _round_ids(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["round_id"] for line in lines if line.strip()]
+    return [line["round_id"] for line in metrics_lines(run_dir)]
 
 
 def test_three_agent_processes_reproduce_the_simulation(mosquitto, processes, tmp_path) -> None:
     # Prepare
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
+    processes.fleet(mosquitto.url, 3)
     # Execute
     served = run_serve(_serve_settings(mosquitto.url, tmp_path))
     simulated = _simulate(3)
@@ -85,8 +78,7 @@ def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes
         topics.device_subscription("default", "status"),
         decoded_into(DeviceStatus, statuses),
     )
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
+    processes.fleet(mosquitto.url, 3)
 
     def on_round(record: RoundRecord) -> None:
         victim = processes.running["dev-0001"]
@@ -101,7 +93,7 @@ def test_an_agent_killed_mid_round_is_excluded_then_rejoins(mosquitto, processes
     run_serve(_serve_settings(mosquitto.url, tmp_path, round_timeout=60.0), on_round=on_round)
     listener.close()
     # Assert: round 2 closed on quorum without the killed agent, round 3 had it back
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = metrics_lines(tmp_path / "run")
     assert [(x["round_id"], x["selected"], x["participants"]) for x in lines] == [
         (1, 3, 3),
         (2, 3, 2),
@@ -115,19 +107,13 @@ def test_a_killed_coordinator_resumes_without_repeating_or_losing_rounds(
     mosquitto, processes, tmp_path
 ) -> None:
     # Prepare
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
-    checkpoint = tmp_path / "checkpoint" / "checkpoint.json"
+    processes.fleet(mosquitto.url, 3)
     flags = [
         "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedavg", "--rounds", "6",
         "--participation", "0.6", "--min-devices", "3", "--round-timeout", "20",
-        "--out", str(tmp_path / "run"), "--checkpoint-dir", str(tmp_path / "checkpoint"),
     ]  # fmt: skip
-    coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
-    )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
-    killed_at = kill_after_checkpoint(coordinator, checkpoint, 2)
+    killed_at = serve_killed_after(processes, flags, tmp_path, 2)
     resumed = run_serve(
         _serve_settings(mosquitto.url, tmp_path, rounds=6, participation=0.6, resume=True)
     )

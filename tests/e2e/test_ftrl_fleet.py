@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ from coordinator.run.simulate import run_simulation
 from coordinator.stages.accountant import DpRound
 from coordinator.stages.tree_accountant import TreeAccountant
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, kill_after_checkpoint, serve_settings
+from tests.e2e.conftest import Processes, serve_killed_after, serve_settings
+from tests.run_metrics import metrics_lines
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN = {
@@ -33,8 +33,7 @@ def _settings(url: str, tmp_path: Path, **options: object) -> ServeSettings:
 
 
 def _serve(url: str, processes: Processes, tmp_path: Path, **options: object) -> ServeResult:
-    for index in range(3):
-        processes.agent(url, index, shards=3)
+    processes.fleet(url, 3)
     return run_serve(_settings(url, tmp_path, **options))
 
 
@@ -45,7 +44,7 @@ def test_three_agents_serve_ftrl_tree_and_report_its_epsilon(
     _serve(mosquitto.url, processes, tmp_path, dp_noise=3.0)
     out = tmp_path / "run"
     # Assert: every round in metrics.jsonl carries the tree accountant's epsilon
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = metrics_lines(out)
     independent = TreeAccountant(1e-5, None, None)
     for line in lines:
         spent = independent.record(DpRound(3.0, 3, 3.0))
@@ -79,19 +78,14 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
 ) -> None:
     """The CLI run is killed after a checkpoint; the resumed one continues the same accounting."""
     # Prepare
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
+    processes.fleet(mosquitto.url, 3)
     flags = [
         "--broker", mosquitto.url, "--task", "digits", "--algorithm", "fedavg", "--rounds", "5",
         "--min-devices", "3", "--round-timeout", "20", "--dp-noise", "3", "--dp-clip", "0.5",
-        "--dp-mechanism", "ftrl-tree", "--out", str(tmp_path / "run"),
-        "--checkpoint-dir", str(tmp_path / "checkpoint"),
+        "--dp-mechanism", "ftrl-tree",
     ]  # fmt: skip
-    coordinator = processes.start(
-        "coordinator", [sys.executable, "-m", "coordinator.cli.app", "serve", *flags]
-    )
     # Execute: kill it once round 2 is checkpointed, then resume in-process
-    killed_at = kill_after_checkpoint(coordinator, tmp_path / "checkpoint" / "checkpoint.json", 2)
+    killed_at = serve_killed_after(processes, flags, tmp_path, 2)
     state = json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["stages"][
         "privacy"
     ]
@@ -100,7 +94,7 @@ def test_a_killed_ftrl_tree_coordinator_resumes_its_tree_and_its_epsilon(
     assert 2 <= killed_at < 5, processes.log("coordinator")
     assert state["tree"]["rounds"] == killed_at
     assert resumed.records[0].round_id == killed_at + 1
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = metrics_lines(tmp_path / "run")
     assert [line["round_id"] for line in lines] == [1, 2, 3, 4, 5]
     independent = TreeAccountant(1e-5, None, None)
     for line in lines:

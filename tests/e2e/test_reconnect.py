@@ -55,8 +55,7 @@ def test_an_agent_rejoins_a_restarted_broker(mosquitto, processes) -> None:
 
 def test_a_run_survives_a_broker_restart_between_rounds(mosquitto, processes, tmp_path) -> None:
     # Prepare
-    for index in range(2):
-        processes.agent(mosquitto.url, index, shards=2)
+    processes.fleet(mosquitto.url, 2)
     settings = ServeSettings.load(
         None,
         broker=mosquitto.url,

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from coordinator.run.serve import ServeResult, run_serve
-from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from coordinator.stages.accountant import DpRound, epsilons_of
 from coordinator.stages.discrete_accountant import RingRound
 from protocols import secure_aggregation as sa
 from protocols.messages import SecureRound
 from protocols.secure_levels import LEVELS
-from tests.e2e.conftest import CEILING_S
+from tests.e2e.conftest import serve_settings
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN = {"task": "digits", "algorithm": "fedalt", "seed": 0, "secagg": True, "rounds": 2}
@@ -24,19 +24,8 @@ RUN = {"task": "digits", "algorithm": "fedalt", "seed": 0, "secagg": True, "roun
 
 def _serve_three(mosquitto, processes, tmp_path: Path, run: dict[str, Any]) -> ServeResult:
     """`run` served to three pfl-agent processes over mosquitto."""
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3)
-    settings = ServeSettings.load(
-        None,
-        **run,
-        broker=mosquitto.url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=CEILING_S,  # a ceiling: the run starts once the agents are online
-        out=tmp_path / "run",
-        checkpoint_dir=tmp_path / "checkpoint",
-    )
-    return run_serve(settings)
+    processes.fleet(mosquitto.url, 3)
+    return run_serve(serve_settings(mosquitto.url, tmp_path, **run))
 
 
 def test_three_agent_processes_aggregate_securely_as_the_simulation_does(

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from coordinator.run.serve import run_serve
-from coordinator.run.settings import ServeSettings
 from protocols.codec import decode_frame
 from protocols.messages import DeviceHello, DeviceStatus, FleetStatus
-from tests.e2e.conftest import CEILING_S
+from tests.e2e.conftest import serve_settings
 from tests.e2e.test_export import Wiretap
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
@@ -21,22 +20,16 @@ def test_strict_agents_train_under_dp_and_release_nothing_else(
 ) -> None:
     # Prepare: three strict agents, a wiretap on every topic
     tap = Wiretap(mosquitto.port)
-    for index in range(3):
-        processes.agent(mosquitto.url, index, shards=3, extra=("--dp-strict-egress",))
-    settings = ServeSettings.load(
-        None,
+    processes.fleet(mosquitto.url, 3, extra=("--dp-strict-egress",))
+    settings = serve_settings(
+        mosquitto.url,
+        tmp_path,
         task="digits",
         algorithm="fedavg",
         rounds=2,
         dp_noise=1.0,
         dp_placement="device",
         secagg=True,
-        broker=mosquitto.url,
-        min_devices=3,
-        round_timeout=30.0,
-        join_timeout=CEILING_S,  # a ceiling: the run starts once the agents are online
-        out=tmp_path / "run",
-        checkpoint_dir=tmp_path / "checkpoint",
     )
 
     # Execute

@@ -42,6 +42,11 @@ def _run(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _simulate(folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`pfl-coord simulate FLAGS`, run as a module from `folder`."""
+    return _run(folder, sys.executable, "-m", "coordinator.cli.app", "simulate", *flags)
+
+
 def test_our_packages_and_the_users_modules_import_side_by_side(project: Path) -> None:
     code = (
         "import device_agent.agent, coordinator.cli.app, device_agent.exporting as ex\n"
@@ -55,23 +60,10 @@ def test_our_packages_and_the_users_modules_import_side_by_side(project: Path) -
 
 
 def test_simulate_runs_the_users_task_and_exports_from_their_folder(project: Path) -> None:
-    result = _run(
-        project,
-        sys.executable,
-        "-m",
-        "coordinator.cli.app",
-        "simulate",
-        "--task",
-        "tasks:MySine",
-        "--devices",
-        "3",
-        "--rounds",
-        "1",
-        "--out",
-        "run",
-        "--export-dir",
-        "onnx",
-    )
+    result = _simulate(
+        project, "--task", "tasks:MySine", "--devices", "3", "--rounds", "1",
+        "--out", "run", "--export-dir", "onnx",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (project / "onnx").glob("*.onnx")) == [
         "dev-0000.onnx",
@@ -102,17 +94,7 @@ def test_the_installed_command_finds_a_task_in_the_working_directory(project: Pa
 
 
 def test_a_task_module_found_nowhere_names_the_folder_searched(project: Path) -> None:
-    result = _run(
-        project,
-        sys.executable,
-        "-m",
-        "coordinator.cli.app",
-        "simulate",
-        "--task",
-        "nowhere:Task",
-        "--rounds",
-        "1",
-    )
+    result = _simulate(project, "--task", "nowhere:Task", "--rounds", "1")
     assert result.returncode != 0
     assert "nowhere" in result.stdout + result.stderr
     assert str(project) in (result.stdout + result.stderr).replace("\n", "")

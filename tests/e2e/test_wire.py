@@ -106,8 +106,7 @@ def test_a_wiretap_sees_no_personal_parameter(mosquitto, processes, tmp_path) ->
     tap.connect("127.0.0.1", mosquitto.port)
     tap.subscribe("#", qos=1)
     tap.loop_start()
-    for index in range(2):
-        processes.agent(mosquitto.url, index, shards=2)
+    processes.fleet(mosquitto.url, 2)
     settings = ServeSettings.load(
         None,
         task="digits",

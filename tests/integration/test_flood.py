@@ -22,13 +22,11 @@ def test_honest_messages_get_through_a_chunk_flood_on_mosquitto(mosquitto: Mosqu
         coordinator.subscribe("pfl/f/device/+/update", lambda topic, _: received.append(topic))
         coordinator.subscribe("pfl/f/device/+/hello", lambda topic, _: received.append(topic))
         first_chunks = [chunking.split(os.urandom(300), 200)[0] for _ in range(FLOOD)]
-        started = time.monotonic()
         for index, chunk in enumerate(first_chunks):
             evil.publish("pfl/f/device/evil/update/chunk/0", chunk)
             if index == FLOOD // 2:
                 honest.publish("pfl/f/device/honest/hello", b"hello")
         assert coordinator.wait_until(lambda: "pfl/f/device/honest/hello" in received, 20.0)
-        waited = time.monotonic() - started
         seen = [-1]
 
         def settled() -> bool:  # the broker may shed part of the flood; what arrives is counted
@@ -40,7 +38,6 @@ def test_honest_messages_get_through_a_chunk_flood_on_mosquitto(mosquitto: Mosqu
         assert coordinator.wait_until(settled, 30.0)
         counts = coordinator.offences.counts()
         assert set(counts) == {"evil"}, counts  # the honest device lost nothing
-        assert waited < 20.0
     finally:
         for transport in (evil, honest, coordinator):
             transport.close()

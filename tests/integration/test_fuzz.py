@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.engine.rounds import Coordinator, EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import MemoryStateStore
@@ -30,6 +29,7 @@ from protocols.messages import (
     SharedModel,
 )
 from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_engine
 
 FLEET = "default"
 DEVICES = ("dev-0", "dev-1", "dev-2")
@@ -62,15 +62,8 @@ def _fleet() -> Fleet:
         None, task=TASK, algorithm="fedavg", devices=len(DEVICES), rounds=ROUNDS
     )
     task = load_task(TASK)
-    model = task.build_model(0)
     broker = InProcessBroker()
-    stages = plan_stages(simulation, task, model)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        stages,
-        model,
-        EngineSettings(task=TASK, rounds=ROUNDS),
-    )
+    coordinator = hub_engine(broker, simulation, EngineSettings(task=TASK, rounds=ROUNDS))
     coordinator.run_id = RUN
     shards = task.make_fleet(len(DEVICES), PartitionSpec(), 0)
     agents = []
