@@ -63,7 +63,8 @@ def train_stacked(
         for kept, phase_stats in zip(stats, trained, strict=True):
             kept.append(phase_stats)
     return [
-        ({name: state[name][i].clone() for name in names}, stats[i]) for i in range(len(members))
+        ({name: state[name][i].detach().clone() for name in names}, stats[i])
+        for i in range(len(members))
     ]
 
 

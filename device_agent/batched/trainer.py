@@ -87,6 +87,7 @@ class Batched:
             reason = self._reason_apart(work)
             if reason is not None:
                 self._tell(reason)
+                work.phases = None  # trained through its own `run`
                 groups.setdefault(f"alone-{id(work)}", []).append(work)
             else:
                 groups.setdefault(repr((work.update.name, work.phases)), []).append(work)
@@ -116,7 +117,8 @@ class Batched:
         return model_problem(ctx.model)
 
     def _train_group(self, group: list[_Work]) -> dict[int, LocalResult | Exception]:
-        if len(group) > 1:
+        """Stacked, even a group of one: a device's result must not depend on its company."""
+        if group[0].phases is not None:
             try:
                 return self._stacked(group)
             except Exception as error:
