@@ -167,7 +167,9 @@ def _backward(
         return task.loss(output.unsqueeze(0), target.unsqueeze(0))
 
     outputs = vmap(forward)(state, inputs)
-    per_sample = vmap(vmap(sample_loss))(outputs, targets)
+    devices, batch = mask.shape
+    flat = vmap(sample_loss)(outputs.flatten(0, 1), targets.flatten(0, 1))
+    per_sample = flat.view(devices, batch)
     counts = mask.sum(dim=1)
     losses = (per_sample * mask).sum(dim=1) / counts.clamp(min=1.0)
     total = losses
