@@ -22,6 +22,7 @@ from device_agent.batched.stacked import model_problem
 from device_agent.batched.trainer import Batched
 from protocols.errors import RoundError
 from protocols.transport.inprocess import InProcessBroker
+from protocols.transport.process_hub import ProcessHub
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,7 +43,7 @@ FAMILIES: dict[str, dict[str, Any]] = {  # what each family's local update needs
 
 
 def _run(algorithm: str, batched: str, **values: Any) -> tuple[SimulationResult, Batched | None]:
-    hub = InProcessBroker()
+    hub = ProcessHub() if values.get("workers", 1) > 1 else InProcessBroker()
     settings = SimulationSettings.load(
         None,
         task="synthetic",
@@ -100,6 +101,16 @@ def test_batched_rounds_equal_the_per_device_path(algorithm: str) -> None:
     assert trainer is not None
     assert trainer.stacked_rounds == sum(r.participants for r in batched.records)
     _assert_same_run(per_device, batched)
+
+
+def test_worker_processes_train_their_devices_batched_to_the_same_results() -> None:
+    # Execute: each of 2 workers stacks its own devices
+    per_device, _ = _run("fedalt", "off", **FAMILIES["fedalt"])
+    batched, _ = _run("fedalt", "on", workers=2, **FAMILIES["fedalt"])
+    # Assert
+    assert _max_difference(per_device.final_shared, batched.final_shared) <= WEIGHT_TOLERANCE
+    for one, other in zip(per_device.records, batched.records, strict=True):
+        assert one.train_loss == pytest.approx(other.train_loss, rel=RELATIVE_TOLERANCE)
 
 
 def test_an_update_without_phases_trains_per_device_and_says_why_once(
