@@ -70,7 +70,13 @@ class Batched:
         """Device rounds trained stacked so far (for tests and the benchmark)."""
 
     def submit(self, update: LocalUpdate, ctx: LocalContext, done: Done, failed: Failed) -> None:
-        """Keep the work until `flush`."""
+        """Keep the work until `flush`.
+
+        Work the same device still waits for is trained first: its next round starts from the
+        state that one keeps.
+        """
+        if any(work.ctx.device_id == ctx.device_id for work in self._waiting):
+            self.flush()
         self._waiting.append(_Work(update, ctx, done, failed))
 
     def pending(self) -> bool:

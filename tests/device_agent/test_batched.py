@@ -17,9 +17,14 @@ from torch import nn
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import SimulationResult, run_simulation
 from device_agent.agent import DeviceAgent
+from device_agent.algorithms.base import LocalContext, LocalResult
 from device_agent.batched.choice import AUTO_MAX_STEP_MACS, choose_trainer
 from device_agent.batched.stacked import model_problem
 from device_agent.batched.trainer import Batched
+from pfl_tasks.base import DeviceData, Split
+from pfl_tasks.registry import load_task
+from pfl_tasks.split import ParamSplit
+from protocols.algorithms import AlgorithmConfig
 from protocols.errors import RoundError
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.process_hub import ProcessHub
@@ -172,3 +177,51 @@ def test_the_hub_delivers_what_an_idle_hook_publishes_before_a_wait_ends() -> No
     # Assert
     assert arrived
     assert heard == [b"late"]
+
+
+class _Counting:
+    """A local update without phases that records the order its rounds ran in."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, ctx: LocalContext) -> LocalResult:
+        self.ran.append(ctx.device_id)
+        return LocalResult({}, 1, 0.0, {})
+
+    def personalize(self, ctx: LocalContext) -> None:
+        del ctx
+
+
+def _context(device_id: str) -> LocalContext:
+    model = nn.Linear(2, 1)
+    split = Split(torch.zeros(1, 2), torch.zeros(1, 1))
+    data = DeviceData(0, split, split, split)
+    return LocalContext(
+        model=model,
+        task=load_task("sine"),
+        data=data,
+        split=ParamSplit.for_model(model, ()),
+        config=AlgorithmConfig(),
+        global_shared={},
+        personal={},
+        generator=torch.Generator(),
+        device_id=device_id,
+    )
+
+
+def test_a_device_handed_a_second_round_first_gets_its_first_trained() -> None:
+    # Arrange
+    trainer, update, answered = Batched(), _Counting(), []
+    trainer.submit(update, _context("a"), lambda r: answered.append("a1"), pytest.fail)
+    trainer.submit(update, _context("b"), lambda r: answered.append("b1"), pytest.fail)
+    # Execute
+    trainer.submit(update, _context("a"), lambda r: answered.append("a2"), pytest.fail)
+    # Assert: the kept work ran and answered before the second round of "a" was kept
+    assert answered == ["a1", "b1"]
+    assert trainer.pending()
+    trainer.flush()
+    assert answered == ["a1", "b1", "a2"]
+    assert update.ran == ["a", "b", "a"]
