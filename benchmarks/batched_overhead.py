@@ -23,22 +23,57 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import write_section
-from benchmarks.simulation_overhead import WORKLOAD, bare_loop
+from benchmarks.simulation_overhead import WORKLOAD, bare_loop, mean_test_metric, simulated_fleet
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
+from device_agent.algorithms.base import BatchPhase
+from device_agent.batched.stacked import Member, train_stacked
 from device_agent.compute_threads import available_cores
+from device_agent.training import TrainSpec
+from pfl_tasks.registry import load_task
 
 MARKER = "<!-- batched-overhead -->"
-MODES = ("bare", "off", "on")
+MODES = ("bare", "stacked", "off", "on")
 
 
 def in_run(mode: str, settings: SimulationSettings) -> tuple[float, float]:
     """(seconds, mean accuracy) of one run of `mode` in this (warm) process."""
     if mode == "bare":
         return bare_loop(settings)
+    if mode == "stacked":
+        return stacked_loop(settings)
     started = time.perf_counter()
     result = run_simulation(settings.model_copy(update={"workers": 1, "batched": mode}))
     return time.perf_counter() - started, float(result.summary["metrics"]["personalized_mean"])
+
+
+def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
+    """The bare loop's FedAvg with each round's local SGD as one stacked computation.
+
+    What batching can gain with no framework around it: (seconds, mean test accuracy).
+    """
+    task = load_task(workload.task)
+    config = workload.algorithm_config()
+    fleet = simulated_fleet(workload, task)
+    started = time.perf_counter()
+    model = task.build_model(workload.seed)
+    names = tuple(name for name, _ in model.named_parameters())
+    spec = TrainSpec(names, config.local_epochs, config.batch_size, config.lr)
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    total = sum(len(d.train) for d in fleet)
+    for round_id in range(workload.rounds):
+        members = [
+            Member(d.train, torch.Generator().manual_seed(round_id), global_state, global_state)
+            for d in fleet
+        ]
+        trained = train_stacked(model, task, members, (BatchPhase(spec),))
+        weights = [len(d.train) / total for d in fleet]
+        global_state = {
+            k: v + sum((t[k] - v) * w for (t, _), w in zip(trained, weights, strict=True))
+            for k, v in global_state.items()
+        }
+    model.load_state_dict(global_state)
+    return time.perf_counter() - started, mean_test_metric(model, task, fleet)
 
 
 def whole_process(mode: str) -> float:
@@ -91,6 +126,7 @@ def main() -> None:
     bare = result["bare"]
     names = {
         "bare": "bare PyTorch loop",
+        "stacked": "bare loop, local SGD stacked (`train_stacked`)",
         "off": "simulate --batched off",
         "on": "simulate --batched on",
     }
