@@ -402,7 +402,7 @@ class DeviceAgent:
     def _failed(self, announcement: RoundAnnouncement, error: Exception) -> None:
         """Decline `announcement`'s work because of `error`, logged."""
         if not isinstance(error, PflError):
-            logger.debug("device %s: local failure", self.device_id, exc_info=True)
+            logger.debug("device %s: local failure", self.device_id, exc_info=error)
             error = TrainingError(f"{type(error).__name__}: {error}", device_id=self.device_id)
         logger.warning(
             "device %s: %s round %d failed: %s",
