@@ -16,11 +16,11 @@ from device_agent.batched.trainer import Batched
 logger = logging.getLogger(__name__)
 
 BatchedMode = Literal["auto", "on", "off"]
-AUTO_MAX_STEP_MACS = 600_000
-"""`auto` batches training steps of at most this many multiply-adds. Measured on the digits
-MLP, 50 devices, 5 rounds, one worker, by hidden width (step multiply-adds: batched speed-up
-of the whole run): 64 (152k: 1.7x), 256 (606k: 1.2x), 512 (1.2M: 1.0x), 1024 (2.4M: 0.83x),
-4096 (9.7M: 0.58x); see docs/scaling.md."""
+AUTO_MAX_STEP_MACS = 200_000
+"""`auto` batches training steps of at most this many multiply-adds (`largest_step_macs` at the
+round's batch size). Measured on the digits MLP at batch size 10, 50 devices, 5 rounds, one
+worker, by hidden width (multiply-adds per step: batched speed-up of the whole run): 64 (47k:
+1.7x), 256 (189k: 1.2x), 512 (379k: 1.0x), 1024 (758k: 0.83x), 4096 (3.0M: 0.58x)."""
 
 
 def choose_trainer(mode: BatchedMode, step_macs: int) -> Batched | None:
