@@ -14,8 +14,9 @@ import secrets
 from torch import nn
 
 from device_agent.agent_exports import AgentExports
-from device_agent.algorithms.base import LocalContext, LocalUpdate
+from device_agent.algorithms.base import LocalContext, LocalResult, LocalUpdate
 from device_agent.attacks import HONEST, Attack
+from device_agent.batched.trainer import Immediate, LocalTrainer
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, threads_for
 from device_agent.context import LocalDevice, RoundContexts
@@ -72,6 +73,8 @@ class DeviceAgent:
         strict_egress: release nothing outside DP's guarantee (see `device_agent.egress`).
         reproducible_noise: DP noise drawn from the device's seed, the same for any number of
             simulation workers (see `RoundContexts`).
+        trainer: where the local update runs (None: at once; a simulation may batch its
+            virtual devices' updates, see `device_agent.batched`).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class DeviceAgent:
         attack: Attack = HONEST,
         strict_egress: bool = False,
         reproducible_noise: bool = False,
+        trainer: LocalTrainer | None = None,
     ) -> None:
         self.device_id = device_id
         self.attack = attack
@@ -145,6 +149,7 @@ class DeviceAgent:
         )
         self.uplink = Uplink(device_id, self.contexts, self.secure, lambda r: self.attack.forge(r))
         self._stopping = False
+        self.trainer = trainer or Immediate()
 
     def start(self) -> None:
         """Subscribe to the fleet's topics (the model only when needed), then say hello.
@@ -383,17 +388,21 @@ class DeviceAgent:
                 else:
                     self._evaluate(announcement, model, update, ctx)
         except Exception as error:  # any local failure declines the round, never hangs it
-            if not isinstance(error, PflError):
-                logger.debug("device %s: local failure", self.device_id, exc_info=True)
-                error = TrainingError(f"{type(error).__name__}: {error}", device_id=self.device_id)
-            logger.warning(
-                "device %s: %s round %d failed: %s",
-                self.device_id,
-                announcement.phase,
-                announcement.round_id,
-                error,
-            )
-            self._decline(announcement, f"{announcement.phase} failed: {error}")
+            self._failed(announcement, error)
+
+    def _failed(self, announcement: RoundAnnouncement, error: Exception) -> None:
+        """Decline `announcement`'s work because of `error`, logged."""
+        if not isinstance(error, PflError):
+            logger.debug("device %s: local failure", self.device_id, exc_info=error)
+            error = TrainingError(f"{type(error).__name__}: {error}", device_id=self.device_id)
+        logger.warning(
+            "device %s: %s round %d failed: %s",
+            self.device_id,
+            announcement.phase,
+            announcement.round_id,
+            error,
+        )
+        self._decline(announcement, f"{announcement.phase} failed: {error}")
 
     def _decline(self, announcement: RoundAnnouncement, reason: str) -> None:
         """Say "skipped" with the reason: the coordinator stops waiting for this device."""
@@ -404,15 +413,17 @@ class DeviceAgent:
     def _train(
         self, announcement: RoundAnnouncement, update: LocalUpdate, ctx: LocalContext
     ) -> None:
-        trained = update.run(ctx)
-        self._reply_with(announcement, *self.uplink.answer(announcement, trained))
-        self.last_loss = trained.train_loss
-        logger.info(
-            "device %s: round %d trained, loss %.4f",
-            self.device_id,
-            announcement.round_id,
-            trained.train_loss,
-        )
+        def answer(trained: LocalResult) -> None:
+            self._reply_with(announcement, *self.uplink.answer(announcement, trained))
+            self.last_loss = trained.train_loss
+            logger.info(
+                "device %s: round %d trained, loss %.4f",
+                self.device_id,
+                announcement.round_id,
+                trained.train_loss,
+            )
+
+        self.trainer.submit(update, ctx, answer, lambda error: self._failed(announcement, error))
 
     def _evaluate(
         self,

@@ -18,6 +18,7 @@ import torch
 
 from device_agent.agent import DeviceAgent, device_will
 from device_agent.attacks import HONEST, AttackPlan, Coalition
+from device_agent.batched.trainer import LocalTrainer
 from device_agent.capabilities import probe_capabilities
 from device_agent.compute_threads import StepThreads, largest_step_macs
 from device_agent.received import DecodedModelCache
@@ -117,12 +118,14 @@ class VirtualFleet:
         *,
         threaded: bool,
         threads: StepThreads | None = None,
+        trainer: LocalTrainer | None = None,
     ) -> list[DeviceAgent]:
         """Started agents for `indices`, connected through `connect(device_id, will)`.
 
         `threaded`: the transports call handlers on threads of their own (MQTT), so a lock
         serializes the handlers of all these agents. `threads`: each round's torch threads
-        (None: the process's setting).
+        (None: the process's setting). `trainer`: where their local updates run (None: each
+        at once; `device_agent.batched.trainer.Batched` trains a round's worth together).
         """
         workspace = self.task.build_model(self.seed)
         cache = DecodedModelCache()
@@ -156,6 +159,7 @@ class VirtualFleet:
                 threads=threads,
                 attack=attack,
                 reproducible_noise=True,  # the same for any number of workers
+                trainer=trainer,
             )
             agent.start()
             agents.append(agent)

@@ -174,6 +174,11 @@ class SimulationSettings(RunSettings, PartitionSettings):
         description="processes running the virtual devices, 0 = one per available core; "
         "results do not depend on it",
     )
+    batched: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="train each process's devices of a round as one stacked computation: auto "
+        "(where a step is cheap), on, or off; results equal the per-device path's",
+    )
     broker: str | None = Field(
         None, description="with --transport mqtt: mqtt:// URL (default: embedded)"
     )

@@ -35,6 +35,7 @@ from coordinator.scheduling.availability import SimulatedClock
 from coordinator.stages.privacy import privacy_engine
 from device_agent.agent import DeviceAgent
 from device_agent.attacks import AttackPlan
+from device_agent.batched.choice import choose_trainer
 from device_agent.compute_threads import torch_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet, device_name
@@ -152,8 +153,14 @@ def _wiring(
 
         def host_here(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
             cleanup.enter_context(torch_threads(threads_per_worker(1, step_macs)))
+            trainer = choose_trainer(settings.batched, step_macs)
+            if trainer is not None:  # trains what the devices were handed once the hub is idle
+                hub.idle.append(trainer.flush)
             agents = fleet.build(
-                every, lambda device, will: connect(hub, device, will), threaded=False
+                every,
+                lambda device, will: connect(hub, device, will),
+                threaded=False,
+                trainer=trainer,
             )
             return LocalDevices(agents, hub)
 
@@ -166,7 +173,8 @@ def _wiring(
 
     def host_in_workers(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
         threads = threads_per_worker(workers, step_macs)
-        devices = WorkerDevices(process_hub, fleet, settings.devices, workers, threads)
+        batched = choose_trainer(settings.batched, step_macs) is not None
+        devices = WorkerDevices(process_hub, fleet, settings.devices, workers, threads, batched)
         cleanup.callback(devices.close)
         return devices
 
@@ -183,6 +191,9 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
             "--workers runs devices on the in-process hub; over MQTT, spread them over "
             "processes or machines with `pfl-agent pool`"
         )
+        raise ValueError(msg)
+    if settings.batched == "on":
+        msg = "--batched on trains devices together on the in-process hub; over MQTT use off/auto"
         raise ValueError(msg)
     url = settings.broker
     accounts: RunAccess | None = None

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from device_agent.agent import DeviceAgent
+from device_agent.batched.trainer import Batched
 from device_agent.compute_threads import available_cores, useful_threads
 from device_agent.exporting import export_fleet
 from device_agent.virtual_fleet import VirtualFleet
@@ -84,9 +85,18 @@ class WorkerDevices:
     """Virtual devices in worker processes, reached through `hub`."""
 
     def __init__(
-        self, hub: ProcessHub, fleet: VirtualFleet, devices: int, workers: int, threads: int
+        self,
+        hub: ProcessHub,
+        fleet: VirtualFleet,
+        devices: int,
+        workers: int,
+        threads: int,
+        batched: bool = False,
     ) -> None:
-        """Fork `workers` processes for devices 0..devices-1, each with `threads` torch threads."""
+        """Fork `workers` processes for devices 0..devices-1, each with `threads` torch threads.
+
+        `batched`: each worker trains its devices' updates of a round together (`Batched`).
+        """
         self.hub = hub
         self.agents: list[DeviceAgent] = []  # they live in the workers
         context = multiprocessing.get_context("fork")
@@ -99,7 +109,7 @@ class WorkerDevices:
             process = context.Process(
                 target=_worker_main,
                 args=(fleet, share, threads, down_reader, up_writer),
-                kwargs={"inherited": tuple(inherited)},
+                kwargs={"inherited": tuple(inherited), "batched": batched},
                 name=f"pfl-sim-worker-{index}",
                 daemon=True,
             )
@@ -148,18 +158,27 @@ def _worker_main(
     up: Connection,
     *,
     inherited: tuple[Connection, ...],
+    batched: bool = False,
 ) -> None:
     for connection in inherited:  # the parent's ends: the parent alone must hold them
         connection.close()
     torch.set_num_threads(threads)
     end = WorkerEnd(up)
+    trainer = Batched() if batched else None
     try:
-        agents = fleet.build(indices, lambda device, will: end.connect(device), threaded=False)
+        agents = fleet.build(
+            indices, lambda device, will: end.connect(device), threaded=False, trainer=trainer
+        )
         while True:
             frame = decode_link_frame(down.recv_bytes())
             if frame.kind == DELIVER:
                 end.deliver(frame)
-            elif frame.kind == SYNC:
+                if trainer is not None and not down.poll():
+                    trainer.flush()  # nothing more to hand out now: train what was handed
+                continue
+            if trainer is not None:
+                trainer.flush()
+            if frame.kind == SYNC:
                 sent, received = end.traffic()
                 end.send(Frame(SYNCED, {"sent": sent, "received": received}))
             elif frame.kind == REQUEST:

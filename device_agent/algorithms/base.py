@@ -15,7 +15,9 @@ from device_agent.training import (
     StepBudget,
     TrainSpec,
     TrainStats,
+    combine_stats,
     difference,
+    squared_distance,
     train,
 )
 from pfl_tasks.base import DeviceData, Task
@@ -77,6 +79,36 @@ class LocalUpdate(Protocol):
     def personalize(self, ctx: LocalContext) -> None:
         """Turn `ctx.model` into the model this device would deploy (e.g. fine-tune it)."""
         ...
+
+
+@dataclass(frozen=True)
+class BatchPhase:
+    """One phase of a local update as the batched path runs it (`device_agent.batched`).
+
+    `spec` is what `train_phase` would get; `proximal_mu` (None: no term) adds
+    mu/2 ||w - w_global||^2 over the received shared parameters at every step (FedProx).
+    """
+
+    spec: TrainSpec
+    proximal_mu: float | None = None
+
+
+class BatchableUpdate(LocalUpdate, Protocol):
+    """A device half whose round is phases of the one training loop from the received model.
+
+    Its `run` trains `batch_phases(ctx)` in order, then reports `round_result` with the
+    phases' combined stats; so many devices' rounds may run stacked with the same result.
+    """
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """The phases `run` trains, in order."""
+        ...
+
+
+def batch_phases(update: LocalUpdate, ctx: LocalContext) -> tuple[BatchPhase, ...] | None:
+    """`update`'s phases if it declares them (None: it trains per device only)."""
+    declared = getattr(update, "batch_phases", None)
+    return None if declared is None else tuple(declared(ctx))
 
 
 class RelayUpdate(LocalUpdate, Protocol):
@@ -191,6 +223,19 @@ def round_result(ctx: LocalContext, stats: TrainStats) -> LocalResult:
     )
 
 
+def run_phases(ctx: LocalContext, phases: tuple[BatchPhase, ...]) -> LocalResult:
+    """Train `phases` in order on one device; the round's result (`BatchableUpdate.run`)."""
+    stats = [train_phase(ctx, p.spec, proximal_loss(ctx, p.proximal_mu)) for p in phases]
+    return round_result(ctx, stats[0] if len(stats) == 1 else combine_stats(*stats))
+
+
+def proximal_loss(ctx: LocalContext, mu: float | None) -> ExtraLoss | None:
+    """mu/2 ||w - w_global||^2 over the received shared parameters (None: no term)."""
+    if mu is None:
+        return None
+    return lambda: 0.5 * mu * squared_distance(ctx.model, ctx.global_shared)
+
+
 def full_model_spec(ctx: LocalContext) -> TrainSpec:
     """Local SGD on every parameter, shared and personal, as the config says."""
     cfg = ctx.config
@@ -201,6 +246,11 @@ def full_model_spec(ctx: LocalContext) -> TrainSpec:
         lr=cfg.lr,
         max_steps=cfg.max_steps,
     )
+
+
+def whole_model_phases(ctx: LocalContext) -> tuple[BatchPhase, ...]:
+    """FedAvg's one phase: local SGD on every parameter."""
+    return (BatchPhase(full_model_spec(ctx)),)
 
 
 def train_whole_model(ctx: LocalContext, extra_loss: ExtraLoss | None = None) -> LocalResult:

@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from device_agent.algorithms.base import (
+    BatchPhase,
     LocalContext,
     LocalResult,
     finetune_personal,
     phase_spec,
     require_config,
-    round_result,
-    train_phase,
+    run_phases,
 )
-from device_agent.training import combine_stats
 from protocols.algorithms import FedAltConfig
 
 
@@ -31,6 +30,10 @@ class FedAltUpdate:
 
     def run(self, ctx: LocalContext) -> LocalResult:
         """One LocalAlt round from the received u and the device's stored v."""
+        return run_phases(ctx, self.batch_phases(ctx))
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """The personal phase, then the shared phase."""
         cfg = require_config(ctx, FedAltConfig)
         personal_phase = phase_spec(
             ctx,
@@ -42,9 +45,7 @@ class FedAltUpdate:
         shared_phase = phase_spec(
             ctx, ctx.split.shared, epochs=cfg.local_epochs, lr=cfg.lr, max_steps=cfg.max_steps
         )
-        personal_stats = train_phase(ctx, personal_phase)
-        shared_stats = train_phase(ctx, shared_phase)
-        return round_result(ctx, combine_stats(personal_stats, shared_stats))
+        return (BatchPhase(personal_phase), BatchPhase(shared_phase))
 
     def personalize(self, ctx: LocalContext) -> None:
         """Stage c: fine-tune v only, u frozen at the final global value."""

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from device_agent.algorithms.base import LocalContext, LocalResult, train_whole_model
-from device_agent.training import squared_distance
+from device_agent.algorithms.base import (
+    BatchPhase,
+    LocalContext,
+    LocalResult,
+    full_model_spec,
+    require_config,
+    run_phases,
+)
 from protocols.algorithms import FedProxConfig
 
 
@@ -16,14 +22,12 @@ class FedProxUpdate:
 
     def run(self, ctx: LocalContext) -> LocalResult:
         """Train with the proximal pull toward the received shared parameters."""
-        cfg = ctx.config
-        if not isinstance(cfg, FedProxConfig):
-            msg = f"fedprox needs FedProxConfig, got {type(cfg).__name__}"
-            raise TypeError(msg)
-        mu = cfg.mu
-        return train_whole_model(
-            ctx, extra_loss=lambda: 0.5 * mu * squared_distance(ctx.model, ctx.global_shared)
-        )
+        return run_phases(ctx, self.batch_phases(ctx))
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """One phase on the whole model with the proximal term at mu."""
+        cfg = require_config(ctx, FedProxConfig)
+        return (BatchPhase(full_model_spec(ctx), proximal_mu=cfg.mu),)
 
     def personalize(self, ctx: LocalContext) -> None:
         """FedProx deploys the global model as it is."""

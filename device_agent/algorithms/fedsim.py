@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from device_agent.algorithms.base import (
+    BatchPhase,
     LocalContext,
     LocalResult,
     finetune_personal,
     phase_spec,
     require_config,
-    round_result,
-    train_phase,
+    run_phases,
     trainable_parameters,
 )
 from protocols.algorithms import FedSimConfig
@@ -30,6 +30,10 @@ class FedSimUpdate:
 
     def run(self, ctx: LocalContext) -> LocalResult:
         """One LocalSim round from the received u and the device's stored v."""
+        return run_phases(ctx, self.batch_phases(ctx))
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """One phase moving u and v together, each at its own step size."""
         cfg = require_config(ctx, FedSimConfig)
         gamma_v = cfg.personal_step_size()
         spec = phase_spec(
@@ -40,7 +44,7 @@ class FedSimUpdate:
             max_steps=cfg.max_steps,
             lr_by_name={n: gamma_v for n in trainable_parameters(ctx.model, ctx.split.personal)},
         )
-        return round_result(ctx, train_phase(ctx, spec))
+        return (BatchPhase(spec),)
 
     def personalize(self, ctx: LocalContext) -> None:
         """Stage c: fine-tune v only, u frozen at the final global value."""

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from device_agent.algorithms.base import LocalContext, LocalResult, train_whole_model
+from device_agent.algorithms.base import (
+    BatchPhase,
+    LocalContext,
+    LocalResult,
+    train_whole_model,
+    whole_model_phases,
+)
 
 
 class LocalOnlyUpdate:
@@ -15,6 +21,10 @@ class LocalOnlyUpdate:
     def run(self, ctx: LocalContext) -> LocalResult:
         """Keep training the device's own model."""
         return train_whole_model(ctx)
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """One phase on the whole model (what `run` trains)."""
+        return whole_model_phases(ctx)
 
     def personalize(self, ctx: LocalContext) -> None:
         """The device's own model is the deployed one."""

@@ -60,6 +60,9 @@ class InProcessBroker:
     """Payload bytes delivered per topic, summed over recipients (what a broker sends out)."""
     name: str | None = field(default=None, kw_only=True)
     """Letters, digits, `.`, `_` and `-`: what `inproc://<name>` can say (None: no URL)."""
+    idle: list[Callable[[], None]] = field(default_factory=list, kw_only=True)
+    """Called when the queue runs dry while someone waits (e.g. work kept to run batched);
+    what they publish is delivered before the wait ends."""
 
     def __post_init__(self) -> None:
         if self.name is None:
@@ -123,11 +126,17 @@ class InProcessBroker:
             return predicate()
         self._dispatching = True
         try:
-            while not predicate() and self._queue:
+            while not predicate() and (self._queue or self._run_idle()):
                 self._deliver(self._queue.popleft())
         finally:
             self._dispatching = False
         return predicate()
+
+    def _run_idle(self) -> bool:
+        """Call the idle hooks; whether they queued something to deliver."""
+        for hook in self.idle:
+            hook()
+        return bool(self._queue)
 
     def _deliver(self, delivery: _Delivery) -> None:
         for subscription in self._targets(delivery):

@@ -147,7 +147,7 @@ class ProcessHub(InProcessBroker):
         self._dispatching = True
         try:
             while not predicate():
-                if self._queue:
+                if self._queue or self._run_idle():
                     self._deliver(self._queue.popleft())
                     continue
                 remaining = None if deadline is None else deadline - time.monotonic()

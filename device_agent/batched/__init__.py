@@ -1,0 +1,1 @@
+"""Virtual devices' local updates trained together: one stacked computation per round."""
