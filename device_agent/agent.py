@@ -8,7 +8,6 @@ one at a time on the transport's dispatch thread.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 
 from torch import nn
@@ -23,13 +22,14 @@ from device_agent.context import LocalDevice, RoundContexts
 from device_agent.downloads import ModelDownloads, rebuild_from_delta
 from device_agent.egress import Egress, will_frame
 from device_agent.eligibility import EligibilityPolicy
+from device_agent.evaluation import evaluated
 from device_agent.exporting import answer_export_command
 from device_agent.received import DecodedModelCache, ReceivedFrames, ReceivedModel
-from device_agent.relay import RelayClient, deployable, has_global_model
+from device_agent.relay import RelayClient
 from device_agent.replies import evaluation_report, sighting, work_key
 from device_agent.secure_aggregation import SecureClient
 from device_agent.state_store import StateStore
-from device_agent.training import ModelSlots, StepBudget, evaluate
+from device_agent.training import ModelSlots, StepBudget
 from device_agent.uplink import Uplink
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.base import DeviceData, Task
@@ -432,25 +432,13 @@ class DeviceAgent:
         update: LocalUpdate,
         ctx: LocalContext,
     ) -> None:
-        personalized = evaluate(deployable(update, ctx), self.task, self.data.test)
-        if not math.isfinite(personalized):
-            msg = (
-                f"the personalized model's test {self.task.metric_name} is {personalized} "
-                "(diverged training, or an empty test split): nothing to report"
-            )
-            raise TrainingError(msg, device_id=self.device_id, round_id=announcement.round_id)
-        global_metric = None
-        if has_global_model(update, ctx):  # shared + personal starting points
+        def global_model() -> nn.Module:
             self._slots.load(self.model_cache.decode(model, self.contexts.model_layout))
-            global_metric = evaluate(self.workspace, self.task, self.data.test)
-            if not math.isfinite(global_metric):
-                logger.warning(
-                    "device %s: the global model's test %s is %s: not reported",
-                    self.device_id,
-                    self.task.metric_name,
-                    global_metric,
-                )
-                global_metric = None
+            return self.workspace
+
+        personalized, global_metric = evaluated(
+            update, ctx, self.task, self.data.test, global_model, announcement.round_id
+        )
         samples = (len(self.data.test), self.attack.declared_samples(len(self.data.train)))
         metric = self.task.metric_name
         report = evaluation_report(
