@@ -27,7 +27,7 @@ from coordinator.run.compare import (
     plan_runs,
     run_comparison,
 )
-from coordinator.run.serve import ServeResult, run_serve
+from coordinator.run.serve import ServeResult, run_serve, until_interrupted
 from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import SimulationResult, run_simulation
 from protocols.algorithms import algorithm_names
@@ -144,17 +144,26 @@ def serve(
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
     configure_logging(verbose)
+    shown: list[ServeResult] = []
+
+    def linger(result: ServeResult) -> None:  # with --dashboard: the page outlives the run
+        _print_summary(result)
+        shown.append(result)
+        console.print("the run is over; the dashboard stays up until you press Ctrl-C")
+        until_interrupted()
+
     try:
         settings = ServeSettings.load(config, **flags)
         result = _run_with_progress(
             settings,
             lambda advance: run_serve(
-                settings, on_round=advance, notify=lambda text: console.print(text)
+                settings, advance, lambda text: console.print(text), linger=linger
             ),
         )
     except (PflError, ValueError, FileNotFoundError) as error:
         exit_with_error(console, error)
-    _print_summary(result)
+    if not shown:
+        _print_summary(result)
 
 
 @app.command()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from coordinator.engine.round_types import RoundRecord
 from protocols.messages import MAX_LISTED_MISSING, MAX_STATUS_EVENTS, RunEvent
 from protocols.transport.base import Transport, TransportWrapper
 
@@ -75,6 +76,7 @@ class RunState:
         self._events: deque[RunEvent] = deque(maxlen=MAX_STATUS_EVENTS)
         self._fields: dict[str, Any] = {}
         self._wait: _Wait | None = None
+        self._before_short: tuple[str, dict[str, Any]] | None = None
 
     def set(self, state: str, **fields: Any) -> None:
         """Publish `state` (with details such as `reason`) now."""
@@ -127,10 +129,19 @@ class RunState:
         what = "come back" if joined else "join"
         reason = f"waiting for {needed} device(s) to {what}: {online} online"
         state = "stalled" if joined else "waiting"
+        if self._before_short is None:
+            self._before_short = (self.state, self._fields)
         if state != self.state or reason != self._fields.get("reason"):
             if joined and self.state != "stalled":
                 self._note("warn", reason)
             self.set(state, reason=reason, **_missing_fields(missing))
+
+    def enough_devices(self) -> None:
+        """The devices `short_of_devices` waited for are there: back to the state before."""
+        if self._before_short is not None:
+            state, fields = self._before_short
+            self._before_short = None
+            self.set(state, **fields)
 
     @contextmanager
     def waiting(self, outstanding: Outstanding, timeout_s: float) -> Iterator[_Watch]:
@@ -213,8 +224,12 @@ def _missing_fields(missing: list[str]) -> dict[str, Any]:
     return {"missing": tuple(missing[:MAX_LISTED_MISSING]), "missing_count": len(missing)}
 
 
-def all_skipped(skipped_rounds: int, rounds: int) -> str:
-    """The stop reason of a run whose every round was skipped ("" when one counted)."""
-    if rounds == 0 or skipped_rounds < rounds:
+def all_skipped(records: Sequence[RoundRecord]) -> str:
+    """The stop reason of a run whose every round was skipped ("" when one counted).
+
+    A skipped round is one whose aggregate was rejected or that no update reached in time.
+    """
+    skipped = sum(1 for r in records if r.scalars.get("aggregate_rejected"))
+    if not records or skipped < len(records):
         return ""
-    return f"all {rounds} round(s) were skipped: the model never changed"
+    return f"all {len(records)} round(s) were skipped: the model never changed"

@@ -236,6 +236,7 @@ def out_of_budget(coordinator: Coordinator) -> bool:
         logger.warning("round %d: %s; going on (on budget: warn)", coordinator.round_id + 1, reason)
         return False
     logger.warning("stopping after round %d: %s", coordinator.round_id, reason)
+    coordinator.run_state.stopping(f"stopped after round {coordinator.round_id}: {reason}")
     return True
 
 
@@ -275,4 +276,5 @@ def summarize_run(
         rejected_messages=coordinator.rejected,
         config=config.model_dump(mode="json"),
         privacy=None if privacy is None else privacy.report(),
+        stop_reason=coordinator.run_state.stop_reason or None,
     )

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from coordinator.dashboard.history import RunHistoryLog, publish_round
 from coordinator.engine.metrics import RunRecorder
 from coordinator.engine.rounds import Coordinator, EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.run_state import all_skipped
 from coordinator.run.pipeline import (
     RoundCallback,
     RunResult,
@@ -309,9 +310,10 @@ def _run(
         (sent_before, received_before), (sent, received) = moved[-1], devices.settle()
         record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
         moved.append((sent, received))
-        recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
+        line = record.line()
+        recorder.record_round(line, evaluated, coordinator.last_fleet_status)
         if history is not None:
-            publish_round(coordinator, history, record, evaluated)
+            publish_round(coordinator, history, line, evaluated)
         if on_round is not None:
             on_round(record)
 
@@ -336,7 +338,7 @@ def _run(
     )
     if buffered is not None:
         buffered.close()
-    coordinator.publish_status("finished")
+    coordinator.run_state.finish(all_skipped(records))
     final_shared = coordinator.shared
     summary = replace(
         summarize_run(

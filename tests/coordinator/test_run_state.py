@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from coordinator.engine.round_types import RoundRecord
 from coordinator.engine.run_state import FIRST_SHOWN_S, REFRESH_S, RunState, all_skipped
 from protocols.messages import MAX_LISTED_MISSING, MAX_STATUS_EVENTS, CoordinatorStatus
 from protocols.transport.inprocess import InProcessBroker
@@ -143,15 +145,21 @@ def test_finish_is_finished_unless_the_run_stopped_early() -> None:
     )
 
 
+def record(round_id: int, *, rejected: bool) -> RoundRecord:
+    scalars = {"aggregate_rejected": 1.0} if rejected else {}
+    return RoundRecord(round_id, 0, 2, math.nan, 0, 0, 0.0, scalars=scalars)
+
+
 def test_a_run_whose_rounds_were_all_skipped_is_stopped() -> None:
     state, _, sent = make()
 
-    state.finish(all_skipped(3, 3))
+    state.finish(all_skipped([record(i, rejected=True) for i in (1, 2, 3)]))
 
     assert sent[-1].state == "stopped"
     assert sent[-1].reason == "all 3 round(s) were skipped: the model never changed"
     assert state.stop_reason == sent[-1].reason
-    assert all_skipped(2, 3) == all_skipped(0, 0) == ""
+    one_counted = [record(1, rejected=True), record(2, rejected=False)]
+    assert all_skipped(one_counted) == all_skipped([]) == ""
 
 
 def test_stop_publishes_at_once_with_an_error_event() -> None:
@@ -203,3 +211,17 @@ def test_republish_sends_the_current_status_again(state_name: str) -> None:
     state.republish()
 
     assert sent[-1] == sent[-2].model_copy(update={"sent_at": sent[-1].sent_at})
+
+
+def test_enough_devices_goes_back_to_the_state_before_the_shortfall() -> None:
+    state, _, sent = make()
+    state.set("running")
+    state.enough_devices()  # no shortfall: nothing sent
+    assert len(sent) == 1
+
+    state.short_of_devices(2, 1, ["d1"], joined=True)
+    state.short_of_devices(2, 1, ["d1"], joined=True)
+    state.enough_devices()
+
+    assert [s.state for s in sent] == ["running", "stalled", "running"]
+    assert sent[-1].missing == ()
