@@ -3,9 +3,10 @@
 A run that waits for a device must not look healthy. While a round waits, the retained status
 says `waiting` (the devices missing, the deadline), refreshed every REFRESH_S, not per message;
 once no answer has arrived for STALL_SHARE of the round timeout while devices are still missing
-it says `stalled`. A run short of devices between rounds is `stalled` too (`short_of_devices`),
-and a run that ends early is `stopped` with its reason. The last MAX_STATUS_EVENTS events travel
-with every status, so a page opened late still sees them.
+it says `stalled`. A run short of devices between rounds (`short_of_devices`) is `waiting` for
+them, then `stalled` after STALL_SHARE of its join timeout; a run that ends early is `stopped`
+with its reason. The last MAX_STATUS_EVENTS events travel with every status, so a page opened
+late still sees them.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class RunState:
         self._events: deque[RunEvent] = deque(maxlen=MAX_STATUS_EVENTS)
         self._fields: dict[str, Any] = {}
         self._wait: _Wait | None = None
-        self._before_short: tuple[str, dict[str, Any]] | None = None
+        self._short: tuple[str, dict[str, Any], float] | None = None  # before it, stall time
 
     def set(self, state: str, **fields: Any) -> None:
         """Publish `state` (with details such as `reason`) now."""
@@ -120,27 +121,34 @@ class RunState:
             self.set("finished")
 
     def short_of_devices(
-        self, needed: int, online: int, missing: list[str], *, joined: bool
+        self, needed: int, online: int, missing: list[str], *, joined: bool, deadline: float
     ) -> None:
-        """Fewer than `needed` devices are online: waiting for the fleet to join, or stalled.
+        """Fewer than `needed` devices are online: `waiting` for them until `deadline` (epoch).
 
-        `joined`: the run had its devices once (a later shortfall is a stall, not a start).
+        `joined`: the run had its devices once (they are to come back, not to join). Once the
+        shortfall has lasted STALL_SHARE of the time it was given, the run is `stalled`.
         """
+        now = self._clock()
+        if self._short is None:
+            stall_at = now + STALL_SHARE * max(0.0, deadline - now)
+            self._short = (self.state, self._fields, stall_at)
         what = "come back" if joined else "join"
         reason = f"waiting for {needed} device(s) to {what}: {online} online"
-        state = "stalled" if joined else "waiting"
-        if self._before_short is None:
-            self._before_short = (self.state, self._fields)
-        if state != self.state or reason != self._fields.get("reason"):
-            if joined and self.state != "stalled":
-                self._note("warn", reason)
-            self.set(state, reason=reason, **_missing_fields(missing))
+        state = "stalled" if now >= self._short[2] else "waiting"
+        fields = {"reason": reason, "deadline": deadline, **_missing_fields(missing)}
+        if (state, fields) == (self.state, self._fields):
+            return
+        if state == "stalled" and self.state != "stalled":
+            self._note("warn", f"stalled: {reason}")
+        elif joined and self.state not in ("waiting", "stalled"):
+            self._note("warn", reason)
+        self.set(state, **fields)
 
     def enough_devices(self) -> None:
         """The devices `short_of_devices` waited for are there: back to the state before."""
-        if self._before_short is not None:
-            state, fields = self._before_short
-            self._before_short = None
+        if self._short is not None:
+            state, fields, _ = self._short
+            self._short = None
             self.set(state, **fields)
 
     @contextmanager

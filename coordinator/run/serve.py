@@ -300,11 +300,15 @@ def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Noti
     """Wait for `min_devices`, saying every WAIT_PROGRESS_S who is there and who is missing."""
     deadline = time.monotonic() + settings.join_timeout
     while coordinator.registry.online_count() < settings.min_devices:
-        missing = [r.device_id for r in coordinator.registry.records() if not r.online and r.hello]
-        joined = coordinator.round_id > 0
-        online = coordinator.registry.online_count()
-        coordinator.run_state.short_of_devices(settings.min_devices, online, missing, joined=joined)
         left = deadline - time.monotonic()
+        missing = [r.device_id for r in coordinator.registry.records() if not r.online and r.hello]
+        coordinator.run_state.short_of_devices(
+            settings.min_devices,
+            coordinator.registry.online_count(),
+            missing,
+            joined=coordinator.round_id > 0,
+            deadline=time.time() + max(0.0, left),
+        )
         if left <= 0:
             msg = (
                 f"only {coordinator.registry.online_count()} of {settings.min_devices} devices "

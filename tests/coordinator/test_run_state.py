@@ -118,18 +118,31 @@ def test_missing_devices_are_named_up_to_the_limit_and_counted_in_full() -> None
     assert sent[0].missing[0] == "d00000"
 
 
-def test_short_of_devices_waits_at_the_start_and_stalls_later() -> None:
-    state, _, sent = make()
+def test_short_of_devices_waits_then_stalls_after_half_its_time() -> None:
+    state, clock, sent = make()
+    deadline = clock.now + 60
 
-    state.short_of_devices(3, 1, ["d2"], joined=False)
-    state.short_of_devices(3, 1, ["d2"], joined=False)  # nothing new: nothing sent
-    state.short_of_devices(3, 2, ["d3"], joined=True)
+    state.short_of_devices(3, 1, ["d2"], joined=False, deadline=deadline)
+    state.short_of_devices(3, 1, ["d2"], joined=False, deadline=deadline)  # nothing new
+    clock.now += 30
+    state.short_of_devices(3, 1, ["d2"], joined=False, deadline=deadline)
 
     assert [s.state for s in sent] == ["waiting", "stalled"]
     assert sent[0].reason == "waiting for 3 device(s) to join: 1 online"
+    assert (sent[0].missing, sent[0].deadline) == (("d2",), deadline)
+    assert [e.text for e in sent[-1].events] == [f"stalled: {sent[0].reason}"]
+
+
+def test_devices_gone_after_joining_are_waited_for_with_an_event_naming_them() -> None:
+    state, clock, sent = make()
+    state.set("running")
+
+    state.short_of_devices(3, 2, ["d3"], joined=True, deadline=clock.now + 60)
+
+    assert sent[-1].state == "waiting"
     assert sent[-1].reason == "waiting for 3 device(s) to come back: 2 online"
-    assert sent[-1].missing == ("d3",)
-    assert sent[-1].events[-1].text == sent[-1].reason
+    assert (sent[-1].missing, sent[-1].missing_count) == (("d3",), 1)
+    assert [e.level for e in sent[-1].events] == ["warn"]
 
 
 def test_finish_is_finished_unless_the_run_stopped_early() -> None:
@@ -214,13 +227,13 @@ def test_republish_sends_the_current_status_again(state_name: str) -> None:
 
 
 def test_enough_devices_goes_back_to_the_state_before_the_shortfall() -> None:
-    state, _, sent = make()
+    state, clock, sent = make()
     state.set("running")
     state.enough_devices()  # no shortfall: nothing sent
     assert len(sent) == 1
 
-    state.short_of_devices(2, 1, ["d1"], joined=True)
-    state.short_of_devices(2, 1, ["d1"], joined=True)
+    state.short_of_devices(2, 1, ["d1"], joined=True, deadline=clock.now)
+    state.short_of_devices(2, 1, ["d1"], joined=True, deadline=clock.now)
     state.enough_devices()
 
     assert [s.state for s in sent] == ["running", "stalled", "running"]
