@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,24 @@ def kill_after_checkpoint(process: subprocess.Popen[bytes], checkpoint: Path, ro
     process.kill()
     process.wait(timeout=10)
     return int(json.loads(checkpoint.read_text())["round_id"])
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `condition` until it holds: a generous ceiling on an event, not a measurement."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    msg = f"timed out waiting for {what}"
+    raise AssertionError(msg)
+
+
+def dashboard_snapshot(url: str) -> dict[str, Any]:
+    """The snapshot of the dashboard printed as `url` (…/?token=…)."""
+    base, _, token = url.partition("?token=")
+    request = urllib.request.Request(
+        f"{base}api/snapshot", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)  # type: ignore[no-any-return]

@@ -9,13 +9,9 @@ lets go.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import threading
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +25,12 @@ from protocols.messages import CoordinatorStatus
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
-from tests.e2e.conftest import Processes
+from tests.e2e.conftest import Processes, wait_for
+from tests.e2e.conftest import dashboard_snapshot as _snapshot
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 DEVICES = 3
 KILLED = "dev-0002"
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `condition` until it holds; a generous ceiling, not a measurement."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    msg = f"timed out waiting for {what}"
-    raise AssertionError(msg)
-
-
-def _snapshot(url: str) -> dict[str, Any]:
-    base, _, token = url.partition("?token=")
-    request = urllib.request.Request(
-        f"{base}api/snapshot", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)  # type: ignore[no-any-return]
 
 
 def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
@@ -113,15 +90,15 @@ def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
         thread.start()
         for index in range(DEVICES):
             processes.agent(mosquitto.url, index, shards=DEVICES)
-        _wait_for(lambda: bool(page_url()) or bool(outcome), 60, "the dashboard's address")
+        wait_for(lambda: bool(page_url()) or bool(outcome), 60, "the dashboard's address")
         with chromium_page() as page:
             page.goto(page_url())
-            _wait_for(lambda: reached.is_set() or bool(outcome), 240, "round 1")
+            wait_for(lambda: reached.is_set() or bool(outcome), 240, "round 1")
             # Execute: an agent dies without a word while round 1 is held
             processes.running[KILLED].send_signal(signal.SIGKILL)
             held.set()
             # Assert: the status waits for it by name, and so does the page
-            _wait_for(lambda: seen("waiting", naming=KILLED) or bool(outcome), 120, "waiting")
+            wait_for(lambda: seen("waiting", naming=KILLED) or bool(outcome), 120, "waiting")
             assert not outcome, outcome
             page.wait_for_function(
                 "() => document.querySelector('#run-state').textContent === 'waiting'",
@@ -130,7 +107,7 @@ def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
             assert KILLED in page.locator("#banner").inner_text()
             # Execute: the device comes back
             processes.agent(mosquitto.url, 2, shards=DEVICES)
-            _wait_for(lambda: bool(outcome), 300, "serve's end")
+            wait_for(lambda: bool(outcome), 300, "serve's end")
     finally:
         held.set()
         thread.join(60.0)
