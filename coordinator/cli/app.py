@@ -27,12 +27,12 @@ from coordinator.run.compare import (
     plan_runs,
     run_comparison,
 )
-from coordinator.run.serve import ServeResult, run_serve, until_interrupted
+from coordinator.run.serve import ServeResult, run_serve
 from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import SimulationResult, run_simulation
 from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
-from protocols.program_options import exit_with_error
+from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.settings_options import settings_options
 
 app = typer.Typer(
@@ -150,7 +150,7 @@ def serve(
         _print_summary(result)
         shown.append(result)
         console.print("the run is over; the dashboard stays up until you press Ctrl-C")
-        until_interrupted()
+        wait_for_interrupt()
 
     try:
         settings = ServeSettings.load(config, **flags)

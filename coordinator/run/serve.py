@@ -320,15 +320,6 @@ def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Noti
     coordinator.run_state.enough_devices()
 
 
-def until_interrupted() -> None:
-    """Return once the operator presses Ctrl-C (SIGINT)."""
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        return
-
-
 @contextmanager
 def stops_said(coordinator: Coordinator) -> Iterator[None]:
     """A run ended by Ctrl-C or an error says so in its status (`stopped`, with the reason)."""
