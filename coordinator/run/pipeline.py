@@ -236,7 +236,11 @@ def out_of_budget(coordinator: Coordinator) -> bool:
         logger.warning("round %d: %s; going on (on budget: warn)", coordinator.round_id + 1, reason)
         return False
     logger.warning("stopping after round %d: %s", coordinator.round_id, reason)
-    coordinator.run_state.stopping(f"stopped after round {coordinator.round_id}: {reason}")
+    spent, budget = privacy.epsilon, privacy.settings.target_epsilon or 0.0
+    coordinator.run_state.stopping(
+        f"stopped after round {coordinator.round_id} of {coordinator.settings.rounds}: another "
+        f"round would pass the privacy budget (epsilon {spent:.2f} of {budget:.2f} spent)"
+    )
     return True
 
 

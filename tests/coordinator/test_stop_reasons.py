@@ -33,8 +33,10 @@ def test_a_run_stopped_by_its_budget_says_so_and_a_full_run_has_no_stop_reason(
     # Assert: one round ran; the summary says why the second did not
     assert "stop_reason" not in full
     assert [r["round_id"] for r in kept] == [1]
-    assert stopped["stop_reason"].startswith("stopped after round 1: ")
-    assert "budget" in stopped["stop_reason"]
+    assert stopped["stop_reason"] == (
+        "stopped after round 1 of 2: another round would pass the privacy budget "
+        f"(epsilon {first:.2f} of {budget:.2f} spent)"
+    )
 
 
 def test_every_round_line_records_when_it_finished(tmp_path: Path) -> None:
