@@ -7,13 +7,16 @@ broker-published last-will), well inside any liveness window.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +26,6 @@ from coordinator.run.settings import ServeSettings
 from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
 from tests.e2e.conftest import Processes
-from tests.e2e.conftest import dashboard_snapshot as _snapshot
-from tests.e2e.conftest import wait_for as _wait_for
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(420)]
 DEVICES = 3
@@ -109,6 +110,26 @@ def live_run(
             hold.set()
     for thread in threads:
         thread.join(60.0)
+
+
+def _snapshot(url: str) -> dict[str, Any]:
+    """The snapshot of the dashboard serve printed as `url` (…/?token=…)."""
+    base, _, token = url.partition("?token=")
+    request = urllib.request.Request(
+        f"{base}api/snapshot", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)  # type: ignore[no-any-return]
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    msg = f"timed out waiting for {what}"
+    raise AssertionError(msg)
 
 
 def test_serve_dashboard_data_follows_rounds_and_a_killed_agent_goes_offline(

@@ -26,7 +26,7 @@ from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
 from tests.e2e.browser import chromium_page
 from tests.e2e.conftest import Processes, wait_for
-from tests.e2e.conftest import dashboard_snapshot as _snapshot
+from tests.e2e.test_dashboard_session import dashboard_get
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(600)]
 DEVICES = 3
@@ -73,7 +73,7 @@ def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
             held.wait(120.0)
 
     def linger(result: ServeResult) -> None:  # the run is over; its dashboard is still up
-        lingered.append(_snapshot(page_url()))
+        lingered.append(dashboard_get(page_url(), "api/snapshot"))
 
     def serve() -> None:
         try:
@@ -90,15 +90,15 @@ def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
         thread.start()
         for index in range(DEVICES):
             processes.agent(mosquitto.url, index, shards=DEVICES)
-        wait_for(lambda: bool(page_url()) or bool(outcome), 60, "the dashboard's address")
+        wait_for(lambda: bool(page_url()) or bool(outcome), "the dashboard's address", 60)
         with chromium_page() as page:
             page.goto(page_url())
-            wait_for(lambda: reached.is_set() or bool(outcome), 240, "round 1")
+            wait_for(lambda: reached.is_set() or bool(outcome), "round 1", 240)
             # Execute: an agent dies without a word while round 1 is held
             processes.running[KILLED].send_signal(signal.SIGKILL)
             held.set()
             # Assert: the status waits for it by name, and so does the page
-            wait_for(lambda: seen("waiting", naming=KILLED) or bool(outcome), 120, "waiting")
+            wait_for(lambda: seen("waiting", naming=KILLED) or bool(outcome), "waiting", 120)
             assert not outcome, outcome
             page.wait_for_function(
                 "() => document.querySelector('#run-state').textContent === 'waiting'",
@@ -107,7 +107,7 @@ def test_a_killed_agent_shows_as_waiting_then_the_run_finishes(
             assert KILLED in page.locator("#banner").inner_text()
             # Execute: the device comes back
             processes.agent(mosquitto.url, 2, shards=DEVICES)
-            wait_for(lambda: bool(outcome), 300, "serve's end")
+            wait_for(lambda: bool(outcome), "serve's end", 300)
     finally:
         held.set()
         thread.join(60.0)
