@@ -151,16 +151,46 @@ class DeviceStatus(Message):
     detail: str = Field(default="", max_length=1024)
 
 
+MAX_STATUS_EVENTS = 20
+"""Events a coordinator status carries (the latest): what an operator should notice lately."""
+MAX_LISTED_MISSING = 100
+"""Missing devices a coordinator status names (the first by id); `missing_count` counts all."""
+
+
+class RunEvent(WireModel):
+    """Something the coordinator wants an operator to notice: a stall, a failed round, a stop."""
+
+    at: float
+    """When it happened (epoch seconds)."""
+    level: Literal["info", "warn", "error"] = "info"
+    text: str = Field(max_length=1024)
+
+
 class CoordinatorStatus(Message):
-    """The coordinator's liveness and progress; retained, with an "offline" last-will."""
+    """The coordinator's liveness and progress; retained, with an "offline" last-will.
+
+    `waiting`: a round waits for the devices in `missing` until `deadline`. `stalled`: nothing
+    has arrived for a while (half the round timeout) although devices are missing, or the run
+    waits for devices to come back; `reason` says which. `stopped`: the run ended early, `reason`
+    says why (privacy budget spent, interrupted, every round skipped, an error).
+    """
 
     kind: Literal["coordinator-status"] = "coordinator-status"
-    state: Literal["online", "running", "finished", "offline"]
+    state: Literal["online", "running", "waiting", "stalled", "finished", "stopped", "offline"]
     fleet: DeviceId
     task: str = Field(default="", max_length=256)
     algorithm: str = Field(default="", max_length=64)
     round_id: NonNegativeInt | None = None
     rounds: NonNegativeInt | None = None
+    missing: tuple[DeviceId, ...] = Field(default=(), max_length=MAX_LISTED_MISSING)
+    """Waiting or stalled: devices asked that have neither answered nor declined (first by id)."""
+    missing_count: NonNegativeInt = 0
+    """How many devices are missing in all (`missing` names at most MAX_LISTED_MISSING)."""
+    deadline: float | None = None
+    """Waiting or stalled in a round: when the round stops waiting (epoch seconds)."""
+    reason: str = Field(default="", max_length=1024)
+    events: tuple[RunEvent, ...] = Field(default=(), max_length=MAX_STATUS_EVENTS)
+    """The latest events, oldest first."""
 
 
 class FleetDevice(WireModel):
@@ -186,6 +216,12 @@ class FleetDevice(WireModel):
     declines: NonNegativeInt = 0
     """Rounds it declined (not eligible: battery, memory, network); the last reason below."""
     last_decline: str = Field(default="", max_length=1024)
+    bytes_up: NonNegativeInt = 0
+    """Payload bytes received from this device during the run."""
+    bytes_down: NonNegativeInt = 0
+    """Payload bytes sent for this device: the models it downloads, a share of each broadcast."""
+    round_seconds: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] | None = None
+    """From the last training announcement to its update (None: no update yet): stragglers."""
 
 
 class FleetStatus(Message):
@@ -220,6 +256,8 @@ class RoundSummary(WireModel):
     bytes_up: NonNegativeInt = 0
     bytes_down: NonNegativeInt = 0
     wall_seconds: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] = 0.0
+    finished_at: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] | None = None
+    """When the round ended (epoch seconds): a clock-time axis (None: not recorded)."""
     scalars: Scalars = Field(default_factory=dict)
     evaluation: dict[str, BoundedFloat | None] | None = Field(default=None, max_length=64)
 

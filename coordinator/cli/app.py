@@ -35,7 +35,7 @@ from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import SimulationResult, run_simulation
 from protocols.algorithms import algorithm_names
 from protocols.errors import PflError
-from protocols.program_options import exit_with_error
+from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.settings_options import settings_options
 
 app = typer.Typer(
@@ -77,6 +77,7 @@ def _run_shown(
     load: Callable[[], Settings],
     run: Callable[[Settings, Callable[[RoundRecord], None]], SimulationResult | ServeResult],
     on_interrupt: Callable[[Settings], str] | None = None,
+    summary_shown: Callable[[], bool] = lambda: False,
 ) -> None:
     """Load the settings, run with a progress bar, then print the summary; errors exit.
 
@@ -94,7 +95,8 @@ def _run_shown(
             raise
         console.print(on_interrupt(settings), soft_wrap=True)
         raise typer.Exit(130) from None
-    _print_summary(result)
+    if not summary_shown():  # a run that lingered printed it before waiting
+        _print_summary(result)
     exit_if_all_skipped(console, result.records)
 
 
@@ -170,13 +172,22 @@ def serve(
 
     Every flag can also be set as a PFL_<NAME> environment variable or in the --config file.
     """
+    shown: list[ServeResult] = []
+
+    def linger(result: ServeResult) -> None:  # with --dashboard: the page outlives the run
+        _print_summary(result)
+        shown.append(result)
+        console.print("the run is over; the dashboard stays up until you press Ctrl-C")
+        wait_for_interrupt()
+
     _run_shown(
         verbose,
         lambda: ServeSettings.load(config, **flags),
         lambda settings, advance: run_serve(
-            settings, on_round=advance, notify=lambda text: console.print(text)
+            settings, advance, lambda text: console.print(text), linger=linger
         ),
         on_interrupt=lambda settings: interrupted_line(settings.checkpoint_dir, sys.argv[1:]),
+        summary_shown=lambda: bool(shown),
     )
 
 

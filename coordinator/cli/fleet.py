@@ -29,7 +29,7 @@ from coordinator.ops.provision import provision as provision_fleet
 from coordinator.ops.status import collect_fleet_view
 from protocols.access import DEFAULT_MAX_UPLOAD_BYTES
 from protocols.errors import PflError
-from protocols.messages import ExportArguments
+from protocols.messages import CoordinatorStatus, ExportArguments
 from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.program_settings import BrokerAccess
 from protocols.settings_errors import SettingsError, describe_settings_error
@@ -90,6 +90,8 @@ def status(
             row["detail"],
         )
     Console().print(table)
+    if coordinator is not None and (coordinator.reason or coordinator.missing_count):
+        Console().print(_run_state_line(coordinator), markup=False)
     if view.rows_left_out():
         Console().print(f"{view.rows_left_out()} more device(s) not shown")
     if view.refused:
@@ -217,6 +219,18 @@ def provision(
         console.print(
             f"  before starting mosquitto: {escape(result.chown_command)}", soft_wrap=True
         )
+
+
+def _run_state_line(status: CoordinatorStatus) -> str:
+    """Why the coordinator waits, stalled or stopped, and whom it misses."""
+    parts = [status.reason] if status.reason else []
+    if status.missing_count:
+        more = status.missing_count - len(status.missing)
+        tail = f" and {more} more" if more else ""
+        parts.append(f"missing: {', '.join(status.missing)}{tail}")
+    if status.deadline is not None:
+        parts.append(f"until {datetime.fromtimestamp(status.deadline).strftime('%H:%M:%S')}")
+    return f"{status.state}: " + "; ".join(parts)
 
 
 def _online_cell(online: bool, flapping: bool) -> str:

@@ -62,6 +62,7 @@ def round_summary(record: Mapping[str, Any]) -> RoundSummary:
         bytes_up=record.get("bytes_up", 0),
         bytes_down=record.get("bytes_down", 0),
         wall_seconds=record.get("wall_seconds", 0.0),
+        finished_at=record.get("finished_at"),
         scalars={k: v for k, v in record.get("scalars", {}).items() if math.isfinite(v)},
         evaluation=None if evaluation is None else dict(evaluation),
     )
@@ -112,10 +113,10 @@ class RunHistoryLog:
 def publish_round(
     coordinator: Coordinator,
     history: RunHistoryLog,
-    record: RoundRecord,
+    record: RoundRecord | Mapping[str, Any],
     evaluated: Iterable[EvaluationReport],
 ) -> None:
-    """Add a finished round and the evaluations made after it, then retain the history."""
+    """Add a finished round (or its metrics.jsonl line) and its evaluations; retain the history."""
     history.add_round(record)
     history.add_evaluations(evaluated)
     publish_history(coordinator, history)

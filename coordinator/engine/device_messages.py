@@ -120,6 +120,7 @@ class DeviceIntake:
         def guarded(topic: str, payload: bytes) -> None:
             self.parts.traffic.bytes_up += len(payload)
             sender = sender_of(topic)
+            self.parts.registry.count_up(sender, len(payload))
             if self._quarantined(sender):
                 self._drop(sender, topic, "quarantined for the rest of the round")
                 return
@@ -232,6 +233,7 @@ class DeviceIntake:
             topics.relay(self.host.settings.fleet, request.device_id), frame
         )
         self.parts.traffic.bytes_down += len(frame)
+        self.parts.registry.count_down({request.device_id: len(frame)})
 
     def _on_evaluation(self, topic: str, payload: bytes) -> None:
         report, _ = device_message(topic, payload, EvaluationReport)

@@ -81,17 +81,18 @@ class ModelPublisher:
         """`device_id` (re)started: assume it holds nothing."""
         self._held.pop(device_id, None)
 
-    def download_bytes(self, devices: Iterable[str]) -> int:
-        """The bytes `devices` download to work on the current model: nothing, delta or whole."""
-        total = 0
+    def downloads(self, devices: Iterable[str]) -> dict[str, int]:
+        """The bytes each of `devices` downloads to work on the current model: 0, delta or whole."""
+        sizes = {}
         for device_id in devices:
             held = self._held.get(device_id)
             if held == self.sha:
+                sizes[device_id] = 0
                 continue
             use_delta = held is not None and held == self.delta_base
             topic = topics.model_delta(self.fleet) if use_delta else topics.shared_model(self.fleet)
-            total += len(self._frames.get(topic, b""))
-        return total
+            sizes[device_id] = len(self._frames.get(topic, b""))
+        return sizes
 
     def _delta_from_published(
         self, model: Mapping[str, torch.Tensor]

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
-from coordinator.engine.registry import FleetRegistry
+from coordinator.engine.registry import DeviceUsage, FleetRegistry
 from protocols import topics
 from protocols.messages import Eligibility, FleetDevice, FleetStatus
 from protocols.offences import Offences
@@ -27,6 +27,8 @@ def fleet_status(
 ) -> FleetStatus:
     """The registry's view with each device's dropped messages, quarantine and flapping."""
     dropped = offences.counts()
+    usage = registry.usage()
+    none = DeviceUsage()
     devices = tuple(
         FleetDevice(
             device_id=r.device_id,
@@ -44,6 +46,9 @@ def fleet_status(
             rounds_taken=r.rounds_taken,
             declines=r.declines,
             last_decline=r.last_decline,
+            bytes_up=usage.get(r.device_id, none).bytes_up,
+            bytes_down=usage.get(r.device_id, none).bytes_down,
+            round_seconds=usage.get(r.device_id, none).round_seconds,
         )
         for r in registry.records()
     )

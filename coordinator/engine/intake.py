@@ -61,6 +61,11 @@ class Collector(Generic[Answer]):
         """Whether an answer from `device_id` for `round_id` belongs here (not stale)."""
         return round_id == self.round_id
 
+    def outstanding(self, online: AbstractSet[str]) -> set[str]:
+        """The asked devices in `online` that have neither answered nor declined."""
+        with self._lock:
+            return (self.expected & online) - self.answers.keys() - self.declined
+
     def complete(self) -> bool:
         """Every asked device answered."""
         with self._lock:

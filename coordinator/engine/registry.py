@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
@@ -28,6 +29,16 @@ class DeviceRecord:
     last_decline: str = ""
 
 
+@dataclass
+class DeviceUsage:
+    """What one device cost and how quickly it answered: for the fleet status's stragglers."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    round_seconds: float | None = None
+    """From the last training announcement to this device's update for it."""
+
+
 class FleetRegistry:
     """Thread-safe: transport handlers write, the round engine reads.
 
@@ -41,6 +52,8 @@ class FleetRegistry:
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceRecord] = {}
         self._online: frozenset[str] = frozenset()  # kept as records change: read per message
+        self._usage: dict[str, DeviceUsage] = {}
+        self._asked: tuple[int, float] = (-1, 0.0)  # the last training round announced, when
 
     def on_hello(self, hello: DeviceHello) -> bool:
         """A device (re)joined: it is online and eligible from the next round on.
@@ -107,12 +120,43 @@ class FleetRegistry:
                         taken_round=round_id,
                     )
                 )
+                if round_id == self._asked[0]:
+                    usage = self._usage.setdefault(device_id, DeviceUsage())
+                    usage.round_seconds = max(0.0, time.time() - self._asked[1])
 
     def _loss(self, reported: float | None, previous: float | None) -> float | None:
         """The loss to record: the one reported, else the one before (None: not kept)."""
         if not self.keeps_losses:
             return None
         return reported if reported is not None else previous
+
+    def asked(self, round_id: int) -> None:
+        """Training round `round_id` was announced now: answers to it time from here."""
+        with self._lock:
+            self._asked = (round_id, time.time())
+
+    def count_up(self, device_id: str, size: int) -> None:
+        """`size` payload bytes arrived from `device_id` (counted only for a known device)."""
+        with self._lock:
+            if device_id in self._devices:
+                self._usage.setdefault(device_id, DeviceUsage()).bytes_up += size
+
+    def count_down(self, sizes: Mapping[str, int]) -> int:
+        """Payload bytes sent for each device (its downloads; known devices): their total."""
+        with self._lock:
+            for device_id, size in sizes.items():
+                if device_id in self._devices:
+                    self._usage.setdefault(device_id, DeviceUsage()).bytes_down += size
+        return sum(sizes.values())
+
+    def count_broadcast(self, size: int) -> int:
+        """A broadcast of `size` bytes, which each device online now receives: their total."""
+        return self.count_down(dict.fromkeys(self._online, size))
+
+    def usage(self) -> dict[str, DeviceUsage]:
+        """Each device's bytes and round time so far (copies)."""
+        with self._lock:
+            return {d: replace(u) for d, u in self._usage.items()}
 
     def knows(self, device_id: str) -> bool:
         """Whether the device ever said hello."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,13 @@ class RoundRecord:
         if self.sim_seconds is None:
             del document["sim_seconds"]
         return document
+
+    def line(self) -> dict[str, Any]:
+        """The metrics.jsonl line: `as_json` with `finished_at`, now (epoch seconds).
+
+        Kept out of the record itself, so two runs' records compare equal where they agree.
+        """
+        return {**self.as_json(), "finished_at": time.time()}
 
 
 def coordinator_will(fleet: str) -> Will:

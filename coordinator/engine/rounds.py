@@ -25,6 +25,7 @@ from coordinator.engine.once import OnceEach
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.run_state import RunState
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.aggregate_guard import guarded_aggregate
 from coordinator.stages.base import Collected, RoundStage, Skipped, StageChain
@@ -115,7 +116,7 @@ class Coordinator:
         self.last_fleet_status: FleetStatus | None = None
         self.last_scalars: dict[str, float] = {}
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
-        self._state = "online"
+        self.run_state = RunState(self._send_status)
         self._announcement: bytes | None = None
         self._specs = describe_tensors(self.shared)
         self._build_model = build_model
@@ -187,24 +188,25 @@ class Coordinator:
 
     def republish(self) -> None:
         """After a reconnect: a restarted broker lost the retained status, model and round."""
-        self.publish_status(self._state)
+        fleet = self.settings.fleet
+        self.run_state.republish()
         self.publish_model()
         if self._announcement is not None:
-            self._broadcast(
-                topics.round_announcement(self.settings.fleet), self._announcement, retain=True
-            )
-        self._broadcast(topics.command(self.settings.fleet), encode_frame(Command(action="hello")))
+            self._broadcast(topics.round_announcement(fleet), self._announcement, retain=True)
+        self._broadcast(topics.command(fleet), encode_frame(Command(action="hello")))
 
     def publish_status(self, state: str) -> None:
-        """Retained coordinator liveness and progress."""
-        self._state = state
+        """Retained coordinator liveness and progress (waits and stops: `run_state`)."""
+        self.run_state.set(state)
+
+    def _send_status(self, **fields: Any) -> None:
         status = CoordinatorStatus(
-            state=state,  # type: ignore[arg-type]
             fleet=self.settings.fleet,
             task=self.settings.task,
             algorithm=self.strategy.name,
             round_id=self.round_id,
             rounds=self.settings.rounds,
+            **fields,
         )
         self.transport.publish(
             topics.coordinator_status(self.settings.fleet), encode_frame(status), retain=True
@@ -351,8 +353,9 @@ class Coordinator:
 
     def wait_for_answers(self, collector: Collector[Any]) -> bool:
         """Wait until `collector` settles or the round's deadline: whether it settled."""
-        online = self.registry.online_ids
-        return self.silent.wait(self.transport, collector, online, self.settings.round_timeout_s)
+        online, timeout_s = self.registry.online_ids, self.settings.round_timeout_s
+        with self.run_state.waiting(lambda: collector.outstanding(online()), timeout_s) as watch:
+            return self.silent.wait(watch.transport(self.transport), collector, online, timeout_s)
 
     def hold(self, device_id: str, reason: str) -> None:
         """Quarantine a device for the rest of the round."""
@@ -444,8 +447,10 @@ class Coordinator:
             topics.round_announcement(self.settings.fleet), self._announcement, retain=True
         )
         asked = selected or self.registry.online_ids()
-        self.traffic.bytes_down += self.models.download_bytes(asked)
+        self.traffic.bytes_down += self.registry.count_down(self.models.downloads(asked))
+        if phase == "train":
+            self.registry.asked(round_id)
 
     def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.transport.publish(topic, payload, retain=retain)
-        self.traffic.bytes_down += len(payload) * self.registry.online_count()
+        self.traffic.bytes_down += self.registry.count_broadcast(len(payload))

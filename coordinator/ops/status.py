@@ -112,6 +112,9 @@ class FleetView:
                     "rounds_taken": known.rounds_taken if known else 0,
                     "declines": known.declines if known else 0,
                     "last_decline": known.last_decline if known else "",
+                    "bytes_up": known.bytes_up if known else None,
+                    "bytes_down": known.bytes_down if known else None,
+                    "round_seconds": known.round_seconds if known else None,
                     "memory_plan": known.memory_plan.model_dump(mode="json")
                     if known and known.memory_plan
                     else None,

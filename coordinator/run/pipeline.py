@@ -19,6 +19,7 @@ from torch import nn
 from coordinator.engine.metrics import personalization_effect
 from coordinator.engine.registry import FleetRegistry
 from coordinator.engine.rounds import Coordinator, RoundRecord
+from coordinator.engine.run_state import all_skipped
 from coordinator.run.settings import RunSettings
 from coordinator.run.summary import RunSummary
 from coordinator.scheduling.asynchronous import BufferedRounds
@@ -228,7 +229,7 @@ def drive_rounds(
             records[-1].evaluation = evaluation
     if scheduler is not None:
         scheduler.close()
-    coordinator.publish_status("finished")
+    coordinator.run_state.finish(all_skipped(records))
     return records, reports
 
 
@@ -244,6 +245,11 @@ def out_of_budget(coordinator: Coordinator) -> bool:
         logger.warning("round %d: %s; going on (on budget: warn)", coordinator.round_id + 1, reason)
         return False
     logger.warning("stopping after round %d: %s", coordinator.round_id, reason)
+    spent, budget = privacy.epsilon, privacy.settings.target_epsilon or 0.0
+    coordinator.run_state.stopping(
+        f"stopped after round {coordinator.round_id} of {coordinator.settings.rounds}: another "
+        f"round would pass the privacy budget (epsilon {spent:.2f} of {budget:.2f} spent)"
+    )
     return True
 
 
@@ -282,4 +288,5 @@ def summarize_run(
         rejected_messages=coordinator.rejected,
         config=config.model_dump(mode="json"),
         privacy=None if privacy is None else privacy.report(),
+        stop_reason=coordinator.run_state.stop_reason or None,
     )

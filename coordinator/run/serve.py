@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,7 +35,7 @@ from coordinator.run.settings import ServeSettings
 from coordinator.scheduling.asynchronous import BufferedRounds
 from coordinator.stages.privacy import privacy_engine
 from pfl_tasks.registry import load_task
-from protocols.errors import RoundError
+from protocols.errors import PflError, RoundError
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
 from protocols.start_line import start_line
@@ -78,11 +78,16 @@ ServeResult = RunResult
 
 
 def run_serve(
-    settings: ServeSettings, on_round: RoundCallback | None = None, notify: Notify | None = None
+    settings: ServeSettings,
+    on_round: RoundCallback | None = None,
+    notify: Notify | None = None,
+    linger: Callable[[ServeResult], None] | None = None,
 ) -> ServeResult:
     """Coordinate a whole federated run with real devices, resuming from a checkpoint if asked.
 
     `notify` receives one-line milestones (broker URL, waiting, retries) for a CLI to show.
+    With a dashboard, `linger` is called once the run is over, the page still up (it shows the
+    end of the run until `linger` returns: e.g. until the operator presses Ctrl-C).
 
     Raises:
         ValueError: an unknown task, algorithm or option, or a checkpoint of another run.
@@ -139,7 +144,12 @@ def run_serve(
                 coordinator = build_coordinator(
                     lambda: engine_transport, stages, workspace, engine, task, privacy, offences
                 )
-                return _serve(coordinator, stages, settings, on_round, say)
+                with stops_said(coordinator):
+                    result = _serve(coordinator, stages, settings, on_round, say)
+                if linger is not None and board_settings is not None:
+                    transport.close()  # the run's MQTT session ends; its page stays up
+                    linger(result)
+                return result
         finally:
             transport.close()
     finally:
@@ -180,8 +190,9 @@ def _serve(
         return _run_round_with_retries(coordinator, settings, say, run)
 
     def after_round(record: RoundRecord, evaluated: Sequence[EvaluationReport]) -> None:
-        recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
-        publish_round(coordinator, history, record, evaluated)
+        line = record.line()
+        recorder.record_round(line, evaluated, coordinator.last_fleet_status)
+        publish_round(coordinator, history, line, evaluated)
         save_checkpoint(settings.checkpoint_dir, coordinator, run_settings)
         say(round_line(record, stages.total_rounds))
         if on_round is not None:
@@ -268,6 +279,14 @@ def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Noti
     deadline = time.monotonic() + settings.join_timeout
     while coordinator.registry.online_count() < settings.min_devices:
         left = deadline - time.monotonic()
+        missing = [r.device_id for r in coordinator.registry.records() if not r.online and r.hello]
+        coordinator.run_state.short_of_devices(
+            settings.min_devices,
+            coordinator.registry.online_count(),
+            missing,
+            joined=coordinator.round_id > 0,
+            deadline=time.time() + max(0.0, left),
+        )
         if left <= 0:
             msg = (
                 f"only {coordinator.registry.online_count()} of {settings.min_devices} devices "
@@ -276,6 +295,20 @@ def _wait_for_fleet(coordinator: Coordinator, settings: ServeSettings, say: Noti
             raise RoundError(msg, round_id=coordinator.round_id + 1)
         say(waiting_line(coordinator, settings.min_devices, left))
         coordinator.wait_for_devices(settings.min_devices, min(WAIT_PROGRESS_S, left))
+    coordinator.run_state.enough_devices()
+
+
+@contextmanager
+def stops_said(coordinator: Coordinator) -> Iterator[None]:
+    """A run ended by Ctrl-C or an error says so in its status (`stopped`, with the reason)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        coordinator.run_state.stop(f"interrupted (Ctrl-C) after round {coordinator.round_id}")
+        raise
+    except PflError as error:
+        coordinator.run_state.stop(f"failed after round {coordinator.round_id}: {error}")
+        raise
 
 
 def waiting_line(coordinator: Coordinator, needed: int, left_s: float) -> str:

@@ -310,9 +310,10 @@ def _run(
         (sent_before, received_before), (sent, received) = moved[-1], devices.settle()
         record.bytes_up, record.bytes_down = sent - sent_before, received - received_before
         moved.append((sent, received))
-        recorder.record_round(record.as_json(), evaluated, coordinator.last_fleet_status)
+        line = record.line()
+        recorder.record_round(line, evaluated, coordinator.last_fleet_status)
         if history is not None:
-            publish_round(coordinator, history, record, evaluated)
+            publish_round(coordinator, history, line, evaluated)
         if on_round is not None:
             on_round(record)
 

@@ -15,10 +15,11 @@ PersonalizationEffect = Mapping[str, float | int]
 """`personalization_effect`'s counts of devices personalization helped and hurt."""
 
 _SIMULATION_ONLY: Final = frozenset(
-    {"stateless", "partition", "alpha", "export", "privacy", "sim_seconds"}
+    {"stateless", "partition", "alpha", "export", "privacy", "sim_seconds", "stop_reason"}
 )
 """Keys summary.json has only when they apply: a simulation's split, `export` only with
---export-dir, `privacy` only under differential privacy, `sim_seconds` on a simulated clock."""
+--export-dir, `privacy` only under differential privacy, `sim_seconds` on a simulated clock,
+`stop_reason` only when the run stopped early."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class RunSummary(Mapping[str, Any]):
     """Under DP: the guarantee the run's released models carry (epsilon at delta, settings)."""
     sim_seconds: float | None = None
     """On a simulated clock: the simulated time the run took."""
+    stop_reason: str | None = None
+    """Why the run stopped early (the privacy budget, every round skipped); None if it did not."""
 
     def as_json(self) -> dict[str, Any]:
         """The summary.json document; a simulation-only key that is None is left out."""
