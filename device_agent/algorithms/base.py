@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, TypeVar
@@ -248,14 +249,38 @@ def full_model_spec(ctx: LocalContext) -> TrainSpec:
     )
 
 
-def whole_model_phases(ctx: LocalContext) -> tuple[BatchPhase, ...]:
-    """FedAvg's one phase: local SGD on every parameter."""
-    return (BatchPhase(full_model_spec(ctx)),)
-
-
 def train_whole_model(ctx: LocalContext, extra_loss: ExtraLoss | None = None) -> LocalResult:
     """One round of local SGD on the whole model; report the shared delta and keep the rest."""
     return round_result(ctx, train_phase(ctx, full_model_spec(ctx), extra_loss))
+
+
+class PhasedUpdate(ABC):
+    """A `BatchableUpdate` whose round is nothing but its phases: `run` trains `batch_phases`.
+
+    So the per-device round and the batched one cannot drift apart.
+    """
+
+    name: ClassVar[str]
+
+    def run(self, ctx: LocalContext) -> LocalResult:
+        """One round: the phases in order, then the shared delta goes up."""
+        return run_phases(ctx, self.batch_phases(ctx))
+
+    @abstractmethod
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """The phases `run` trains, in order."""
+
+    @abstractmethod
+    def personalize(self, ctx: LocalContext) -> None:
+        """Turn `ctx.model` into the model this device would deploy."""
+
+
+class WholeModelUpdate(PhasedUpdate):
+    """FedAvg's round: one phase of local SGD on every parameter from the received model."""
+
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """One phase on the whole model."""
+        return (BatchPhase(full_model_spec(ctx)),)
 
 
 def finetune_personal(ctx: LocalContext, cfg: PartialConfig) -> None:

@@ -7,16 +7,15 @@ from typing import ClassVar
 from device_agent.algorithms.base import (
     BatchPhase,
     LocalContext,
-    LocalResult,
+    PhasedUpdate,
     finetune_personal,
     phase_spec,
     require_config,
-    run_phases,
 )
 from protocols.algorithms import FedAltConfig
 
 
-class FedAltUpdate:
+class FedAltUpdate(PhasedUpdate):
     """Gauss-Seidel local update: v moves with u frozen, then u moves with the new v frozen.
 
     Spec §1.3: v <- v - gamma_v g_v(u, v) for tau_v minibatches (`personal_epochs`, capped at
@@ -27,10 +26,6 @@ class FedAltUpdate:
     """
 
     name: ClassVar[str] = "fedalt"
-
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """One LocalAlt round from the received u and the device's stored v."""
-        return run_phases(ctx, self.batch_phases(ctx))
 
     def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
         """The personal phase, then the shared phase."""

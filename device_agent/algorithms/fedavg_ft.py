@@ -5,31 +5,20 @@ from __future__ import annotations
 from typing import ClassVar
 
 from device_agent.algorithms.base import (
-    BatchPhase,
     LocalContext,
-    LocalResult,
+    WholeModelUpdate,
     phase_spec,
     require_config,
     train_phase,
-    train_whole_model,
-    whole_model_phases,
 )
 from device_agent.training import ModelSlots, at_least_as_good, evaluate, snapshot
 from protocols.algorithms import FedAvgFtConfig
 
 
-class FedAvgFtUpdate:
+class FedAvgFtUpdate(WholeModelUpdate):
     """Trains as FedAvg; `personalize` fine-tunes the global model on the device's train split."""
 
     name: ClassVar[str] = "fedavg-ft"
-
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """One FedAvg round."""
-        return train_whole_model(ctx)
-
-    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
-        """One phase on the whole model (what `run` trains)."""
-        return whole_model_phases(ctx)
 
     def personalize(self, ctx: LocalContext) -> None:
         """Fine-tune every parameter for `finetune_epochs` at `finetune_lr`.

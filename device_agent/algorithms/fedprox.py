@@ -7,22 +7,17 @@ from typing import ClassVar
 from device_agent.algorithms.base import (
     BatchPhase,
     LocalContext,
-    LocalResult,
+    PhasedUpdate,
     full_model_spec,
     require_config,
-    run_phases,
 )
 from protocols.algorithms import FedProxConfig
 
 
-class FedProxUpdate:
+class FedProxUpdate(PhasedUpdate):
     """Local SGD on F_i(w) + mu/2 ||w_shared - w_global||^2 (FedProx, Li et al. 2020, Eq. 2)."""
 
     name: ClassVar[str] = "fedprox"
-
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """Train with the proximal pull toward the received shared parameters."""
-        return run_phases(ctx, self.batch_phases(ctx))
 
     def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
         """One phase on the whole model with the proximal term at mu."""

@@ -7,17 +7,16 @@ from typing import ClassVar
 from device_agent.algorithms.base import (
     BatchPhase,
     LocalContext,
-    LocalResult,
+    PhasedUpdate,
     finetune_personal,
     phase_spec,
     require_config,
-    run_phases,
     trainable_parameters,
 )
 from protocols.algorithms import FedSimConfig
 
 
-class FedSimUpdate:
+class FedSimUpdate(PhasedUpdate):
     """Jacobi local update: each minibatch's one backward pass moves u and v at once.
 
     Spec §1.4: for tau minibatches (`local_epochs`, capped at `max_steps`),
@@ -27,10 +26,6 @@ class FedSimUpdate:
     """
 
     name: ClassVar[str] = "fedsim"
-
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """One LocalSim round from the received u and the device's stored v."""
-        return run_phases(ctx, self.batch_phases(ctx))
 
     def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
         """One phase moving u and v together, each at its own step size."""

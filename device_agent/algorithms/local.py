@@ -4,27 +4,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from device_agent.algorithms.base import (
-    BatchPhase,
-    LocalContext,
-    LocalResult,
-    train_whole_model,
-    whole_model_phases,
-)
+from device_agent.algorithms.base import LocalContext, WholeModelUpdate
 
 
-class LocalOnlyUpdate:
-    """Every tensor is personal, so the shared delta is empty and only scalars go up."""
+class LocalOnlyUpdate(WholeModelUpdate):
+    """Every tensor is personal, so the shared delta is empty and only scalars go up.
+
+    The round is FedAvg's: it keeps training the device's own model.
+    """
 
     name: ClassVar[str] = "local"
-
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """Keep training the device's own model."""
-        return train_whole_model(ctx)
-
-    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
-        """One phase on the whole model (what `run` trains)."""
-        return whole_model_phases(ctx)
 
     def personalize(self, ctx: LocalContext) -> None:
         """The device's own model is the deployed one."""

@@ -1,5 +1,7 @@
 """Self-FL end to end on the gaussian task: run_simulation lands on the closed-form posterior."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -10,12 +12,14 @@ from tests.wiretap import decoded_into
 OBS_VAR = 0.1
 
 
+def _gaussian(algorithm: str, **values: Any) -> SimulationSettings:
+    """A run of `algorithm` on the gaussian task in one process."""
+    return SimulationSettings.load(None, workers=1, task="gaussian", algorithm=algorithm, **values)
+
+
 def _simulate(sigma0_sq: float, n_max: int, rounds: int, rho: float, **options: object):
-    settings = SimulationSettings.load(
-        None,
-        workers=1,
-        task="gaussian",
-        algorithm="selffl",
+    settings = _gaussian(
+        "selffl",
         devices=20,
         rounds=rounds,
         seed=3,
@@ -90,11 +94,8 @@ def test_selffl_converges_to_the_bayes_posterior(
 
 def test_estimated_variances_and_client_sampling_run_clean() -> None:
     # No oracle: round-1 fallbacks, Eq. (13)/(14) estimates, C = 0.5 smoothing; no NaN (oracle 7)
-    settings = SimulationSettings.load(
-        None,
-        workers=1,
-        task="gaussian",
-        algorithm="selffl-aug",
+    settings = _gaussian(
+        "selffl-aug",
         devices=8,
         rounds=8,
         participation=0.5,

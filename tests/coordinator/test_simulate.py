@@ -114,16 +114,7 @@ def test_byte_counts_are_what_the_devices_moved() -> None:
 
 def test_a_thousand_virtual_devices_share_one_model() -> None:
     result = run_simulation(
-        SimulationSettings.load(
-            None,
-            workers=1,
-            task="synthetic",
-            algorithm="fedavg",
-            devices=1000,
-            rounds=1,
-            participation=0.05,
-            seed=0,
-        )
+        _settings(task="synthetic", algorithm="fedavg", devices=1000, rounds=1, participation=0.05)
     )
     workspaces = {id(agent.workspace) for agent in result.agents}
     assert len(workspaces) == 1

@@ -14,7 +14,13 @@ from coordinator.run.settings import ServeSettings
 from protocols.errors import RoundError
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto, free_port, wait_for_port
-from tests.e2e.conftest import CEILING_S, Processes, account_flags, wait_for
+from tests.e2e.conftest import (
+    CEILING_S,
+    Processes,
+    account_flags,
+    serve_settings,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 CAUSE = "probably runs with the same id"
@@ -34,16 +40,9 @@ def test_on_mosquitto_one_agent_gives_up_and_serve_names_the_flapping_id(
 ) -> None:
     monkeypatch.setattr(serve_module, "WAIT_PROGRESS_S", 1.0)
     lines: list[str] = []
-    settings = ServeSettings.load(
-        None,
-        task="digits",
-        algorithm="fedavg",
-        broker=mosquitto.url,
-        rounds=1,
-        min_devices=2,
-        join_timeout=CEILING_S,  # never reached: the wait ends once everything was seen
-        out=tmp_path / "run",
-        checkpoint_dir=tmp_path / "checkpoint",
+    # its join timeout (the test's ceiling) is never reached: the wait ends once all was seen
+    settings = serve_settings(
+        mosquitto.url, tmp_path, task="digits", algorithm="fedavg", rounds=1, min_devices=2
     )
     _two_agents_with_one_id(processes, mosquitto.url)
 

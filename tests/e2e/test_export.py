@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from coordinator.cli.app import app as coord_app
 from coordinator.run.serve import run_serve
-from coordinator.run.settings import ServeSettings
 from device_agent.agent import DeviceAgent
 from device_agent.state_store import DiskStateStore
 from export import read_metadata
@@ -36,7 +35,7 @@ from protocols.messages import (
 )
 from protocols.messages import SharedModel as SharedModelMessage
 from protocols.transport.inprocess import InProcessBroker
-from tests.e2e.conftest import export_offline, export_over_mqtt
+from tests.e2e.conftest import export_offline, export_over_mqtt, serve_settings
 from tests.wiretap import decoded_into
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -81,17 +80,11 @@ def test_export_over_mqtt_then_offline_from_the_state_dir(mosquitto, processes, 
     # Prepare: a short served fedavg-ft run with two agent processes, a wiretap on `#`
     tap = Wiretap(mosquitto.port)
     processes.fleet(mosquitto.url, 2)
-    settings = ServeSettings.load(
-        None,
-        task="digits",
-        algorithm="fedavg-ft",
-        broker=mosquitto.url,
-        rounds=2,
-        min_devices=2,
-        round_timeout=30.0,
-        checkpoint_dir=tmp_path / "checkpoint",
+    run_serve(
+        serve_settings(
+            mosquitto.url, tmp_path, task="digits", algorithm="fedavg-ft", rounds=2, min_devices=2
+        )
     )
-    run_serve(settings)
     out_dir = tmp_path / "exports"
     # Execute: `pfl-coord export` as a process
     exported = export_over_mqtt(mosquitto.url, out_dir, tmp_path)

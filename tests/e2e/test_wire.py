@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 
 from coordinator.engine.rounds import Coordinator, EngineSettings, coordinator_will
 from coordinator.run.serve import run_serve
-from coordinator.run.settings import ServeSettings
 from coordinator.strategies import build_strategy
 from device_agent.capabilities import probe_capabilities
 from pfl_tasks.registry import load_task
@@ -23,6 +22,7 @@ from protocols.codec import decode_frame, encode_frame, pack_tensors
 from protocols.messages import DeviceHello, DeviceStatus, DeviceUpdate, RoundAnnouncement
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
+from tests.e2e.conftest import serve_settings
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(90)]
 FLEET = "default"
@@ -107,16 +107,15 @@ def test_a_wiretap_sees_no_personal_parameter(mosquitto, processes, tmp_path) ->
     tap.subscribe("#", qos=1)
     tap.loop_start()
     processes.fleet(mosquitto.url, 2)
-    settings = ServeSettings.load(
-        None,
+    settings = serve_settings(
+        mosquitto.url,
+        tmp_path,
         task="digits",
         algorithm="fedavg",
         personal=["output.*"],
-        broker=mosquitto.url,
         rounds=2,
         min_devices=2,
         round_timeout=20.0,
-        checkpoint_dir=tmp_path / "checkpoint",
     )
     # Execute
     result = run_serve(settings)
@@ -156,16 +155,15 @@ def test_a_10m_parameter_model_crosses_in_chunks_both_ways(mosquitto, processes,
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         initial = dict(load_task(task_name).build_model(0).state_dict())
-        settings = ServeSettings.load(
-            None,
+        settings = serve_settings(
+            mosquitto.url,
+            tmp_path,
             task=task_name,
             algorithm="fedavg",
             personal=[],
-            broker=mosquitto.url,
             rounds=1,
             min_devices=1,
             round_timeout=60.0,
-            checkpoint_dir=tmp_path / "checkpoint",
         )
         # Execute
         result = run_serve(settings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -36,20 +37,18 @@ def run(tmp_path: Path) -> Iterator[EmbeddedRun]:
 @pytest.fixture
 def connect(run: EmbeddedRun) -> Iterator[Connect]:
     """Connect with `account`'s password (or `password`) and a client id."""
-    opened: list[MqttTransport] = []
+    with ExitStack() as opened:  # closes every transport opened, at teardown
 
-    def open_as(account: str | None, client_id: str, password: str | None = None) -> MqttTransport:
-        base = BrokerSettings(url=run.broker.url, connect_timeout_s=3, max_takeovers=0)
-        settings = base if account is None else run.settings(base, account)
-        if password is not None:
-            settings = settings.model_copy(update={"password": password})
-        transport = MqttTransport(settings, client_id)
-        opened.append(transport)
-        return transport
+        def open_as(
+            account: str | None, client_id: str, password: str | None = None
+        ) -> MqttTransport:
+            base = BrokerSettings(url=run.broker.url, connect_timeout_s=3, max_takeovers=0)
+            settings = base if account is None else run.settings(base, account)
+            if password is not None:
+                settings = settings.model_copy(update={"password": password})
+            return opened.enter_context(MqttTransport(settings, client_id))
 
-    yield open_as
-    for transport in opened:
-        transport.close()
+        yield open_as
 
 
 def test_anonymous_unknown_and_wrong_password_clients_are_refused(connect: Connect) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +42,14 @@ def broker(tmp_path: Path) -> Iterator[ProvisionedBroker]:
 @pytest.fixture
 def connect(broker: ProvisionedBroker) -> Iterator[Callable[..., MqttTransport]]:
     """Connect as the coordinator or a device, with its provisioned password, over TLS."""
-    opened: list[MqttTransport] = []
+    with ExitStack() as opened:  # closes every transport opened, at teardown
 
-    def open_as(user: str, client_id: str | None = None) -> MqttTransport:
-        credential = broker.account(user)
-        transport = MqttTransport(
-            broker.settings(credential.username, credential.password), client_id or f"{user}-test"
-        )
-        opened.append(transport)
-        return transport
+        def open_as(user: str, client_id: str | None = None) -> MqttTransport:
+            credential = broker.account(user)
+            settings = broker.settings(credential.username, credential.password)
+            return opened.enter_context(MqttTransport(settings, client_id or f"{user}-test"))
 
-    yield open_as
-    for transport in opened:
-        transport.close()
+        yield open_as
 
 
 def test_provision_writes_a_consistent_deployment(broker: ProvisionedBroker) -> None:
