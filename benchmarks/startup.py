@@ -5,7 +5,10 @@ plots, ...) load where their feature runs; this measures the path every command 
 interpreters: the cumulative import time `python -X importtime` reports for the CLI module, the
 wall time of `pfl-coord --help`, and which feature-only packages are in `sys.modules` afterwards.
 
-    python -m benchmarks.startup [--repeats 5] [--out docs/benchmarks.md]
+    python -m benchmarks.startup [--repeats 5] [--before-root DIR] [--out docs/benchmarks.md]
+
+`--before-root` is another checkout (e.g. `git worktree add --detach /tmp/before main`): its code
+is measured the same way, alternating run by run with this one's, for a before/after row.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from benchmarks.common import markdown_table, publish_section
 
 MODULE: Final = "coordinator.cli.app"
 FEATURE_ONLY: Final = ("dp_accounting", "scipy", "starlette", "uvicorn", "matplotlib", "sklearn")
-"""Packages only a feature needs (DP accounting, the dashboard, reports); none loads with the CLI."""
+"""Packages only a feature needs (DP accounting, the dashboard, reports): none loads with it."""
 STILL_LOADED: Final = ("torch", "numpy", "cryptography", "amqtt", "paho", "onnx", "onnxruntime")
 """Heavy packages the CLI's import path still loads, reported for the record."""
 MARKER: Final = "<!-- startup -->"
@@ -35,19 +38,36 @@ CUMULATIVE: Final = re.compile(r"import time:\s+\d+ \|\s+(\d+) \| " + re.escape(
 
 def loaded_after_import(statement: str, packages: Sequence[str]) -> list[str]:
     """Which of `packages` a fresh interpreter has in `sys.modules` after running `statement`."""
-    code = f"import json, sys\n{statement}\nprint(json.dumps([p for p in {list(packages)!r} if p in sys.modules]))"
+    wanted = list(packages)
+    report = f"print(json.dumps([p for p in {wanted!r} if p in sys.modules]))"
+    code = f"import json, sys\n{statement}\n{report}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
     return loaded
 
 
-def import_seconds() -> float:
+def code_of(root: Path) -> dict[str, str]:
+    """The environment of a fresh interpreter that imports the checkout at `root`."""
+    return {**os.environ, "PYTHONPATH": str(root.resolve())}
+
+
+def commit_of(root: Path) -> str:
+    """The checkout's commit, for the row's name (with `+` when its work tree has changes)."""
+    git = ["git", "-C", str(root)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    changed = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    return commit.stdout.strip() + ("+" if changed.stdout.strip() else "")
+
+
+def import_seconds(root: Path) -> float:
     """The CLI module's cumulative import time in one fresh interpreter (`-X importtime`)."""
     run = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {MODULE}"],
         capture_output=True,
         text=True,
         check=True,
+        env=code_of(root),
+        cwd=root,
     )
     for line in run.stderr.splitlines():
         found = CUMULATIVE.match(line.rstrip())
@@ -57,51 +77,59 @@ def import_seconds() -> float:
     raise RuntimeError(message)
 
 
-def help_seconds() -> float:
+def help_seconds(root: Path) -> float:
     """Wall time of `pfl-coord --help` (the console script's entry point, in a fresh process)."""
     code = f"import sys; sys.argv[0] = 'pfl-coord'; from {MODULE} import app; app()"
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", code, "--help"], capture_output=True, check=True, env=os.environ
+        [sys.executable, "-c", code, "--help"],
+        capture_output=True,
+        check=True,
+        env=code_of(root),
+        cwd=root,
     )
     return time.perf_counter() - start
 
 
-def measure(repeats: int) -> tuple[float, float]:
-    """Medians of `repeats` alternating runs: import time and `--help` wall time, in seconds."""
-    imports, helps = [], []
+def measure(roots: Sequence[Path], repeats: int) -> list[tuple[float, float]]:
+    """Per checkout, the medians (import time, `--help` wall time; s) of alternating runs."""
+    imports: list[list[float]] = [[] for _ in roots]
+    helps: list[list[float]] = [[] for _ in roots]
     for _ in range(repeats):
-        imports.append(import_seconds())
-        helps.append(help_seconds())
-    return statistics.median(imports), statistics.median(helps)
+        for index, root in enumerate(roots):
+            imports[index].append(import_seconds(root))
+            helps[index].append(help_seconds(root))
+    return [
+        (statistics.median(i), statistics.median(h)) for i, h in zip(imports, helps, strict=True)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Measure, then write the section of `--out`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument(
-        "--before",
-        default=None,
-        help="'IMPORT_S,HELP_S' measured the same way on the code before the change, for the table",
-    )
+    parser.add_argument("--before-root", type=Path, default=None, help="checkout to compare")
     args = parser.parse_args(argv)
-    imported, helped = measure(args.repeats)
-    rows = []
-    if args.before:
-        old_import, old_help = (float(v) for v in args.before.split(","))
-        rows.append(["before (eager imports)", f"{old_import:.2f}", f"{old_help:.2f}"])
-    rows.append(["now", f"{imported:.2f}", f"{helped:.2f}"])
-    absent = [p for p in FEATURE_ONLY if p not in loaded_after_import(f"import {MODULE}", FEATURE_ONLY)]
+    here = Path(__file__).resolve().parent.parent
+    roots = [here] if args.before_root is None else [args.before_root, here]
+    names = [f"{commit_of(root)}" for root in roots]
+    rows = [
+        [name, f"{imported:.2f}", f"{helped:.2f}"]
+        for name, (imported, helped) in zip(names, measure(roots, args.repeats), strict=True)
+    ]
+    loaded = loaded_after_import(f"import {MODULE}", FEATURE_ONLY)
+    absent = [p for p in FEATURE_ONLY if p not in loaded]
     still = loaded_after_import(f"import {MODULE}", STILL_LOADED)
     lines = [
         "## Start-up: importing the CLI",
         "",
-        f"Median of {args.repeats} fresh interpreters each; the machine was shared (other jobs "
-        "running), so compare rows measured together.",
+        f"Median of {args.repeats} fresh interpreters each, alternating between the rows' "
+        "checkouts; 2 shared cores with other jobs running, so only rows measured together "
+        "compare.",
         "",
         *markdown_table(
-            ["code", f"`import {MODULE}`, cumulative (s)", "`pfl-coord --help`, wall (s)"], rows
+            ["commit", f"`import {MODULE}`, cumulative (s)", "`pfl-coord --help`, wall (s)"], rows
         ),
         "",
         f"Not loaded by `import {MODULE}` (checked in `sys.modules`): "
@@ -110,8 +138,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         + ", ".join(f"`{p}`" for p in still)
         + ".",
         "",
-        "Command: `python -m benchmarks.startup` (`--before IMPORT_S,HELP_S` adds the row of an "
-        "earlier checkout measured with the same command).",
+        "Command: `python -m benchmarks.startup --before-root DIR` (DIR: a checkout of the "
+        "code before lazy imports).",
     ]
     publish_section(args.out, MARKER, lines)
 
