@@ -32,6 +32,11 @@ FEATURE_ONLY: Final = ("dp_accounting", "scipy", "starlette", "uvicorn", "matplo
 """Packages only a feature needs (DP accounting, the dashboard, reports): none loads with it."""
 STILL_LOADED: Final = ("torch", "numpy", "cryptography", "amqtt", "paho", "onnx", "onnxruntime")
 """Heavy packages the CLI's import path still loads, reported for the record."""
+DEMO_ARGS: Final = (
+    *("simulate", "--task", "digits", "--algorithm", "fedavg-ft"),
+    *("--devices", "20", "--rounds", "10", "--seed", "0"),
+)
+"""The README's demo: its whole-process time is start-up plus the run."""
 MARKER: Final = "<!-- startup -->"
 CUMULATIVE: Final = re.compile(r"import time:\s+\d+ \|\s+(\d+) \| " + re.escape(MODULE) + r"$")
 
@@ -77,12 +82,12 @@ def import_seconds(root: Path) -> float:
     raise RuntimeError(message)
 
 
-def help_seconds(root: Path) -> float:
-    """Wall time of `pfl-coord --help` (the console script's entry point, in a fresh process)."""
+def help_seconds(root: Path, args: Sequence[str] = ("--help",)) -> float:
+    """Wall time of `pfl-coord ARGS` (the console script's entry point, in a fresh process)."""
     code = f"import sys; sys.argv[0] = 'pfl-coord'; from {MODULE} import app; app()"
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", code, "--help"],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         check=True,
         env=code_of(root),
@@ -91,16 +96,20 @@ def help_seconds(root: Path) -> float:
     return time.perf_counter() - start
 
 
-def measure(roots: Sequence[Path], repeats: int) -> list[tuple[float, float]]:
-    """Per checkout, the medians (import time, `--help` wall time; s) of alternating runs."""
+def measure(roots: Sequence[Path], repeats: int, demos: int) -> list[tuple[float, float, float]]:
+    """Per checkout, the medians (import, `--help`, README demo; s) of alternating runs."""
     imports: list[list[float]] = [[] for _ in roots]
     helps: list[list[float]] = [[] for _ in roots]
-    for _ in range(repeats):
+    runs: list[list[float]] = [[] for _ in roots]
+    for repeat in range(repeats):
         for index, root in enumerate(roots):
             imports[index].append(import_seconds(root))
             helps[index].append(help_seconds(root))
+            if repeat < demos:
+                runs[index].append(help_seconds(root, DEMO_ARGS))
     return [
-        (statistics.median(i), statistics.median(h)) for i, h in zip(imports, helps, strict=True)
+        (statistics.median(i), statistics.median(h), statistics.median(r))
+        for i, h, r in zip(imports, helps, runs, strict=True)
     ]
 
 
@@ -108,15 +117,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Measure, then write the section of `--out`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--demo-repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--before-root", type=Path, default=None, help="checkout to compare")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parent.parent
     roots = [here] if args.before_root is None else [args.before_root, here]
     names = [f"{commit_of(root)}" for root in roots]
+    demos = max(1, min(args.demo_repeats, args.repeats))
     rows = [
-        [name, f"{imported:.2f}", f"{helped:.2f}"]
-        for name, (imported, helped) in zip(names, measure(roots, args.repeats), strict=True)
+        [name, f"{imported:.2f}", f"{helped:.2f}", f"{demo:.2f}"]
+        for name, (imported, helped, demo) in zip(
+            names, measure(roots, args.repeats, demos), strict=True
+        )
     ]
     loaded = loaded_after_import(f"import {MODULE}", FEATURE_ONLY)
     absent = [p for p in FEATURE_ONLY if p not in loaded]
@@ -124,12 +137,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines = [
         "## Start-up: importing the CLI",
         "",
-        f"Median of {args.repeats} fresh interpreters each, alternating between the rows' "
-        "checkouts; 2 shared cores with other jobs running, so only rows measured together "
-        "compare.",
+        f"Median of {args.repeats} fresh interpreters each ({demos} for the README's demo, "
+        f"`pfl-coord {' '.join(DEMO_ARGS)}`), alternating between the rows' checkouts; "
+        "2 shared cores with other jobs running, so only rows measured together compare.",
         "",
         *markdown_table(
-            ["commit", f"`import {MODULE}`, cumulative (s)", "`pfl-coord --help`, wall (s)"], rows
+            [
+                "commit",
+                f"`import {MODULE}`, cumulative (s)",
+                "`pfl-coord --help`, wall (s)",
+                "demo, whole process (s)",
+            ],
+            rows,
         ),
         "",
         f"Not loaded by `import {MODULE}` (checked in `sys.modules`): "
