@@ -33,17 +33,32 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import pld_privacy_accountant as pld
-from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from coordinator.stages.discrete_accountant import RingRound, ring_rdp
 from protocols.privacy import Sampling
 
-RDP_ORDERS = tuple(sorted({*rdp.DEFAULT_RDP_ORDERS, *range(2, 64), 80, 96, 128, 192, 256, 512}))
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant as pld
+
+# dp-accounting (and the scipy it loads, about a second) is imported inside the functions that
+# account: a run without DP imports this module for its records and never loads the library.
+
+LIBRARY_RDP_ORDERS: Final = (
+    *(1 + x / 10.0 for x in range(1, 100)),
+    *range(11, 64),
+    128,
+    256,
+    512,
+    1024,
+)
+"""dp-accounting's DEFAULT_RDP_ORDERS, spelled out so that this module loads without the
+library (a test holds the two equal)."""
+
+RDP_ORDERS = tuple(sorted({*LIBRARY_RDP_ORDERS, *range(2, 64), 80, 96, 128, 192, 256, 512}))
 """The library's Renyi orders (fine below 11, where small sampling rates find their optimum)
 and every integer up to 63 and beyond (exact closed form, where at large sampling rates the
 fractional orders' series do not converge and count as infinite)."""
@@ -83,6 +98,8 @@ class Epsilons:
 
 def relation(sampling: Sampling) -> dp_accounting.NeighboringRelation:
     """The neighbour relation a sampling is accounted under (see the module's docstring)."""
+    import dp_accounting
+
     if sampling == "poisson":
         return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     return dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -90,6 +107,8 @@ def relation(sampling: Sampling) -> dp_accounting.NeighboringRelation:
 
 def round_event(spent: DpRound, sampling: Sampling) -> Any:
     """The round as dp-accounting's RDP accountant takes it."""
+    import dp_accounting
+
     if sampling == "poisson":
         gaussian = dp_accounting.GaussianDpEvent(spent.noise_multiplier)
         return dp_accounting.PoissonSampledDpEvent(_rate(spent), gaussian)
@@ -104,6 +123,8 @@ def pld_event(spent: DpRound, sampling: Sampling) -> Any | None:
     """The round as dp-accounting's PLD accountant takes it (None: it has no such event)."""
     if spent.ring is not None:  # no PLD of a sum of discrete Gaussians: its RDP stands alone
         return None
+    import dp_accounting
+
     gaussian = dp_accounting.GaussianDpEvent(spent.noise_multiplier)
     if sampling == "poisson":
         return dp_accounting.PoissonSampledDpEvent(_rate(spent), gaussian)
@@ -137,6 +158,8 @@ def rdp_epsilon_of(rounds: Sequence[DpRound], sampling: Sampling, delta: float) 
 
 def _grouped(events: Sequence[Any]) -> list[Any]:
     """Equal consecutive events as one self-composed event (the accountants' fast path)."""
+    import dp_accounting
+
     grouped: list[Any] = []
     run_start = 0
     for index in range(1, len(events) + 1):
@@ -166,6 +189,8 @@ def _rdp_of(spent: DpRound, sampling: Sampling) -> np.ndarray:
         if sampling == "poisson":
             return ring_rdp(spent.ring, _rate(spent), 1, RDP_ORDERS)
         return ring_rdp(spent.ring, 1.0, 2, RDP_ORDERS)  # replace-one, not amplified
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     accountant = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation(sampling))
     library = logging.getLogger("absl")
     quiet = _Unconverged()
@@ -185,6 +210,8 @@ class _Composer:
     """
 
     def __init__(self, sampling: Sampling, *, with_pld: bool = True) -> None:
+        from dp_accounting.pld import pld_privacy_accountant as pld
+
         self.sampling = sampling
         self.rounds = 0
         self.noiseless = False
@@ -220,6 +247,8 @@ class _Composer:
             return Epsilons(0.0, 0.0)
         if self.noiseless:
             return Epsilons(math.inf, math.inf)
+        from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
         tight = None if self.pld is None else float(self.pld.get_epsilon(delta))
         return Epsilons(float(rdp.compute_epsilon(RDP_ORDERS, self.rdp, delta)[0]), tight)
 
@@ -346,6 +375,10 @@ def _fleet_epsilons(
     if any(z <= 0 for z, _ in rounds):
         return Epsilons(math.inf, math.inf)
     halved = 1.0 if sampling == "poisson" else 2.0  # replace-one: the sum moves 2C
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant as pld
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     renyi = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation(sampling))
     tight = pld.PLDAccountant(relation(sampling), value_discretization_interval=PLD_INTERVAL)
     for z, count in rounds:

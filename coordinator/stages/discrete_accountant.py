@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant as rdp
-from scipy import optimize, special
 
 from protocols.discrete_gaussian import rounding_bound
 
@@ -91,6 +89,8 @@ def poisson_subsampled(order: int, rate: float, rho: float) -> float:
     if order < 2:
         return math.inf
     log_q, log_p = math.log(rate), math.log1p(-rate)
+    from scipy import special  # imported here: a run without DP never loads scipy
+
     levels = np.arange(3, order + 1, dtype=np.float64)
     log_binomial = (
         special.gammaln(order + 1)
@@ -123,6 +123,8 @@ def ring_noise_for_epsilon(
     For planning: every device answers and the grid is fine enough that the rounding and tau
     vanish (eps = 1/z; on a 32-bit ring they add under 0.1%), so a run spends about this.
     """
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    from scipy import optimize
 
     def excess(z: float) -> float:
         curve = rounds * ring_rdp(RingRound(1.0, z, 1, 0), rate, 1, orders)

@@ -13,10 +13,6 @@ from __future__ import annotations
 import functools
 import math
 
-import dp_accounting
-from dp_accounting.pld import pld_privacy_accountant as pld
-from dp_accounting.rdp import rdp_privacy_accountant as rdp
-
 from coordinator.stages.accountant import PLD_INTERVAL, RDP_ORDERS, DpRound, Epsilons
 from coordinator.stages.ftrl import effective_multiplier, run_sensitivity
 
@@ -28,6 +24,10 @@ def gaussian_epsilons(multiplier: float, delta: float) -> Epsilons:
         return Epsilons(float("inf"), float("inf"))
     if multiplier == float("inf"):
         return Epsilons(0.0, 0.0)
+    import dp_accounting  # imported here, as in `coordinator.stages.accountant`
+    from dp_accounting.pld import pld_privacy_accountant as pld
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
     event = dp_accounting.GaussianDpEvent(multiplier)
     relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     renyi = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation)

@@ -130,3 +130,13 @@ def test_the_clip_estimate_is_the_fraction_within_from_centred_bits() -> None:
     """Noise aside, the coordinator's estimate from the bits devices send is the share within."""
     bits = [bit_sent(n, 1.0) for n in [0.5] * 15 + [3.0] * 5]
     assert within_fraction(sum(bits), len(bits)) == pytest.approx(0.75)
+
+
+def test_the_spelled_out_orders_are_the_library_defaults() -> None:
+    """The accountant loads without dp-accounting, so it spells the library's orders out."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from coordinator.stages.accountant import LIBRARY_RDP_ORDERS, RDP_ORDERS
+
+    assert list(LIBRARY_RDP_ORDERS) == list(rdp.DEFAULT_RDP_ORDERS)
+    assert set(rdp.DEFAULT_RDP_ORDERS) <= set(RDP_ORDERS)
