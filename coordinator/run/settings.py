@@ -175,9 +175,10 @@ class SimulationSettings(RunSettings, PartitionSettings):
         "results do not depend on it",
     )
     batched: Literal["auto", "on", "off"] = Field(
-        "auto",
+        "off",
         description="train each process's devices of a round as one stacked computation: auto "
-        "(where a step is cheap), on, or off; results equal the per-device path's",
+        "(where a step is cheap), on, or off; results equal the per-device path's to float32 "
+        "rounding (off: bit for bit what a real fleet computes)",
     )
     broker: str | None = Field(
         None, description="with --transport mqtt: mqtt:// URL (default: embedded)"
