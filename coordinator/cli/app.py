@@ -177,6 +177,8 @@ def serve(
     def linger(result: ServeResult) -> None:  # with --dashboard: the page outlives the run
         _print_summary(result)
         shown.append(result)
+        if not sys.stdin.isatty():  # a script's serve ends with its run
+            return
         console.print("the run is over; the dashboard stays up until you press Ctrl-C")
         wait_for_interrupt()
 
