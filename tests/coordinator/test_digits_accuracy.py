@@ -8,7 +8,9 @@ from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from tests.run_metrics import fleet_metric
 
-pytestmark = pytest.mark.slow
+# Whole simulations several times over: on a loaded machine they take many times their idle
+# time, so they get a longer hang guard than the suite's 300 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _mean_accuracy(

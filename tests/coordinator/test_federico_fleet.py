@@ -179,6 +179,8 @@ def _sine_mse(algorithm: str, seed: int, **values: object) -> float:
     return fleet_metric(run_simulation(settings).summary)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # four 300-round simulations: many minutes on a loaded machine
 def test_on_sine_federico_beats_local_fedavg_and_itself_without_peers() -> None:
     # Prepare / Execute: the spec's generator (8 devices, 4 pieces, 20 noisy points each),
     # 300 rounds, three seeds; local is SGD trained to convergence (its default settings)
@@ -283,6 +285,7 @@ def test_delta_mode_sends_weighted_deltas_of_local_sgd() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # whole simulations: many minutes on a loaded machine
 def test_defaults_beat_local_training_on_the_documented_sine_benchmark() -> None:
     """The page's sine example (8 devices, 300 rounds, seed 0) at FedeRiCo's and local's defaults.
 

@@ -9,7 +9,9 @@ from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from tests.run_metrics import fleet_metric
 
-pytestmark = pytest.mark.slow
+# Whole simulations several times over: on a loaded machine they take many times their idle
+# time, so they get a longer hang guard than the suite's 300 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 PAPER_STEPS = {"lr": 0.01, "local_steps": 20, "personal_lr": 0.01}

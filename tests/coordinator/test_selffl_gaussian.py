@@ -56,6 +56,7 @@ def _iterate(z, sig, sigma0_sq, rho, rounds) -> tuple[np.ndarray, float, np.ndar
     return personal, glob, steps
 
 
+@pytest.mark.timeout(1200)  # 200-round simulations: minutes on a loaded machine
 @pytest.mark.parametrize(
     ("case", "sigma0_sq", "n_max", "rounds", "rho", "fl_tol", "g_tol"),
     [(1, 0.001, 20, 200, 0.005, 0.01, 0.01), (2, 1.0, 200, 15, 0.05, 0.002, 0.01)],
