@@ -69,15 +69,33 @@ def combine_stats(*phases: TrainStats) -> TrainStats:
 
 
 def minibatches(
-    split: Split, batch_size: int, epochs: int, generator: torch.Generator
+    split: Split,
+    batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    *,
+    min_batch: int = 1,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Shuffled minibatches over `epochs` passes; the last batch of a pass may be smaller."""
+    """Shuffled minibatches over `epochs` passes; the last batch of a pass may be smaller.
+
+    A last batch below `min_batch` joins the one before it (BatchNorm cannot train on one
+    sample); the shuffle is the same either way.
+    """
     count = len(split)
+    starts = list(range(0, count, batch_size))
+    if len(starts) > 1 and count - starts[-1] < min_batch:
+        starts.pop()
+    ends = [*starts[1:], count]
     for _ in range(epochs):
         order = torch.randperm(count, generator=generator)
-        for start in range(0, count, batch_size):
-            index = order[start : start + batch_size]
+        for start, end in zip(starts, ends, strict=True):
+            index = order[start:end]
             yield split.inputs[index], split.targets[index]
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether some layer normalizes by batch statistics in training (needs 2+ samples)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def train(
@@ -122,7 +140,9 @@ def train(
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
     try:
-        for inputs, targets in minibatches(split, spec.batch_size, spec.epochs, generator):
+        least = 2 if has_batch_norm(model) else 1
+        batches = minibatches(split, spec.batch_size, spec.epochs, generator, min_batch=least)
+        for inputs, targets in batches:
             if spec.max_steps is not None and steps >= spec.max_steps:
                 break
             _release_gradients(trainable)

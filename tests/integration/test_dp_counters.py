@@ -1,7 +1,8 @@
-"""Under DP a model's integer tensors (BatchNorm's step counter) do not leave the device.
+"""A model's integer tensors (BatchNorm's step counter) never leave the device, DP or not.
 
 Clipping and noise apply to floating tensors only; `num_batches_tracked` would travel exact and
-give away how many local steps, hence how many samples, the device trained on.
+give away how many local steps, hence how many samples, the device trained on, and a float mean
+of counts is no count. Running statistics leave only when shared (--norm-stats shared).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agents
 
 COUNTER = "norm.num_batches_tracked"
+MEAN = "norm.running_mean"
 DEVICES = ("dev-a", "dev-b", "dev-c")
 
 
@@ -49,8 +51,8 @@ class NormedDigitsTask(DigitsTask):
         )
 
 
-def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
-    """Two rounds of FedAvg on three devices: each update's tensors, the final counter."""
+def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """Two rounds of FedAvg on three devices: each update's tensors, the shared model."""
     broker = InProcessBroker()
     task = NormedDigitsTask()
     settings = SimulationSettings.load(
@@ -83,26 +85,29 @@ def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], torch.Tens
     coordinator.wait_for_devices(len(DEVICES), 1.0)
     coordinator.run_round()
     coordinator.run_round()
-    return updates, coordinator.shared[COUNTER]
+    return updates, dict(coordinator.shared)
 
 
 @pytest.mark.parametrize(
     "run",
     [
+        {},
+        {"norm_stats": "shared"},
         {"dp_noise": 1.0},
+        {"dp_noise": 1.0, "norm_stats": "shared"},
         {"dp_noise": 1.0, "dp_placement": "device", "secagg": True},
+        {"dp_noise": 1.0, "dp_placement": "device", "secagg": True, "norm_stats": "shared"},
     ],
-    ids=["dp", "dp-on-device-under-secagg"],
+    ids=["plain", "shared", "dp", "dp-shared", "dp-device-secagg", "dp-device-secagg-shared"],
 )
-def test_under_dp_the_step_counter_stays_on_the_device(run: dict[str, Any]) -> None:
-    updates, counter = _run(run)
+def test_the_step_counter_is_never_sent_and_stays_the_coordinators(run: dict[str, Any]) -> None:
+    updates, shared = _run(run)
     assert len(updates) == 2 * len(DEVICES)
-    if COUNTER in updates[0]:  # plain updates carry each tensor: the counter's delta is zero
-        assert all(int(u[COUNTER]) == 0 for u in updates)
-    assert int(counter) == 0  # the coordinator keeps its own value
-
-
-def test_without_dp_the_counter_is_federated_as_before() -> None:
-    updates, counter = _run({})
-    assert all(int(u[COUNTER]) > 0 for u in updates)
-    assert int(counter) > 0
+    assert all(COUNTER not in update for update in updates)
+    assert COUNTER not in shared  # no mean of counts exists anywhere
+    averaged = run.get("norm_stats") == "shared"
+    assert (MEAN in shared) == averaged
+    if averaged:  # moved from its initial zeros by the devices' statistics
+        assert float(shared[MEAN].abs().sum()) > 0
+    if "secagg" not in run:  # a masked update is one flat vector, not named tensors
+        assert {MEAN in update for update in updates} == {averaged}
