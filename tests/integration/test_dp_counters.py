@@ -11,24 +11,14 @@ from collections import OrderedDict
 from typing import Any, ClassVar
 
 import pytest
-import torch
 from torch import nn
 
-from coordinator.engine.rounds import EngineSettings
-from coordinator.run.pipeline import build_coordinator, plan_stages
-from coordinator.run.settings import SimulationSettings
-from coordinator.stages.privacy import privacy_engine
 from pfl_tasks.digits import NUM_CLASSES, NUM_PIXELS, DigitsTask
 from pfl_tasks.models import build_seeded
-from protocols import topics
-from protocols.codec import decode_frame, unpack_tensors
-from protocols.messages import DeviceUpdate
-from protocols.transport.inprocess import InProcessBroker
-from tests.hub_fleet import hub_agents
+from tests.normalization.bn_fleet import DEVICES, run_fleet
 
 COUNTER = "norm.num_batches_tracked"
 MEAN = "norm.running_mean"
-DEVICES = ("dev-a", "dev-b", "dev-c")
 
 
 class NormedDigitsTask(DigitsTask):
@@ -51,43 +41,6 @@ class NormedDigitsTask(DigitsTask):
         )
 
 
-def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """Two rounds of FedAvg on three devices: each update's tensors, the shared model."""
-    broker = InProcessBroker()
-    task = NormedDigitsTask()
-    settings = SimulationSettings.load(
-        None,
-        task="digits",
-        algorithm="fedavg",
-        devices=len(DEVICES),
-        rounds=2,
-        batch_size=4096,  # one batch per epoch: BatchNorm needs more than one sample
-        **run,
-    )
-    model = task.build_model(0)
-    coordinator = build_coordinator(
-        lambda: broker.connect("coordinator"),
-        plan_stages(settings, task, model),
-        model,
-        EngineSettings(task=task.name, rounds=2, quorum=1.0),
-        privacy=privacy_engine(settings.privacy(), settings.participation, 0),
-    )
-    updates: list[dict[str, torch.Tensor]] = []
-
-    def spy(topic: str, payload: bytes) -> None:
-        header, blob = decode_frame(payload)
-        assert isinstance(header, DeviceUpdate)
-        updates.append(unpack_tensors(header.manifest, blob))
-
-    broker.connect("spy").subscribe(topics.device_subscription("default", "update"), spy)
-    hub_agents(broker, DEVICES, task=task)
-    coordinator.start()
-    coordinator.wait_for_devices(len(DEVICES), 1.0)
-    coordinator.run_round()
-    coordinator.run_round()
-    return updates, dict(coordinator.shared)
-
-
 @pytest.mark.parametrize(
     "run",
     [
@@ -100,14 +53,15 @@ def _run(run: dict[str, Any]) -> tuple[list[dict[str, torch.Tensor]], dict[str, 
     ],
     ids=["plain", "shared", "dp", "dp-shared", "dp-device-secagg", "dp-device-secagg-shared"],
 )
-def test_the_step_counter_is_never_sent_and_stays_the_coordinators(run: dict[str, Any]) -> None:
-    updates, shared = _run(run)
+def test_the_step_counter_is_never_sent_nor_averaged(run: dict[str, Any]) -> None:
+    fleet = run_fleet(NormedDigitsTask(), batch_size=4096, **run)  # one batch per epoch
+    updates = [update for by_device in fleet.updates for update in by_device.values()]
     assert len(updates) == 2 * len(DEVICES)
     assert all(COUNTER not in update for update in updates)
-    assert COUNTER not in shared  # no mean of counts exists anywhere
+    assert COUNTER not in fleet.shared  # no mean of counts exists anywhere
     averaged = run.get("norm_stats") == "shared"
-    assert (MEAN in shared) == averaged
+    assert (MEAN in fleet.shared) == averaged
     if averaged:  # moved from its initial zeros by the devices' statistics
-        assert float(shared[MEAN].abs().sum()) > 0
+        assert float(fleet.shared[MEAN].abs().sum()) > 0
     if "secagg" not in run:  # a masked update is one flat vector, not named tensors
         assert {MEAN in update for update in updates} == {averaged}
