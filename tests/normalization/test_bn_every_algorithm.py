@@ -50,7 +50,8 @@ def test_a_batch_norm_model_trains_or_is_refused_with_its_reason(
     result = run_simulation(settings, on_round=lambda record: rounds.append(record.round_id))
     assert rounds == [1, 2]
     metrics = result.summary.metrics
-    assert metrics is not None and metrics["personalized_mean"] is not None
+    assert metrics is not None
+    assert metrics["personalized_mean"] is not None
     assert all(math.isfinite(value) for value in metrics.values() if value is not None)
 
 

@@ -35,7 +35,8 @@ def test_statistics_are_personal_by_default_shared_on_request_counters_always_st
     assert len(counters) == 3
     assert set(STATS) <= set(default.personal)
     assert set(STATS) <= set(shared.shared)
-    assert counters <= set(default.personal) and counters <= set(shared.personal)
+    assert counters <= set(default.personal)
+    assert counters <= set(shared.personal)
     assert not counters & set(default.shared + shared.shared)
 
 
@@ -58,7 +59,8 @@ def test_personal_statistics_stay_on_each_device_across_rounds_and_differ() -> N
         assert int(second[device][COUNTER]) == 2 * int(first[device][COUNTER]) > 0
         assert not torch.equal(second[device][STATS[0]], first[device][STATS[0]])
     means = [second[device][STATS[0]] for device in DEVICES]
-    assert not torch.allclose(means[0], means[1]) and not torch.allclose(means[1], means[2])
+    assert not torch.allclose(means[0], means[1])
+    assert not torch.allclose(means[1], means[2])
 
 
 def test_shared_statistics_are_averaged_like_parameters() -> None:
@@ -78,7 +80,8 @@ def test_shared_statistics_are_averaged_like_parameters() -> None:
     assert all(COUNTER not in delta for delta in deltas.values())
     # the devices kept only their counters (and the task's personal head)
     kept = fleet.stores[DEVICES[0]].saved[0]
-    assert COUNTER in kept and not set(STATS) & set(kept)
+    assert COUNTER in kept
+    assert not set(STATS) & set(kept)
 
 
 def test_a_lone_last_sample_joins_the_batch_before_it_for_batch_norm() -> None:
@@ -91,4 +94,5 @@ def test_a_lone_last_sample_joins_the_batch_before_it_for_batch_norm() -> None:
         trainable=tuple(n for n, _ in model.named_parameters()), epochs=2, batch_size=4, lr=0.1
     )
     stats = train(model, TASK, data, spec, torch.Generator().manual_seed(0))
-    assert stats.steps == 4 and stats.samples == 18
+    assert stats.steps == 4
+    assert stats.samples == 18
