@@ -162,6 +162,7 @@ def export_device_model(
             shared=shared,
             heldout=source.data.test,
             quantize=checked,
+            calibration=source.data.train.inputs,  # int8-static: the device's own inputs
         )
     except (PflError, ValueError, TypeError) as error:
         logger.warning("device %s: export failed: %s", source.device_id, error)
