@@ -54,10 +54,9 @@ def _fused(layer: nn.Module | None, norm: nn.Module | None) -> nn.Module | None:
         return None
     if isinstance(layer, CONVOLUTIONS) and layer.out_channels == norm.num_features:
         return fuse_conv_bn_eval(layer, norm)
-    linear = isinstance(layer, nn.Linear) and isinstance(norm, nn.BatchNorm1d)
-    if linear and layer.out_features == norm.num_features:
-        return fuse_linear_bn_eval(layer, norm)
-    return None
+    if not isinstance(layer, nn.Linear) or not isinstance(norm, nn.BatchNorm1d):
+        return None
+    return fuse_linear_bn_eval(layer, norm) if layer.out_features == norm.num_features else None
 
 
 def batch_norm_nodes(model_bytes: bytes) -> int:
