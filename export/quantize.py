@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Literal
 
@@ -55,27 +56,16 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     """The model with int8 weights and dynamically quantized activations (MatMul/Gemm/Conv).
 
     Dynamic quantization needs no calibration data, which a device may not want to spend, and
-    shrinks weights about 4x. onnxruntime's recommended pre-processing (shape inference and
-    graph optimization) runs first. Both tools only work on files, so this round-trips through
-    a private temporary directory.
+    shrinks weights about 4x.
 
     Raises:
         ExportError: onnxruntime's quantizer rejected the model.
     """
-    with tempfile.TemporaryDirectory(prefix="pfl-quantize-") as directory:
-        source = Path(directory) / "fp32.onnx"
-        prepared = Path(directory) / "prepared.onnx"
-        target = Path(directory) / "int8.onnx"
-        source.write_bytes(model_bytes)
-        try:
-            quant_pre_process(str(source), str(prepared))
-            quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8)
-            quantized = onnx.load(str(target))
-        except Exception as error:  # the quantizer raises many unrelated exception types
-            msg = f"int8 dynamic quantization failed: {type(error).__name__}: {error}"
-            raise ExportError(msg) from error
-    logger.debug("quantized %d bytes to %d", len(model_bytes), quantized.ByteSize())
-    return bytes(quantized.SerializeToString())
+
+    def dynamic(prepared: str, target: str) -> None:
+        quantize_dynamic(prepared, target, weight_type=QuantType.QInt8)
+
+    return _through_files(model_bytes, dynamic, "dynamic")
 
 
 class DeviceSamples(CalibrationDataReader):  # type: ignore[misc]
@@ -109,6 +99,29 @@ def quantize_int8_static(model_bytes: bytes, input_name: str, calibration: torch
     if len(calibration) == 0:
         msg = "static int8 quantization needs calibration samples: the device has none"
         raise ValueError(msg)
+
+    def static(prepared: str, target: str) -> None:
+        quantize_static(
+            prepared,
+            target,
+            DeviceSamples(input_name, calibration),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+        )
+
+    return _through_files(model_bytes, static, "static")
+
+
+def _through_files(model_bytes: bytes, quantize: Callable[[str, str], None], kind: str) -> bytes:
+    """Run onnxruntime's pre-processing (shape inference, graph optimization), then `quantize`.
+
+    Both tools only work on files, so this round-trips through a private temporary directory.
+
+    Raises:
+        ExportError: the pre-processing or the quantizer failed.
+    """
     with tempfile.TemporaryDirectory(prefix="pfl-quantize-") as directory:
         source = Path(directory) / "fp32.onnx"
         prepared = Path(directory) / "prepared.onnx"
@@ -116,18 +129,10 @@ def quantize_int8_static(model_bytes: bytes, input_name: str, calibration: torch
         source.write_bytes(model_bytes)
         try:
             quant_pre_process(str(source), str(prepared))
-            quantize_static(
-                str(prepared),
-                str(target),
-                DeviceSamples(input_name, calibration),
-                quant_format=QuantFormat.QDQ,
-                activation_type=QuantType.QInt8,
-                weight_type=QuantType.QInt8,
-                per_channel=True,
-            )
+            quantize(str(prepared), str(target))
             quantized = onnx.load(str(target))
         except Exception as error:  # the quantizer raises many unrelated exception types
-            msg = f"int8 static quantization failed: {type(error).__name__}: {error}"
+            msg = f"int8 {kind} quantization failed: {type(error).__name__}: {error}"
             raise ExportError(msg) from error
-    logger.debug("statically quantized %d bytes to %d", len(model_bytes), quantized.ByteSize())
+    logger.debug("quantized (%s) %d bytes to %d", kind, len(model_bytes), quantized.ByteSize())
     return bytes(quantized.SerializeToString())

@@ -6,11 +6,10 @@ and a linear head with BatchNorm1d: every kind of normalization state the device
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
+from examples.cnn_digits import images_and_labels
 from pfl_tasks.supervised import supervised_task
 
 
@@ -39,13 +38,7 @@ class BnCnn(nn.Module):
         return scores
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    digits = load_digits()
-    images = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
-    return images, digits.target.astype(np.int64)
-
-
-_images, _labels = _digits()
+_images, _labels = images_and_labels()
 task = supervised_task(
     "bn-digits",
     BnCnn,
