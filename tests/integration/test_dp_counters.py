@@ -50,8 +50,19 @@ class NormedDigitsTask(DigitsTask):
         {"dp_noise": 1.0, "norm_stats": "shared"},
         {"dp_noise": 1.0, "dp_placement": "device", "secagg": True},
         {"dp_noise": 1.0, "dp_placement": "device", "secagg": True, "norm_stats": "shared"},
+        {"compress": "int8"},
+        {"compress": "int8", "norm_stats": "shared"},
     ],
-    ids=["plain", "shared", "dp", "dp-shared", "dp-device-secagg", "dp-device-secagg-shared"],
+    ids=[
+        "plain",
+        "shared",
+        "dp",
+        "dp-shared",
+        "dp-device-secagg",
+        "dp-device-secagg-shared",
+        "int8-uplink",
+        "int8-uplink-shared",
+    ],
 )
 def test_the_step_counter_is_never_sent_nor_averaged(run: dict[str, Any]) -> None:
     fleet = run_fleet(NormedDigitsTask(), batch_size=4096, **run)  # one batch per epoch
