@@ -82,15 +82,23 @@ def minibatches(
     sample); the shuffle is the same either way.
     """
     count = len(split)
-    starts = list(range(0, count, batch_size))
-    if len(starts) > 1 and count - starts[-1] < min_batch:
-        starts.pop()
-    ends = [*starts[1:], count]
+    bounds = chunks(count, batch_size, min_batch)
     for _ in range(epochs):
         order = torch.randperm(count, generator=generator)
-        for start, end in zip(starts, ends, strict=True):
+        for start, end in bounds:
             index = order[start:end]
             yield split.inputs[index], split.targets[index]
+
+
+def chunks(count: int, size: int, least: int = 1) -> list[tuple[int, int]]:
+    """[start, end) bounds of `count` rows in pieces of `size`.
+
+    A last piece of fewer than `least` rows joins the one before it.
+    """
+    starts = list(range(0, count, size))
+    if len(starts) > 1 and count - starts[-1] < least:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], count], strict=True))
 
 
 def has_batch_norm(model: nn.Module) -> bool:
@@ -128,6 +136,10 @@ def train(
     trainable = [parameters[name] for name in spec.trainable]
     if not trainable or len(split) == 0:
         return TrainStats(0, 0, 0.0)
+    least = 2 if has_batch_norm(model) else 1  # BatchNorm cannot train on one sample
+    if len(split) < least:
+        msg = "a model with BatchNorm cannot train on a single sample: this device has one"
+        raise TrainingError(msg)
     wanted = set(spec.trainable)
     frozen = [p for name, p in parameters.items() if name not in wanted]
     for parameter in frozen:  # no gradient is computed or kept for them
@@ -140,13 +152,12 @@ def train(
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
     try:
-        least = 2 if has_batch_norm(model) else 1
         batches = minibatches(split, spec.batch_size, spec.epochs, generator, min_batch=least)
         for inputs, targets in batches:
             if spec.max_steps is not None and steps >= spec.max_steps:
                 break
             _release_gradients(trainable)
-            batch_loss = _accumulate(model, task, inputs, targets, micro, extra_loss)
+            batch_loss = _accumulate(model, task, (inputs, targets), (micro, least), extra_loss)
             if spec.clip_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
                 if not math.isfinite(float(norm)):
@@ -219,26 +230,29 @@ def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
 def _accumulate(
     model: nn.Module,
     task: Task,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    micro_batch_size: int | None,
+    batch_data: tuple[torch.Tensor, torch.Tensor],
+    micro: tuple[int | None, int],
     extra_loss: ExtraLoss | None,
 ) -> torch.Tensor:
     """Backpropagate one batch as micro-batches whose gradients sum to the whole batch's.
 
-    Returns the batch's task loss without synchronizing; non-finite values surface at the end
-    of the phase (loss and parameters are checked there).
+    `micro` is (the micro-batch size, None for the whole batch; the fewest rows a micro-batch
+    may hold, 2 for BatchNorm: a smaller last one joins the one before it). Returns the batch's
+    task loss without synchronizing; non-finite values surface at the end of the phase (loss
+    and parameters are checked there).
     """
+    inputs, targets = batch_data
+    micro_batch_size, least = micro
     batch = int(inputs.shape[0])
-    size = batch if micro_batch_size is None else max(1, min(micro_batch_size, batch))
+    size = batch if micro_batch_size is None else max(least, min(micro_batch_size, batch))
     if size >= batch:
         total = task.loss(model(inputs), targets)
         total.backward()
     else:
         total = torch.zeros(())
-        for start in range(0, batch, size):
-            loss = task.loss(model(inputs[start : start + size]), targets[start : start + size])
-            loss = loss * (min(size, batch - start) / batch)
+        for start, end in chunks(batch, size, least):
+            loss = task.loss(model(inputs[start:end]), targets[start:end])
+            loss = loss * ((end - start) / batch)
             loss.backward()
             total = total + loss.detach()
     if extra_loss is not None:

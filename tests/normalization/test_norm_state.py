@@ -6,13 +6,15 @@ and what a fleet of three devices keeps, sends and averages round after round.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from device_agent.training import TrainSpec, minibatches, train
+from device_agent.training import StepBudget, TrainSpec, chunks, minibatches, train
 from pfl_tasks.base import Split
 from pfl_tasks.registry import load_task
 from pfl_tasks.split import resolve_split, state_kinds
 from protocols.algorithms import FedAltConfig, FedAvgConfig
+from protocols.errors import TrainingError
 from tests.normalization.bn_fleet import DEVICES, as_float, run_fleet
 
 TASK = load_task("tests.normalization.bn_models:task")
@@ -96,3 +98,26 @@ def test_a_lone_last_sample_joins_the_batch_before_it_for_batch_norm() -> None:
     stats = train(model, TASK, data, spec, torch.Generator().manual_seed(0))
     assert stats.steps == 4
     assert stats.samples == 18
+
+
+def test_micro_batches_of_a_batch_norm_model_hold_two_samples_or_more() -> None:
+    assert chunks(9, 4, 2) == [(0, 4), (4, 9)]
+    assert chunks(9, 4) == [(0, 4), (4, 8), (8, 9)]
+    assert chunks(1, 4, 2) == [(0, 1)]
+    data = Split(torch.rand(9, 1, 8, 8), torch.randint(0, 10, (9,)))
+    model = TASK.build_model(0)
+    spec = TrainSpec(
+        trainable=tuple(n for n, _ in model.named_parameters()), epochs=1, batch_size=9, lr=0.1
+    )
+    for micro in (1, 4):  # micro-batches of 1 become 2; a lone last row joins the one before
+        budget = StepBudget(micro_batch_size=micro)
+        stats = train(model, TASK, data, spec, torch.Generator().manual_seed(0), budget=budget)
+        assert stats.steps == 1
+
+
+def test_one_sample_cannot_train_batch_norm_and_says_so() -> None:
+    data = Split(torch.rand(1, 1, 8, 8), torch.randint(0, 10, (1,)))
+    model = TASK.build_model(0)
+    spec = TrainSpec(trainable=("head.bias",), epochs=1, batch_size=4, lr=0.1)
+    with pytest.raises(TrainingError, match="BatchNorm cannot train on a single sample"):
+        train(model, TASK, data, spec, torch.Generator())
