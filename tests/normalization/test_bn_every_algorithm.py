@@ -65,3 +65,24 @@ def test_only_model_relaying_and_sharing_nothing_are_refused() -> None:
             if problem(settings, stage_configs(settings)) is not None:
                 refused.add((algorithm, norm_stats))
     assert refused == {("federico", "personal"), ("federico", "shared"), ("local", "shared")}
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedalt", "fedsim", "ditto"])
+def test_the_fedbn_preset_trains_with_batch_norm_layers_personal(algorithm: str) -> None:
+    settings = SimulationSettings.load(
+        None,
+        task=TASK,
+        algorithm=algorithm,
+        personal_preset="fedbn",
+        devices=3,
+        rounds=2,
+        seed=0,
+        workers=1,
+    )
+    rounds: list[int] = []
+    result = run_simulation(settings, on_round=lambda record: rounds.append(record.round_id))
+    assert rounds == [1, 2]
+    metrics = result.summary.metrics
+    assert metrics is not None
+    assert metrics["personalized_mean"] is not None
+    assert math.isfinite(metrics["personalized_mean"])
