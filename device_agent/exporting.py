@@ -130,8 +130,9 @@ def export_device_model(
             personalized = fresh_model(source.task, source.seed, [ctx.model.state_dict()])
             ctx = dataclasses.replace(ctx, model=personalized, slots=None)  # not the workspace's
             update.personalize(ctx)
+            own = {name: ctx.personal[name] for name in ctx.split.by_kind}  # its statistics
             global_model = fresh_model(
-                source.task, source.seed, [source.initial_state, ctx.global_shared]
+                source.task, source.seed, [source.initial_state, ctx.global_shared, own]
             )
             model, chosen, scores = _decide(personalized, global_model, source, guard)
             shared = ctx.global_shared

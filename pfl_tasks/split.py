@@ -24,6 +24,9 @@ class ParamSplit:
 
     shared: tuple[str, ...]
     personal: tuple[str, ...]
+    by_kind: tuple[str, ...] = ()
+    """The personal names that are personal by their kind (statistics, counters), not by the
+    patterns: the device's own even in its copy of the global model (FedBN evaluates that way)."""
 
     @classmethod
     def from_patterns(cls, names: Iterable[str], personal_patterns: Iterable[str]) -> ParamSplit:
@@ -90,6 +93,7 @@ def with_state_kinds(
     return ParamSplit(
         tuple(name for name in split.shared if name not in moved),
         tuple(name for name in kinds if name in personal),
+        tuple(name for name in kinds if name in moved),
     )
 
 

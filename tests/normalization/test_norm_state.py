@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from device_agent.training import StepBudget, TrainSpec, chunks, minibatches, train
 from pfl_tasks.base import Split
 from pfl_tasks.registry import load_task
@@ -17,7 +19,8 @@ from protocols.algorithms import FedAltConfig, FedAvgConfig
 from protocols.errors import TrainingError
 from tests.normalization.bn_fleet import DEVICES, as_float, run_fleet
 
-TASK = load_task("tests.normalization.bn_models:task")
+TASK_NAME = "tests.normalization.bn_models:task"
+TASK = load_task(TASK_NAME)
 STATS = ("features.1.running_mean", "features.1.running_var")
 COUNTER = "features.1.num_batches_tracked"
 
@@ -40,6 +43,15 @@ def test_statistics_are_personal_by_default_shared_on_request_counters_always_st
     assert counters <= set(default.personal)
     assert counters <= set(shared.personal)
     assert not counters & set(default.shared + shared.shared)
+    assert set(default.by_kind) == {
+        *counters,
+        *STATS,
+        "features.5.running_mean",
+        "features.5.running_var",
+        "hidden.1.running_mean",
+        "hidden.1.running_var",
+    }
+    assert set(shared.by_kind) == counters
 
 
 def test_the_fedbn_preset_keeps_every_normalization_layer_whole_on_the_device() -> None:
@@ -121,3 +133,14 @@ def test_one_sample_cannot_train_batch_norm_and_says_so() -> None:
     spec = TrainSpec(trainable=("head.bias",), epochs=1, batch_size=4, lr=0.1)
     with pytest.raises(TrainingError, match="BatchNorm cannot train on a single sample"):
         train(model, TASK, data, spec, torch.Generator())
+
+
+def test_the_global_model_is_evaluated_with_each_devices_own_statistics() -> None:
+    # FedAvg deploys the global model: with personal statistics, the device's copy of it holds
+    # the device's own statistics, so its global and personalized scores are one model's
+    settings = SimulationSettings.load(
+        None, task=TASK_NAME, algorithm="fedavg", devices=3, rounds=2, seed=0, workers=1
+    )
+    metrics = run_simulation(settings).summary.metrics
+    assert metrics is not None
+    assert metrics["global"] == metrics["personalized_mean"]
