@@ -7,7 +7,7 @@ epochs live here once; an algorithm says which parameters train and adds a loss 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -99,6 +99,42 @@ def chunks(count: int, size: int, least: int = 1) -> list[tuple[int, int]]:
     if len(starts) > 1 and count - starts[-1] < least:
         starts.pop()
     return list(zip(starts, [*starts[1:], count], strict=True))
+
+
+@torch.no_grad()
+def estimate_statistics(model: nn.Module, names: Collection[str], split: Split) -> bool:
+    """Re-estimate the running statistics among `names` from `split`, in place (AdaBN).
+
+    For a device that keeps no state: its own statistics would otherwise restart every round
+    from the coordinator's initial values, which describe no data. Each BatchNorm holding one
+    of `names` is reset and takes the cumulative average over one pass of `split` (momentum
+    None), in batches of 2 or more rows; nothing else changes, and the model's mode is restored.
+    Returns whether any statistic was re-estimated.
+    """
+    layers = [
+        module
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and f"{prefix}.running_mean" in names
+    ]
+    if not layers or len(split) < 2:
+        return False
+    momenta = [layer.momentum for layer in layers]
+    modes = {module: module.training for module in model.modules()}
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None
+    model.eval()
+    for layer in layers:  # only these layers update: the others normalize as in evaluation
+        layer.train()
+    try:
+        for start, end in chunks(len(split), 256, 2):
+            model(split.inputs[start:end])
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+        for module, training in modes.items():
+            module.training = training
+    return True
 
 
 def has_batch_norm(model: nn.Module) -> bool:

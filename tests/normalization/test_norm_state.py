@@ -11,7 +11,14 @@ import torch
 
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
-from device_agent.training import StepBudget, TrainSpec, chunks, minibatches, train
+from device_agent.training import (
+    StepBudget,
+    TrainSpec,
+    chunks,
+    estimate_statistics,
+    minibatches,
+    train,
+)
 from pfl_tasks.base import Split
 from pfl_tasks.registry import load_task
 from pfl_tasks.split import resolve_split, state_kinds
@@ -144,3 +151,36 @@ def test_the_global_model_is_evaluated_with_each_devices_own_statistics() -> Non
     metrics = run_simulation(settings).summary.metrics
     assert metrics is not None
     assert metrics["global"] == metrics["personalized_mean"]
+
+
+def test_a_stateless_device_estimates_its_personal_statistics_from_its_own_data() -> None:
+    first, second = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    model = torch.nn.Sequential(first, second).eval()
+    inputs = torch.randn(40, 3) * torch.tensor([1.0, 2.0, 3.0]) + torch.tensor([5.0, 0.0, -1.0])
+    data = Split(inputs, torch.zeros(40, dtype=torch.int64))
+    assert estimate_statistics(model, {"0.running_mean", "0.running_var"}, data)
+    torch.testing.assert_close(first.running_mean, inputs.mean(0))
+    torch.testing.assert_close(first.running_var, inputs.var(0))
+    assert second.running_mean is not None
+    assert torch.equal(second.running_mean, torch.zeros(3))  # not named: untouched
+    assert first.momentum == 0.1
+    assert not any(module.training for module in model.modules())
+    assert not estimate_statistics(model, {"1.weight"}, data)  # no statistic named
+
+
+def test_stateless_devices_evaluate_with_statistics_of_their_own_data() -> None:
+    settings = SimulationSettings.load(
+        None,
+        task=TASK_NAME,
+        algorithm="fedavg",
+        stateless=True,
+        devices=3,
+        rounds=2,
+        seed=0,
+        workers=1,
+    )
+    metrics = run_simulation(settings).summary.metrics
+    assert metrics is not None
+    accuracy = metrics["personalized_mean"]
+    assert accuracy is not None
+    assert accuracy > 0.5  # with the initial statistics (mean 0, variance 1) it scores 0.137
