@@ -1,9 +1,11 @@
-"""ONNX inference latency: onnxruntime (fp32 and int8) against PyTorch eager, per built-in task.
+"""ONNX inference latency: onnxruntime (fp32 and int8) against PyTorch eager, per model.
 
-Each built-in task's model is trained briefly on one device's data, exported through the real
-`export.export_model` path (parity-checked, with an int8 file beside it), then timed side by side
-in one process: for each batch size, each repeat times a block of calls of every runner in turn
-(PyTorch eager under inference_mode, onnxruntime fp32, onnxruntime int8), after a warm-up. The
+Each built-in task's model, and a CNN, a BatchNorm CNN and a GRU on the digits, is trained
+briefly on one device's data, exported through the real `export.export_model` path
+(parity-checked, BatchNorm folded), quantized to int8 dynamically and statically (calibrated on
+the device's own training inputs), then timed side by side in one process: for each batch size,
+each repeat times a block of calls of every runner in turn (PyTorch eager under inference_mode,
+onnxruntime fp32, int8 dynamic, int8 static), after a warm-up. The
 median per-call latency over repeats is reported, with throughput, file sizes and the held-out
 metric of each file. PyTorch and onnxruntime get the same number of intra-op threads (default 1:
 these models are too small to split, and a busy machine makes spinning worker threads noisy).
@@ -42,6 +44,9 @@ CASES: list[tuple[str, str, dict[str, object]]] = [
     ("synthetic", "synthetic (MCLR 60-10)", {"model": "mclr"}),
     ("gaussian", "gaussian (scalar)", {}),
     ("sine", "sine (line)", {}),
+    ("examples.cnn_digits:task", "digits CNN (2 conv)", {}),
+    ("tests.normalization.bn_models:task", "digits CNN + BatchNorm (folded)", {}),
+    ("tests.export.edge_models:gru_task", "digits GRU (8 rows x 8)", {}),
 ]
 BATCH_SIZES = (1, 32)
 BLOCK_SECONDS = 0.02
@@ -58,6 +63,7 @@ class Row:
     eager_s: float
     fp32_s: float
     int8_s: float
+    static_s: float
 
 
 def train_briefly(model: nn.Module, task: Task, split: Split) -> nn.Module:
@@ -95,8 +101,12 @@ def time_side_by_side(runners: dict[str, Callable[[], object]], repeats: int) ->
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def export_case(task: Task, directory: Path) -> tuple[nn.Module, ExportResult, Split]:
-    """Train one device's model and export it, with int8, through the real export path."""
+def export_case(task: Task, directory: Path) -> tuple[nn.Module, ExportResult, ExportResult, Split]:
+    """Train one device's model and export it twice through the real export path.
+
+    First with int8 dynamic, then int8 static calibrated on the device's training inputs; the
+    fp32 file is the same.
+    """
     device = task.make_fleet(4, PartitionSpec(scheme="iid"), seed=0)[0]
     model = train_briefly(task.build_model(0), task, device.train)
     provenance = ExportProvenance(
@@ -107,16 +117,20 @@ def export_case(task: Task, directory: Path) -> tuple[nn.Module, ExportResult, S
         personalized_metric=float("nan"),
         global_metric=float("nan"),
     )
-    result = export_model(
-        model,
-        task,
-        directory / f"{task.name}.onnx",
-        provenance=provenance,
-        shared=dict(model.state_dict()),
-        heldout=device.test,
-        quantize="int8",
-    )
-    return model, result, device.test
+    results = [
+        export_model(
+            model,
+            task,
+            directory / quantize / f"{task.name}.onnx",
+            provenance=provenance,
+            shared=dict(model.state_dict()),
+            heldout=device.test,
+            quantize=quantize,
+            calibration=device.train.inputs,
+        )
+        for quantize in ("int8", "int8-static")
+    ]
+    return model, results[0], results[1], device.test
 
 
 def run_eager(model: nn.Module, inputs: torch.Tensor) -> object:
@@ -126,15 +140,22 @@ def run_eager(model: nn.Module, inputs: torch.Tensor) -> object:
 
 
 def measure(
-    label: str, model: nn.Module, result: ExportResult, heldout: Split, threads: int, repeats: int
+    label: str,
+    model: nn.Module,
+    results: tuple[ExportResult, ExportResult],
+    heldout: Split,
+    threads: int,
+    repeats: int,
 ) -> list[Row]:
     """Latency rows for one exported model at every batch size."""
-    if result.quantized is None:
-        msg = "the benchmark exports with quantize='int8'"
+    dynamic, static = (result.quantized for result in results)
+    if dynamic is None or static is None:
+        msg = "the benchmark exports with quantize='int8' and 'int8-static'"
         raise RuntimeError(msg)
     sessions = {
-        "fp32": make_session(result.path, threads=threads),
-        "int8": make_session(result.quantized.path, threads=threads),
+        "fp32": make_session(results[0].path, threads=threads),
+        "int8": make_session(dynamic.path, threads=threads),
+        "static": make_session(static.path, threads=threads),
     }
     input_name = sessions["fp32"].get_inputs()[0].name
     generator = torch.Generator().manual_seed(0)
@@ -143,21 +164,22 @@ def measure(
         index = torch.randint(0, len(heldout), (batch,), generator=generator)
         inputs = heldout.inputs[index].contiguous()
         feed = {input_name: np.ascontiguousarray(inputs.numpy())}
-
-        medians = time_side_by_side(
-            {
-                "eager": functools.partial(run_eager, model, inputs),
-                "fp32": functools.partial(sessions["fp32"].run, None, feed),
-                "int8": functools.partial(sessions["int8"].run, None, feed),
-            },
-            repeats,
+        runners: dict[str, Callable[[], object]] = {
+            "eager": functools.partial(run_eager, model, inputs)
+        }
+        runners |= {name: functools.partial(s.run, None, feed) for name, s in sessions.items()}
+        medians = time_side_by_side(runners, repeats)
+        rows.append(
+            Row(label, batch, *(medians[name] for name in ("eager", "fp32", "int8", "static")))
         )
-        rows.append(Row(label, batch, medians["eager"], medians["fp32"], medians["int8"]))
     return rows
 
 
 def render(
-    rows: list[Row], sizes: list[tuple[str, ExportResult]], repeats: int, threads: int
+    rows: list[Row],
+    sizes: list[tuple[str, ExportResult, ExportResult]],
+    repeats: int,
+    threads: int,
 ) -> str:
     """The markdown section, markers included."""
     lines = [
@@ -169,43 +191,53 @@ def render(
         f"torch {torch.__version__}, onnxruntime {ort.__version__} (CPUExecutionProvider); "
         f"median per-call latency of {repeats} alternating repeats after a warm-up. Models are "
         f"trained briefly on one device and exported by `export.export_model` (opset "
-        f"{sizes[0][1].opset}, dynamic batch axis, int8 = `quantize_dynamic`).",
+        f"{sizes[0][1].opset}, dynamic batch axis, BatchNorm folded into the layer before it; "
+        "int8 dyn = `quantize_dynamic`, int8 static = `quantize_static` in QDQ format, "
+        "calibrated on the device's own training inputs).",
         "",
-        "| model | batch | PyTorch eager µs | ORT fp32 µs | ORT int8 µs | fp32 speed-up "
-        "| throughput eager / fp32 / int8 (samples/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        throughput = " / ".join(
-            f"{row.batch / seconds:,.0f}" for seconds in (row.eager_s, row.fp32_s, row.int8_s)
-        )
-        lines.append(
-            f"| {row.label} | {row.batch} | {row.eager_s * 1e6:.1f} | {row.fp32_s * 1e6:.1f} "
-            f"| {row.int8_s * 1e6:.1f} | {row.eager_s / row.fp32_s:.1f}x | {throughput} |"
-        )
-    lines += [
-        "",
-        "| model | fp32 file bytes | int8 file bytes | int8 / fp32 | held-out metric fp32 "
-        "| int8 | fp32 max abs diff | int8 max abs diff |",
+        "| model | batch | PyTorch eager µs | ORT fp32 µs | ORT int8 dyn µs | ORT int8 static µs "
+        "| fp32 speed-up | throughput eager / fp32 / int8 dyn / int8 static (samples/s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for label, result in sizes:
-        quantized = result.quantized
-        if quantized is None:
-            continue
+    for row in rows:
+        times = (row.eager_s, row.fp32_s, row.int8_s, row.static_s)
+        throughput = " / ".join(f"{row.batch / seconds:,.0f}" for seconds in times)
         lines.append(
-            f"| {label} | {result.size_bytes:,} | {quantized.size_bytes:,} "
-            f"| {quantized.size_bytes / result.size_bytes:.2f} "
-            f"| {result.metric_name} {result.metric:.4g} | {quantized.metric:.4g} "
-            f"| {result.parity_max_abs_diff:.2g} | {quantized.parity_max_abs_diff:.2g} |"
+            f"| {row.label} | {row.batch} | {row.eager_s * 1e6:.1f} | {row.fp32_s * 1e6:.1f} "
+            f"| {row.int8_s * 1e6:.1f} | {row.static_s * 1e6:.1f} "
+            f"| {row.eager_s / row.fp32_s:.1f}x | {throughput} |"
         )
     lines += [
         "",
-        f"Sizes include the pfl metadata ({metadata_bytes(sizes[0][1]):,} bytes of keys and "
+        "| model | fp32 file bytes | int8 dyn bytes | int8 static bytes | held-out metric fp32 "
+        "| int8 dyn | int8 static | fp32 max abs diff | int8 dyn max abs diff "
+        "| int8 static max abs diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, result, static_result in sizes:
+        dynamic, static = result.quantized, static_result.quantized
+        if dynamic is None or static is None:
+            continue
+        lines.append(
+            f"| {label} | {result.size_bytes:,} | {dynamic.size_bytes:,} "
+            f"| {static.size_bytes:,} | {result.metric_name} {result.metric:.4g} "
+            f"| {dynamic.metric:.4g} | {static.metric:.4g} "
+            f"| {result.parity_max_abs_diff:.2g} | {dynamic.parity_max_abs_diff:.2g} "
+            f"| {static.parity_max_abs_diff:.2g} |"
+        )
+    lines += [
+        "",
+        f"Sizes include the pfl metadata (about {metadata_bytes(sizes[0][1]):,} bytes of keys and "
         "values), which dominates the tiny models; int8 only pays off once the weights outweigh "
-        "the quantization nodes it adds. At these sizes int8 saves bytes, not time: quantizing "
-        "activations on every call costs more than the cheaper matrix products save. Held-out "
-        "metrics are computed by onnxruntime.",
+        "the quantization nodes it adds. Held-out metrics are computed by onnxruntime. The CNN, "
+        "BatchNorm CNN and GRU rows use models defined beside the tests "
+        "(`examples.cnn_digits:task`, `tests.normalization.bn_models:task`, "
+        "`tests.export.edge_models:gru_task`); the BatchNorm CNN's file has no "
+        "BatchNormalization node (all three folded, checked by "
+        "`tests/export/test_export_edge_models.py`). Static int8 fixes every activation's range "
+        "at export, so a call computes none; onnxruntime has no int8 GRU kernel, so in the GRU "
+        "only the linear head is quantized. The timings are of one run on a shared machine (see "
+        "its load average above): compare columns within a row, not rows between runs.",
         "",
         "Command: `python -m benchmarks.onnx_latency`.",
         MARKER,
@@ -232,13 +264,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows: list[Row] = []
-    sizes: list[tuple[str, ExportResult]] = []
+    sizes: list[tuple[str, ExportResult, ExportResult]] = []
     with tempfile.TemporaryDirectory(prefix="pfl-onnx-latency-") as directory:
         for name, label, options in CASES:
             task = load_task(name, options)
-            model, result, heldout = export_case(task, Path(directory))
-            sizes.append((label, result))
-            rows += measure(label, model, result, heldout, args.threads, args.repeats)
+            model, dynamic, static, heldout = export_case(task, Path(directory))
+            sizes.append((label, dynamic, static))
+            results = (dynamic, static)
+            rows += measure(label, model, results, heldout, args.threads, args.repeats)
     section = render(rows, sizes, args.repeats, args.threads)
     write_section(args.out, section, MARKER)
     print(section)

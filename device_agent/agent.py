@@ -432,8 +432,9 @@ class DeviceAgent:
         update: LocalUpdate,
         ctx: LocalContext,
     ) -> None:
-        def global_model() -> nn.Module:
+        def global_model() -> nn.Module:  # with this device's own statistics (FedBN)
             self._slots.load(self.model_cache.decode(model, self.contexts.model_layout))
+            self._slots.load({name: ctx.personal[name] for name in ctx.split.by_kind})
             return self.workspace
 
         personalized, global_metric = evaluated(

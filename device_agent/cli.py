@@ -102,7 +102,11 @@ def reset_state(
 def export(
     out: Annotated[Path, typer.Option(help="where to write the ONNX file, e.g. model.onnx")],
     quantize: Annotated[
-        str | None, typer.Option(help="int8: also write <out>.int8.onnx beside it")
+        str | None,
+        typer.Option(
+            help="int8 (dynamic) or int8-static (calibrated on this device's own data): also "
+            "write <out>.int8.onnx beside it"
+        ),
     ] = None,
     guard: Annotated[
         bool, typer.Option("--guard", help="ship the global model where it validates better")

@@ -44,10 +44,13 @@ def forward_macs(model: nn.Module, inputs: torch.Tensor) -> int:
     for layer in layers:
         counted.update(id(p) for p in layer.parameters(recurse=False))
     handles = [layer.register_forward_hook(count) for layer in layers]
+    training = model.training
+    model.eval()  # one sample: BatchNorm cannot train on it, and its statistics stay as they are
     try:
         with torch.no_grad():
             model(inputs)
     finally:
+        model.train(training)
         for handle in handles:
             handle.remove()
     others = sum(p.numel() for p in model.parameters() if id(p) not in counted)

@@ -24,7 +24,12 @@ from device_agent.memory_plan import MemoryModel, for_split, memory_model, plan_
 from device_agent.privacy import privatize
 from device_agent.received import DecodedModelCache, ReceivedModel
 from device_agent.state_store import StateStore
-from device_agent.training import ModelSlots, StepBudget, require_finite
+from device_agent.training import (
+    ModelSlots,
+    StepBudget,
+    estimate_statistics,
+    require_finite,
+)
 from device_agent.work_limits import WorkLimitError, WorkLimits, WorkMeter, config_problem
 from pfl_tasks.base import DeviceData, Task
 from pfl_tasks.split import ParamSplit, resolve_split
@@ -185,6 +190,11 @@ class RoundContexts:
         personal, state = self._load_personal(plan, received, announcement.run_id)
         self._slots.load(global_shared)
         self._slots.load(personal)
+        workspace, train = self.device.workspace, self.device.data.train
+        # no state kept: its statistics from its own data, not the coordinator's initial ones
+        if not self.device.stateful and estimate_statistics(workspace, personal, train):
+            live = self._slots.live()
+            personal = {name: live[name].clone() for name in personal}
         generator = torch.Generator().manual_seed(
             derive_seed(
                 self.device.seed, self.device.device_id, announcement.round_id, announcement.phase

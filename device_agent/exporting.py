@@ -130,8 +130,9 @@ def export_device_model(
             personalized = fresh_model(source.task, source.seed, [ctx.model.state_dict()])
             ctx = dataclasses.replace(ctx, model=personalized, slots=None)  # not the workspace's
             update.personalize(ctx)
+            own = {name: ctx.personal[name] for name in ctx.split.by_kind}  # its statistics
             global_model = fresh_model(
-                source.task, source.seed, [source.initial_state, ctx.global_shared]
+                source.task, source.seed, [source.initial_state, ctx.global_shared, own]
             )
             model, chosen, scores = _decide(personalized, global_model, source, guard)
             shared = ctx.global_shared
@@ -162,6 +163,7 @@ def export_device_model(
             shared=shared,
             heldout=source.data.test,
             quantize=checked,
+            calibration=source.data.train.inputs,  # int8-static: the device's own inputs
         )
     except (PflError, ValueError, TypeError) as error:
         logger.warning("device %s: export failed: %s", source.device_id, error)

@@ -7,7 +7,7 @@ epochs live here once; an algorithm says which parameters train and adds a loss 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -69,15 +69,77 @@ def combine_stats(*phases: TrainStats) -> TrainStats:
 
 
 def minibatches(
-    split: Split, batch_size: int, epochs: int, generator: torch.Generator
+    split: Split,
+    batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    *,
+    min_batch: int = 1,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Shuffled minibatches over `epochs` passes; the last batch of a pass may be smaller."""
+    """Shuffled minibatches over `epochs` passes; the last batch of a pass may be smaller.
+
+    A last batch below `min_batch` joins the one before it (BatchNorm cannot train on one
+    sample); the shuffle is the same either way.
+    """
     count = len(split)
+    bounds = chunks(count, batch_size, min_batch)
     for _ in range(epochs):
         order = torch.randperm(count, generator=generator)
-        for start in range(0, count, batch_size):
-            index = order[start : start + batch_size]
+        for start, end in bounds:
+            index = order[start:end]
             yield split.inputs[index], split.targets[index]
+
+
+def chunks(count: int, size: int, least: int = 1) -> list[tuple[int, int]]:
+    """[start, end) bounds of `count` rows in pieces of `size`.
+
+    A last piece of fewer than `least` rows joins the one before it.
+    """
+    starts = list(range(0, count, size))
+    if len(starts) > 1 and count - starts[-1] < least:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], count], strict=True))
+
+
+@torch.no_grad()
+def estimate_statistics(model: nn.Module, names: Collection[str], split: Split) -> bool:
+    """Re-estimate the running statistics among `names` from `split`, in place (AdaBN).
+
+    For a device that keeps no state: its own statistics would otherwise restart every round
+    from the coordinator's initial values, which describe no data. Each BatchNorm holding one
+    of `names` is reset and takes the cumulative average over one pass of `split` (momentum
+    None), in batches of 2 or more rows; nothing else changes, and the model's mode is restored.
+    Returns whether any statistic was re-estimated.
+    """
+    layers = [
+        module
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and f"{prefix}.running_mean" in names
+    ]
+    if not layers or len(split) < 2:
+        return False
+    momenta = [layer.momentum for layer in layers]
+    modes = {module: module.training for module in model.modules()}
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None
+    model.eval()
+    for layer in layers:  # only these layers update: the others normalize as in evaluation
+        layer.train()
+    try:
+        for start, end in chunks(len(split), 256, 2):
+            model(split.inputs[start:end])
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+        for module, training in modes.items():
+            module.training = training
+    return True
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether some layer normalizes by batch statistics in training (needs 2+ samples)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def train(
@@ -110,6 +172,10 @@ def train(
     trainable = [parameters[name] for name in spec.trainable]
     if not trainable or len(split) == 0:
         return TrainStats(0, 0, 0.0)
+    least = 2 if has_batch_norm(model) else 1  # BatchNorm cannot train on one sample
+    if len(split) < least:
+        msg = "a model with BatchNorm cannot train on a single sample: this device has one"
+        raise TrainingError(msg)
     wanted = set(spec.trainable)
     frozen = [p for name, p in parameters.items() if name not in wanted]
     for parameter in frozen:  # no gradient is computed or kept for them
@@ -122,11 +188,12 @@ def train(
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
     try:
-        for inputs, targets in minibatches(split, spec.batch_size, spec.epochs, generator):
+        batches = minibatches(split, spec.batch_size, spec.epochs, generator, min_batch=least)
+        for inputs, targets in batches:
             if spec.max_steps is not None and steps >= spec.max_steps:
                 break
             _release_gradients(trainable)
-            batch_loss = _accumulate(model, task, inputs, targets, micro, extra_loss)
+            batch_loss = _accumulate(model, task, (inputs, targets), (micro, least), extra_loss)
             if spec.clip_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
                 if not math.isfinite(float(norm)):
@@ -199,26 +266,29 @@ def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
 def _accumulate(
     model: nn.Module,
     task: Task,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    micro_batch_size: int | None,
+    batch_data: tuple[torch.Tensor, torch.Tensor],
+    micro: tuple[int | None, int],
     extra_loss: ExtraLoss | None,
 ) -> torch.Tensor:
     """Backpropagate one batch as micro-batches whose gradients sum to the whole batch's.
 
-    Returns the batch's task loss without synchronizing; non-finite values surface at the end
-    of the phase (loss and parameters are checked there).
+    `micro` is (the micro-batch size, None for the whole batch; the fewest rows a micro-batch
+    may hold, 2 for BatchNorm: a smaller last one joins the one before it). Returns the batch's
+    task loss without synchronizing; non-finite values surface at the end of the phase (loss
+    and parameters are checked there).
     """
+    inputs, targets = batch_data
+    micro_batch_size, least = micro
     batch = int(inputs.shape[0])
-    size = batch if micro_batch_size is None else max(1, min(micro_batch_size, batch))
+    size = batch if micro_batch_size is None else max(least, min(micro_batch_size, batch))
     if size >= batch:
         total = task.loss(model(inputs), targets)
         total.backward()
     else:
         total = torch.zeros(())
-        for start in range(0, batch, size):
-            loss = task.loss(model(inputs[start : start + size]), targets[start : start + size])
-            loss = loss * (min(size, batch - start) / batch)
+        for start, end in chunks(batch, size, least):
+            loss = task.loss(model(inputs[start:end]), targets[start:end])
+            loss = loss * ((end - start) / batch)
             loss.backward()
             total = total + loss.detach()
     if extra_loss is not None:

@@ -22,7 +22,10 @@ from protocols.atomic import write_atomically
 from protocols.errors import StateError
 
 from .errors import ExportError
+from .fold import fold_batch_norms
 from .metadata import (
+    KEY_CALIBRATION_SAMPLES,
+    KEY_FOLDED_BATCH_NORMS,
     KEY_QUANTIZATION,
     KEY_SOURCE_SHA256,
     ExportProvenance,
@@ -41,7 +44,13 @@ from .parity import (
     record_outputs,
     torch_predictor,
 )
-from .quantize import Quantization, check_quantization, quantize_int8
+from .quantize import (
+    CALIBRATION_SAMPLES,
+    Quantization,
+    check_quantization,
+    quantize_int8,
+    quantize_int8_static,
+)
 from .result import ExportResult, QuantizedExport, quantized_path
 
 logger = logging.getLogger(__name__)
@@ -145,11 +154,13 @@ def export_model(
     quantized_tolerance: float = DEFAULT_QUANTIZED_TOLERANCE,
     opset: int = OPSET,
     seed: int = 0,
+    calibration: torch.Tensor | None = None,
 ) -> ExportResult:
     """Export a device's model to ONNX and prove the file computes what the model computes.
 
     Reference outputs are recorded from a private copy of `model` before export, on the
-    held-out inputs and on fresh batches of 1 and 17 rows; the file is then run in onnxruntime
+    held-out inputs and on fresh batches of 1 and 17 rows; the file, exported from a copy with
+    each BatchNorm folded into the layer before it (`export.fold`), is then run in onnxruntime
     and compared. Nothing is written unless the fp32 comparison passes; files are written
     atomically, so `path` holds the previous file or the new one, never a partial one.
 
@@ -162,15 +173,18 @@ def export_model(
         shared: The shared parameters this model was assembled with, hashed into the metadata.
         heldout: The device's held-out split: parity inputs and the reported metrics.
         tolerance: Largest max abs difference accepted between onnxruntime and PyTorch.
-        quantize: "int8" to also write a dynamically quantized file.
+        quantize: "int8" to also write a dynamically quantized file; "int8-static" for one
+            whose activation ranges `calibration` fixed.
         quantized_tolerance: Reported bound for the int8 file's difference (never enforced).
         opset: ONNX opset to export with.
         seed: Seed of the fresh parity inputs.
+        calibration: The device's own inputs (its training split), for "int8-static".
 
     Raises:
         ExportError: the model's forward fails, torch.onnx fails, the fp32 parity difference
             exceeds `tolerance`, quantization fails, or a file cannot be written.
-        ValueError: an option is invalid (tolerance, quantize, empty held-out split).
+        ValueError: an option is invalid (tolerance, quantize, empty held-out split, no
+            calibration samples for "int8-static").
     """
     path = Path(path)
     quantize = check_quantization(quantize)
@@ -184,7 +198,11 @@ def export_model(
     expected = record_outputs(reference, batches)  # before export can touch the model
     torch_metric = metric_of(reference, task, heldout)
     metadata = build_metadata(provenance, task, intended, shared)
-    data = embed_metadata(to_onnx_bytes(intended, task, sample, opset), metadata)
+    inference = _private_copy(intended)
+    folded = fold_batch_norms(inference)
+    if folded:
+        metadata[KEY_FOLDED_BATCH_NORMS] = str(folded)
+    data = embed_metadata(to_onnx_bytes(inference, task, sample, opset), metadata)
     predictor = OnnxPredictor(make_session(data))
     difference = check_parity(
         expected, predictor, batches, tolerance, device_id=device_id, round_id=round_id
@@ -192,10 +210,8 @@ def export_model(
     metric = metric_of(predictor, task, heldout)
     sha256 = hashlib.sha256(data).hexdigest()
     quantized_data, quantized = None, None
-    if quantize == "int8":
-        quantized_data = embed_metadata(
-            quantize_int8(data), {**metadata, KEY_QUANTIZATION: "int8", KEY_SOURCE_SHA256: sha256}
-        )
+    if quantize is not None:
+        quantized_data = _quantized(data, quantize, task, calibration, metadata, sha256)
         quantized = _measure_quantized(
             quantized_data,
             quantized_path(path),
@@ -232,6 +248,26 @@ def export_model(
         metadata=metadata,
         quantized=quantized,
     )
+
+
+def _quantized(
+    data: bytes,
+    quantize: Quantization,
+    task: Task,
+    calibration: torch.Tensor | None,
+    metadata: Mapping[str, str],
+    sha256: str,
+) -> bytes:
+    """The int8 file's bytes, its metadata saying how it was quantized and from which file."""
+    extra = {KEY_QUANTIZATION: quantize, KEY_SOURCE_SHA256: sha256}
+    if quantize == "int8":
+        return embed_metadata(quantize_int8(data), {**metadata, **extra})
+    if calibration is None:
+        msg = "int8-static quantization calibrates on the device's own inputs: none were given"
+        raise ValueError(msg)
+    quantized = quantize_int8_static(data, task.input_names[0], calibration)
+    samples = str(min(len(calibration), CALIBRATION_SAMPLES))
+    return embed_metadata(quantized, {**metadata, **extra, KEY_CALIBRATION_SAMPLES: samples})
 
 
 def _measure_quantized(

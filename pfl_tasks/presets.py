@@ -11,6 +11,9 @@ turns one into the other for the model at hand, as fnmatch patterns for `ParamSp
                  chunk (`pfl_tasks.models.SplitInputMLP`, e.g. digits with model="split-input")
     adapters     every tensor whose name contains "adapter" (`pfl_tasks.models.insert_adapters`,
                  or a task's `adapters` option)
+    fedbn        every normalization layer (BatchNorm, GroupNorm, LayerNorm, InstanceNorm): its
+                 affine weight and bias and its running statistics stay on the device, all the
+                 rest is shared (FedBN, Li et al. 2021)
 
 Configs select a preset with `personal_preset`; `personal` stays for explicit patterns.
 """
@@ -94,6 +97,30 @@ def _adapters(model: nn.Module) -> tuple[str, ...]:
     return ("*adapter*",)
 
 
+NORMALIZATION: Final = (
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+)
+"""The layers the fedbn preset keeps personal (BatchNorm and InstanceNorm share _NormBase)."""
+
+
+def _fedbn(model: nn.Module) -> tuple[str, ...]:
+    layers = tuple(
+        pattern
+        for name, module in model.named_modules()
+        if isinstance(module, NORMALIZATION)
+        for pattern in _module_patterns(name, module)
+    )
+    if not layers:
+        msg = (
+            f"the fedbn preset needs a model with normalization layers (BatchNorm, GroupNorm, "
+            f"LayerNorm, InstanceNorm); {type(model).__name__} has none"
+        )
+        raise ValueError(msg)
+    return layers
+
+
 _RESOLVERS: Final[dict[str, Callable[[nn.Module], tuple[str, ...]]]] = {
     "none": lambda model: (),
     "all": lambda model: ("*",),
@@ -101,4 +128,5 @@ _RESOLVERS: Final[dict[str, Callable[[nn.Module], tuple[str, ...]]]] = {
     "input": _input,
     "split-input": _split_input,
     "adapters": _adapters,
+    "fedbn": _fedbn,
 }

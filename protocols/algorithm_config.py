@@ -13,7 +13,8 @@ from protocols.capabilities import Capabilities
 from protocols.messages import Compression, WireModel
 
 PersonalDefault = Literal["none", "all", "task"]
-PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters"]
+PersonalPreset = Literal["none", "all", "output", "input", "split-input", "adapters", "fedbn"]
+NormStats = Literal["personal", "shared"]
 ServerOptimizerName = Literal["fedavg", "fedadam"]
 AggregationWeights = Literal["samples", "uniform"]
 RobustAggregation = Literal["mean", "median", "trimmed-mean", "centered-clipping"]
@@ -50,6 +51,10 @@ class AlgorithmConfig(WireModel):
     clip_grad_norm: PositiveFloat | None = None
     personal: tuple[str, ...] | None = None
     personal_preset: PersonalPreset | None = None
+    norm_stats: NormStats = "personal"
+    """Normalization layers' running statistics (BatchNorm's running_mean/var): kept on each
+    device (FedBN) or shared and averaged like parameters. A personal pattern or preset that
+    covers a layer keeps its statistics personal either way; integer counters never leave."""
 
     def relayed_models(self) -> int:
         """Whole models a device holds at once in a round besides its own (relay algorithms)."""

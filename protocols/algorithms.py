@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 from protocols.algorithm_config import AggregationWeights as AggregationWeights
 from protocols.algorithm_config import AlgorithmConfig as AlgorithmConfig
 from protocols.algorithm_config import Beta, PersonalDefault, PositiveFloat
+from protocols.algorithm_config import NormStats as NormStats
 from protocols.algorithm_config import PersonalPreset as PersonalPreset
 from protocols.algorithm_config import RobustAggregation as RobustAggregation
 from protocols.algorithm_config import ServerOptimizerName as ServerOptimizerName

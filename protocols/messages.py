@@ -563,7 +563,7 @@ class ExportArguments(WireModel):
 
     out_dir: str = Field(default="", max_length=4096)
     """The folder on the device for `<device_id>.onnx`; empty for its state directory."""
-    quantize: Literal["int8"] | None = None
+    quantize: Literal["int8", "int8-static"] | None = None
     guard: bool = False
     """Ship the global model where it validates better than the personalized one."""
 

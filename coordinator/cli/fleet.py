@@ -113,7 +113,11 @@ def export(
         typer.Option(help="directory on each device for <device>.onnx (default: its state dir)"),
     ] = None,
     quantize: Annotated[
-        str | None, typer.Option(help="int8: also write <device>.int8.onnx")
+        str | None,
+        typer.Option(
+            help="int8 (dynamic) or int8-static (calibrated on each device's own data): also "
+            "write <device>.int8.onnx"
+        ),
     ] = None,
     guard: Annotated[
         bool, typer.Option("--guard", help="ship the global model where it validates better")

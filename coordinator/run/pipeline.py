@@ -53,7 +53,15 @@ class RunResult:
 
 
 logger = logging.getLogger(__name__)
-_COMMON_FIELDS = ("local_epochs", "batch_size", "lr", "max_steps", "momentum", "weight_decay")
+_COMMON_FIELDS = (
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "max_steps",
+    "momentum",
+    "weight_decay",
+    "norm_stats",
+)
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,10 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     if settings.pretrain_rounds:
         common = {key: getattr(config, key) for key in _COMMON_FIELDS}
         pretrain = parse_algorithm_config("fedavg", common)
-        stages.append(Stage(pretrain, tuple(model.state_dict()), settings.pretrain_rounds))
+        shared = resolve_split(model, task.personal_patterns, pretrain).shared
+        stages.append(Stage(pretrain, shared, settings.pretrain_rounds))
     stages.append(Stage(config, split.shared, settings.pretrain_rounds + settings.rounds))
-    check(settings, [stage.config for stage in stages])
+    check(settings, [stage.config for stage in stages], model)
     privacy = settings.privacy()
     poisson = privacy is not None and privacy.sampling == "poisson"
     # Poisson cohorts are drawn by the PrivacyEngine at rate --participation, and the strategy

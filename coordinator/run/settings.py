@@ -34,6 +34,7 @@ from pfl_tasks.base import Task
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import (
     AlgorithmConfig,
+    NormStats,
     PersonalPreset,
     algorithm_names,
     parse_algorithm_config,
@@ -73,7 +74,13 @@ class RunSettings(TomlSettings):
     )
     personal_preset: PersonalPreset | None = Field(
         None,
-        description="personal part by preset: output, input, split-input, adapters, all, none",
+        description="personal part by preset: output, input, split-input, adapters, fedbn, all, "
+        "none",
+    )
+    norm_stats: NormStats = Field(
+        "personal",
+        description="normalization statistics (BatchNorm running mean/var): personal (stay on "
+        "each device, FedBN) or shared (averaged like parameters); counters never leave",
     )
     pretrain_rounds: int = Field(
         0, ge=0, description="FedAvg rounds first; personal parts then warm-start from them"
@@ -156,6 +163,7 @@ class RunSettings(TomlSettings):
             "lr": self.lr,
             "personal": tuple(self.personal) if self.personal is not None else None,
             "personal_preset": self.personal_preset,
+            "norm_stats": self.norm_stats,
         }
         values: dict[str, Any] = {key: value for key, value in common.items() if value is not None}
         values.update(self.algorithm_options)

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
+from torch import nn
 
 from coordinator.run.sections import GuardOptions
 from coordinator.run.settings import RunSettings, SimulationSettings
 from coordinator.stages.features import FEATURES, Choices, Feature
+from pfl_tasks.registry import load_task
+from pfl_tasks.split import state_kinds
 from protocols.algorithms import ALGORITHM_CONFIGS, AlgorithmConfig, parse_algorithm_config
 from protocols.capabilities import SHARING
 from protocols.settings_errors import describe_settings_error
@@ -33,8 +36,11 @@ VARIANTS: Final[tuple[tuple[str, Mapping[str, object]], ...]] = (
 """Settings that change what an algorithm shares: rows of their own in the algorithm table."""
 
 
-def choices_of(settings: RunSettings) -> Choices:
-    """What `settings` turn on, as the features read it."""
+def choices_of(settings: RunSettings, model: nn.Module | None = None) -> Choices:
+    """What `settings` turn on for `model`, as the features read it (None: the task's model)."""
+    if model is None:
+        model = load_task(settings.task, settings.task_options).build_model(0)
+    has_statistics = "statistic" in state_kinds(model).values()
     defaults = GuardOptions.model_fields
     guard = {
         "norm_bound": (settings.guard.norm_bound, 0.0),
@@ -59,16 +65,20 @@ def choices_of(settings: RunSettings) -> Choices:
         simulated_clock=simulated is not None
         and settings.mode == "sync"
         and simulated.sync_on_simulated_clock(),
+        norm_stats=settings.norm_stats if has_statistics else None,
     )
 
 
-def problem(settings: RunSettings, configs: Sequence[AlgorithmConfig]) -> str | None:
+def problem(
+    settings: RunSettings, configs: Sequence[AlgorithmConfig], model: nn.Module | None = None
+) -> str | None:
     """The first reason the run cannot go as asked, prefixed with its feature (None: it can).
 
-    `configs` are the algorithm configs of the run's stages (pretraining, then the algorithm).
+    `configs` are the algorithm configs of the run's stages (pretraining, then the algorithm);
+    `model` the run's (None: the task's, built here).
     """
     try:
-        choices = choices_of(settings)
+        choices = choices_of(settings, model)
     except ValidationError as invalid:  # options of one feature that contradict each other
         return f"differential privacy: {describe_settings_error(invalid)}"
     active = [feature for feature in FEATURES if feature.on(choices)]
@@ -83,25 +93,30 @@ def problem(settings: RunSettings, configs: Sequence[AlgorithmConfig]) -> str | 
     return None
 
 
-def check(settings: RunSettings, configs: Sequence[AlgorithmConfig]) -> None:
+def check(
+    settings: RunSettings, configs: Sequence[AlgorithmConfig], model: nn.Module | None = None
+) -> None:
     """Refuse a run whose features do not compose with each other or with its algorithms.
 
     Raises:
         ValueError: the first problem, e.g. "differential privacy: selffl: ...".
     """
-    found = problem(settings, configs)
+    found = problem(settings, configs, model)
     if found is not None:
         raise ValueError(found)
 
 
 def resolutions(
-    settings: RunSettings, configs: Sequence[AlgorithmConfig], among: Sequence[str] | None = None
+    settings: RunSettings,
+    configs: Sequence[AlgorithmConfig],
+    among: Sequence[str] | None = None,
+    model: nn.Module | None = None,
 ) -> list[str]:
     """The declared changes the run's features make to each other and for its algorithms.
 
     With `among` (feature keys), only the changes that involve one of those features.
     """
-    choices = choices_of(settings)
+    choices = choices_of(settings, model)
     active = [feature for feature in FEATURES if feature.on(choices)]
     keys = {feature.key for feature in active}
     involved = keys if among is None else set(among)
@@ -137,8 +152,9 @@ def stage_configs(settings: RunSettings) -> list[AlgorithmConfig]:
 def _cell(row: str, column: str, values: Mapping[str, Any], among: Sequence[str]) -> Cell:
     settings = SimulationSettings(**values)
     configs = stage_configs(settings)
-    found = problem(settings, configs)
-    notes = () if found is not None else tuple(resolutions(settings, configs, among))
+    model = load_task(settings.task, settings.task_options).build_model(0)
+    found = problem(settings, configs, model)
+    notes = () if found is not None else tuple(resolutions(settings, configs, among, model))
     return Cell(row, column, values, found, notes)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from protocols.algorithms import AlgorithmConfig
+from protocols.algorithms import AlgorithmConfig, NormStats
 from protocols.capabilities import SHARING, AggregationKind
 from protocols.messages import Compression
 from protocols.privacy import PrivacySettings
@@ -36,6 +36,8 @@ class Choices:
     stateless: bool = False
     simulated_clock: bool = False
     """Synchronous rounds on the simulated clock (--sim-* settings)."""
+    norm_stats: NormStats | None = None
+    """Where the model's normalization statistics go (--norm-stats; None: it has none)."""
 
 
 Refusal = Callable[[AlgorithmConfig, Choices], str | None]
@@ -156,12 +158,29 @@ def _norms_note(config: AlgorithmConfig) -> str | None:
     return "the norm screen is off: each update moves different models, by incomparable norms"
 
 
+def _norm_stats_refuse(config: AlgorithmConfig, choices: Choices) -> str | None:
+    kind = config.capabilities.aggregation
+    if kind == "relay":
+        return (
+            f"{config.name} {SHARING[kind]}, moved by their owners' gradients: running "
+            "statistics are no gradient, so a relayed model's would keep their initial values; "
+            "use a model without BatchNorm (GroupNorm or LayerNorm need no statistics)"
+        )
+    if kind == "none" and choices.norm_stats == "shared":
+        return f"{config.name} {SHARING[kind]}: there is no mean to share statistics in; leave "
+        "--norm-stats personal"
+    return None
+
+
 DP: Final = "DP"
 SECAGG: Final = "secagg"
 UPLINK_INT8: Final = "int8 uplink"
 UPLINK_TOPK: Final = "top-k uplink"
 DOWNLINK_INT8: Final = "int8 downlink"
 PRETRAIN: Final = "pretraining"
+NORM_STATS: Final = "BatchNorm"
+BATCH_NORM_TASK: Final = "tests.normalization.bn_models:task"
+"""A small CNN with BatchNorm on the digits: the model the compatibility tests run it with."""
 DEVICE_NOISE_ALONE: Final = (
     "--dp-placement device needs --secagg: each device adds only its 1/sqrt(m) share of the "
     "noise, so without secure aggregation the coordinator sees every update with that share "
@@ -288,6 +307,13 @@ FEATURES: Final[tuple[Feature, ...]] = (
         {"stateless": True},
         lambda run: run.stateless,
         refuses=_stateless_refuses,
+    ),
+    Feature(
+        NORM_STATS,
+        "a model with BatchNorm",
+        {"task": BATCH_NORM_TASK},
+        lambda run: run.norm_stats is not None,
+        refuses=_norm_stats_refuse,
     ),
     Feature(
         PRETRAIN, "--pretrain-rounds", {"pretrain_rounds": 1}, lambda run: run.pretrain_rounds > 0

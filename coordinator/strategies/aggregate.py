@@ -10,19 +10,38 @@ from protocols.codec import Tensors
 from protocols.privacy import clip_to_norm, update_norm
 
 
+def refuse_counters(deltas: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    """Refuse integer tensors: counters (BatchNorm's `num_batches_tracked`) are never averaged.
+
+    A float mean of step counts is no count, and each device's keeps to itself
+    (`pfl_tasks.split.with_state_kinds` keeps every integer tensor personal).
+
+    Raises:
+        ValueError: some delta holds an integer tensor (the message names it).
+    """
+    for delta in deltas[:1]:  # every delta has the first one's names (checked at intake)
+        counters = [name for name, value in delta.items() if not value.is_floating_point()]
+        if counters:
+            msg = (
+                f"integer tensors are counters, never averaged: {', '.join(counters)} "
+                "must stay on the devices"
+            )
+            raise ValueError(msg)
+
+
 def weighted_mean(
     deltas: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
 ) -> Tensors:
     """sum_i w_i delta_i / sum_i w_i per tensor (FedAvg's aggregate, McMahan et al. 2017).
 
-    Integer tensors (e.g. BatchNorm's batch counter) are averaged in float64 and rounded.
-
     Raises:
-        ValueError: no deltas, mismatched lengths, or weights that do not sum to a positive number.
+        ValueError: no deltas, mismatched lengths, weights that do not sum to a positive number,
+            or an integer tensor (`refuse_counters`).
     """
     if not deltas or len(deltas) != len(weights):
         msg = f"need one weight per delta, got {len(deltas)} deltas and {len(weights)} weights"
         raise ValueError(msg)
+    refuse_counters(deltas)
     total = float(sum(weights))
     if not total > 0:
         msg = f"aggregation weights must sum to a positive number, got {total}"
@@ -32,11 +51,7 @@ def weighted_mean(
         accumulator = torch.zeros(first.shape, dtype=torch.float64)
         for delta, weight in zip(deltas, weights, strict=True):
             accumulator.add_(delta[name], alpha=weight / total)
-        result[name] = (
-            accumulator.to(first.dtype)
-            if first.is_floating_point()
-            else accumulator.round().to(first.dtype)
-        )
+        result[name] = accumulator.to(first.dtype)
     return result
 
 
@@ -56,10 +71,10 @@ def apply_delta(
 def coordinate_median(deltas: Sequence[Mapping[str, torch.Tensor]]) -> Tensors:
     """The coordinate-wise median of the deltas, unweighted (Yin et al. 2018, "Byzantine-robust").
 
-    With an even count the two middle values are averaged. Integer tensors are rounded.
+    With an even count the two middle values are averaged.
 
     Raises:
-        ValueError: no deltas.
+        ValueError: no deltas, or an integer tensor (`refuse_counters`).
     """
     return trimmed_mean(deltas, 0.5)
 
@@ -72,11 +87,12 @@ def trimmed_mean(deltas: Sequence[Mapping[str, torch.Tensor]], trim_fraction: fl
     leave nothing) keeps the middle one or two values: the median.
 
     Raises:
-        ValueError: no deltas, or `trim_fraction` outside [0, 0.5].
+        ValueError: no deltas, `trim_fraction` outside [0, 0.5], or an integer tensor.
     """
     if not deltas:
         msg = "need at least one delta"
         raise ValueError(msg)
+    refuse_counters(deltas)
     if not 0 <= trim_fraction <= 0.5:
         msg = f"trim_fraction must be in [0, 0.5], got {trim_fraction}"
         raise ValueError(msg)
@@ -86,10 +102,7 @@ def trimmed_mean(deltas: Sequence[Mapping[str, torch.Tensor]], trim_fraction: fl
     for name, first in deltas[0].items():
         stacked = torch.stack([delta[name].to(torch.float64) for delta in deltas])
         kept = stacked.sort(dim=0).values[trim : count - trim]
-        value = kept.mean(dim=0)
-        result[name] = (
-            value.to(first.dtype) if first.is_floating_point() else value.round().to(first.dtype)
-        )
+        result[name] = kept.mean(dim=0).to(first.dtype)
     return result
 
 
@@ -107,15 +120,16 @@ def centered_clipping(
     to L2 norm at most tau over all floating tensors together. A device's pull on the result is
     at most tau / n per iteration, whatever it sends or declares. `tau` None takes, at each
     iteration, the lower median of the distances ||x_i - v||: no fixed scale to tune, and with
-    fewer than half the devices lying at least one honest distance bounds every clip. Integer
-    tensors are averaged and rounded.
+    fewer than half the devices lying at least one honest distance bounds every clip.
 
     Raises:
-        ValueError: no deltas, `iterations` below 1, or a `tau` that is not positive.
+        ValueError: no deltas, `iterations` below 1, a `tau` that is not positive, or an
+            integer tensor (`refuse_counters`).
     """
     if not deltas:
         msg = "need at least one delta"
         raise ValueError(msg)
+    refuse_counters(deltas)
     if iterations < 1:
         msg = f"iterations must be at least 1, got {iterations}"
         raise ValueError(msg)
@@ -123,7 +137,7 @@ def centered_clipping(
         msg = f"tau must be positive, got {tau}"
         raise ValueError(msg)
     count = len(deltas)
-    names = [name for name, first in deltas[0].items() if first.is_floating_point()]
+    names = list(deltas[0])
     points = [{name: delta[name].to(torch.float64) for name in names} for delta in deltas]
     value = {
         name: torch.zeros(deltas[0][name].shape, dtype=torch.float64)
@@ -139,13 +153,7 @@ def centered_clipping(
             scale = min(1.0, bound / norm) if norm > 0 else 1.0
             for name in names:
                 value[name] = value[name] + offset[name] * (scale / count)
-    counters = weighted_mean(
-        [{n: t for n, t in delta.items() if n not in value} for delta in deltas], [1.0] * count
-    )
-    return {
-        name: value[name].to(first.dtype) if name in value else counters[name]
-        for name, first in deltas[0].items()
-    }
+    return {name: value[name].to(first.dtype) for name, first in deltas[0].items()}
 
 
 def robust_combine(

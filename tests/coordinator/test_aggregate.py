@@ -20,11 +20,10 @@ def test_weighted_mean_matches_an_independent_numpy_computation() -> None:
     assert not np.allclose(mean["w"].numpy(), plain_mean, rtol=1e-3)
 
 
-def test_integer_buffers_are_averaged_and_rounded() -> None:
+def test_integer_buffers_are_never_averaged() -> None:
     deltas = [{"count": torch.tensor(1)}, {"count": torch.tensor(4)}]
-    mean = weighted_mean(deltas, [1.0, 3.0])
-    assert mean["count"].dtype == torch.int64
-    assert int(mean["count"]) == 3  # (1 + 12) / 4 = 3.25
+    with pytest.raises(ValueError, match="counters, never averaged: count"):
+        weighted_mean(deltas, [1.0, 3.0])
 
 
 @pytest.mark.parametrize(("deltas", "weights"), [([], []), ([{"w": torch.ones(1)}], [0.0])])
