@@ -1,7 +1,8 @@
 """The `pfl-coord` console script, importing the CLI inside it (see `protocols.extras`).
 
-The CLI's module imports the coordinator's packages: on an agent-only install that import itself
-fails, and must end with the line naming the `coord` extra rather than a traceback.
+On an agent-only install a command that reaches one of the coordinator's packages (amqtt for the
+embedded broker, scikit-learn for the digits data, ...), at import or while it runs, ends with
+the line naming the `coord` extra rather than a traceback.
 """
 
 from __future__ import annotations
