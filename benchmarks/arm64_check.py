@@ -11,16 +11,22 @@ check) goes into docs/deployment.md.
 
     python -m benchmarks.arm64_check [--cache DIR] [--torch SPEC] [--out docs/deployment.md]
 
-Needs root (debootstrap, chroot, binfmt_misc, mounting /proc). The cache folder (PFL_ARM64_CACHE,
-default /var/cache/pfl-arm64) keeps the root file system, the venvs and pip's cache: the first run
-takes about 25 minutes on 2 cores (debootstrap ~8, torch and the dependencies installed under
-emulation ~8 to 12, the run ~4), later runs about 4; another --torch makes a venv of its own
-(~8 minutes once). Not part of pytest: emulation is far too slow for it.
+Host prerequisites, checked first (`host_problems`): root (debootstrap, chroot, binfmt_misc,
+mounting /proc), this checkout installed on the host (`pip install -c constraints.txt -e
+".[coord]"`: serve, the x86 agent and the probe run from it) and Debian's mosquitto. The check
+installs qemu-user-static, debootstrap and binfmt-support itself and leaves them, the qemu-aarch64
+binfmt_misc entry and the cache behind (docs/deployment.md says how to remove them). The wheel is
+rebuilt only when its sources changed (`source_digest`). The cache folder (PFL_ARM64_CACHE, default
+/var/cache/pfl-arm64) keeps the root file system, the venvs and pip's cache: the first run takes
+about 25 minutes on 2 cores (debootstrap ~8, torch and the dependencies installed under emulation ~8
+to 12, the run ~4), later runs about 4; another --torch makes a venv of its own (~8 minutes once).
+Not part of pytest: emulation is far too slow for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +46,7 @@ from benchmarks.arm64_rootfs import (
     ensure_host_tools,
     ensure_rootfs,
     ensure_venv,
+    host_problems,
     mounted,
     run,
     venv_for,
@@ -57,9 +64,39 @@ WORK = "/srv/pfl-arm64-check"
 """The run's folder inside the root file system (the host reads it through the rootfs path)."""
 
 
+PACKAGED = ("coordinator", "device_agent", "export", "pfl_tasks", "protocols")
+"""The folders the wheel is built from (pyproject.toml's packages), with BUILD_FILES."""
+BUILD_FILES = ("pyproject.toml", "MANIFEST.in", "README.md")
+
+
+def source_digest(root: Path = REPO) -> str:
+    """A digest of what the wheel is built from: equal digests give the same wheel contents."""
+    digest = hashlib.sha256()
+    files = [root / name for name in BUILD_FILES if (root / name).exists()]
+    for folder in PACKAGED:
+        files += [p for p in (root / folder).rglob("*") if p.is_file() and _packaged(p)]
+    for path in sorted(files):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _packaged(path: Path) -> bool:
+    return "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")
+
+
 def build_wheel(cache: Path) -> Path:
-    """This checkout's wheel, built from a copy so the work tree gains no build/ folder."""
+    """This checkout's wheel, built from a copy so the work tree gains no build/ folder.
+
+    Kept in the cache with the digest of its sources: an unchanged checkout reuses it, so the
+    venv's stamp (the wheel's bytes) matches and pfl-edge is not reinstalled.
+    """
     out = cache / "wheel"
+    digest = source_digest()
+    stamp = out / "source-digest"
+    wheels = sorted(out.glob("pfl_edge-*.whl"))
+    if len(wheels) == 1 and stamp.exists() and stamp.read_text() == digest:
+        return wheels[0]
     shutil.rmtree(out, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="pfl-arm64-src-") as directory:
         source = Path(directory) / "src"
@@ -70,7 +107,26 @@ def build_wheel(cache: Path) -> Path:
         command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
         run([*command, "-q", "-w", str(out), str(source)], what="building the pfl-edge wheel")
     (wheel,) = out.glob("pfl_edge-*.whl")
+    stamp.write_text(digest)
     return wheel
+
+
+BOARD_DATA = ("--data", f"{WORK}/pi-data", "--data-shard", "0")
+"""The board's own data directory, as a real device has (`--data DIR`): shard 0 of 2, written
+on the host, so the board's agent-only install needs no scikit-learn for the digits data."""
+
+
+def write_board_data(directory: Path) -> None:
+    """Shard 0 of 2 of digits, exactly as `--data-shard 0 --num-shards 2` gives it, as .npz."""
+    from device_agent.runner import load_data
+    from device_agent.settings import AgentSettings
+    from pfl_tasks.datadir import save_device_data
+    from pfl_tasks.registry import load_task
+
+    settings = AgentSettings.load(
+        None, device_id="pi-arm64", task="digits", data_shard=0, num_shards=2
+    )
+    save_device_data(load_data(settings, load_task("digits")), directory)
 
 
 def fleet(chroot: Chroot, work: Path, timeout: float) -> FleetRun:
@@ -91,9 +147,10 @@ def fleet(chroot: Chroot, work: Path, timeout: float) -> FleetRun:
             "--memory-budget",
             BUDGET,
         ]
+        write_board_data(work / "pi-data")
         agents["pi-arm64"] = _spawn(
             chroot.command(
-                ["pfl-agent", "start", "--device-id", "pi-arm64", "--data-shard", "0", *common,
+                ["pfl-agent", "start", "--device-id", "pi-arm64", *BOARD_DATA, *common,
                  "--state-dir", f"{WORK}/state"],
                 {"OMP_NUM_THREADS": "1"},
             ),
@@ -134,7 +191,7 @@ def export_and_verify(chroot: Chroot, work: Path) -> ExportCheck:
     started = time.monotonic()
     report = chroot.run(
         ["pfl-agent", "export", "--state-dir", f"{WORK}/state", "--out", model, "--task", "digits",
-         "--data-shard", "0", "--num-shards", "2", "--json"],
+         *BOARD_DATA, "--num-shards", "2", "--json"],
         what="pfl-agent export on arm64",
     )  # fmt: skip
     export_seconds = time.monotonic() - started
@@ -174,10 +231,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=10)
 
 
-def install_line(torch_spec: str, pin: str) -> str:
-    """The two pip lines this run made, as the report names them."""
+def install_line(torch_spec: str, pin: str, wheel: str) -> str:
+    """The two pip lines this run made (the wheel as copied into the board), for the report."""
     first = " ".join(f'"{word}"' for word in [*torch_spec.split(), *pin.split()])
-    second = " ".join(["<pfl-edge wheel>", *(f'"{word}"' for word in pin.split())])
+    second = " ".join([f"/tmp/{wheel}", *(f'"{word}"' for word in pin.split())])
     return f"`pip install {first}`, then `pip install {second}`"
 
 
@@ -210,6 +267,9 @@ def main() -> None:
         steps[name] = time.monotonic() - started
         print(f"{name}: {steps[name]:.0f} s", flush=True)
 
+    missing = host_problems()
+    if missing:
+        raise SetupError("the host is not ready:\n- " + "\n- ".join(missing))
     started = time.monotonic()
     ensure_host_tools()
     flags = ensure_binfmt()
@@ -218,7 +278,8 @@ def main() -> None:
     with mounted(root) as chroot:
         started = time.monotonic()
         venv = venv_for(f"{args.torch} {args.pin}".strip(), DEFAULT_TORCH)
-        ensure_venv(chroot, venv, args.torch, build_wheel(args.cache), args.pin)
+        wheel = build_wheel(args.cache)
+        ensure_venv(chroot, venv, args.torch, wheel, args.pin)
         step("install", started)
         work = chroot.host_path(WORK)
         shutil.rmtree(work, ignore_errors=True)
@@ -238,7 +299,7 @@ def main() -> None:
         debian=debian,
         qemu=qemu,
         binfmt=flags,
-        install=install_line(args.torch, args.pin),
+        install=install_line(args.torch, args.pin, wheel.name),
         budget=BUDGET,
         steps=steps,
     )

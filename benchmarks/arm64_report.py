@@ -163,16 +163,31 @@ EXPECTED_ROUNDS = ((1, "fedavg"), (2, "fedavg"), (3, "fedalt"))
 MAX_OUTPUT_DIFF = 1e-4
 
 
+EXPECTED_ARCH = {ARM: "aarch64", HOST: platform.machine()}
+"""What each agent's hello must say it runs on: the emulated board, and the host itself."""
+
+
 def problems(outcome: FleetRun, onnx: ExportCheck) -> list[str]:
-    """What the check requires and did not see; empty when the arm64 agent passed."""
+    """What the check requires and did not see; empty when the arm64 agent passed.
+
+    A round counts as trained only by the device's update (phase "train"): an evaluation
+    answer says the device is there, not that it trained.
+    """
     found = []
-    if set(outcome.events.hellos) != {ARM, HOST}:
-        found.append(f"hellos from {sorted(outcome.events.hellos)}, not both agents")
-    trained = {(a.round_id, a.algorithm, a.device_id) for a in outcome.events.rounds}
+    hellos = outcome.events.hellos
+    if set(hellos) != {ARM, HOST}:
+        found.append(f"hellos from {sorted(hellos)}, not both agents")
+    for device, arch in EXPECTED_ARCH.items():
+        said = hellos[device][1].capabilities.arch if device in hellos else None
+        if device in hellos and said != arch:
+            found.append(f"{device}'s hello says arch {said!r}, not {arch!r}")
+    trained = {
+        (a.round_id, a.algorithm, a.device_id) for a in outcome.events.rounds if a.phase == "train"
+    }
     for round_id, algorithm in EXPECTED_ROUNDS:
         for device in (ARM, HOST):
             if (round_id, algorithm, device) not in trained:
-                found.append(f"{device} did not answer {algorithm} round {round_id}")
+                found.append(f"{device} did not train in {algorithm} round {round_id}")
     report, arm = onnx.report, onnx.arm
     if not report.get("ok") or report.get("parity_max_abs_diff", 1.0) > MAX_OUTPUT_DIFF:
         found.append(f"pfl-agent export on arm64 failed: {report.get('error') or report}")

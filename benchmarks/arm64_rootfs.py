@@ -10,10 +10,11 @@ pip's cache) lives under one folder outside git; needs root.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,6 +46,36 @@ def run(command: Sequence[str], *, what: str, timeout: float = 3600) -> str:
         msg = f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}"
         raise SetupError(msg)
     return done.stdout
+
+
+HOST_MODULES = ("torch", "onnxruntime", "paho", "typer", "sklearn", "pydantic_settings")
+"""What the host's side imports: `pfl-coord serve`, the x86 agent (on --data-shard of digits)
+and the ONNX probe all run from this checkout with the host's own Python packages."""
+HOST_INSTALL = 'pip install -c constraints.txt -e ".[coord]"'
+MOSQUITTO = Path("/usr/sbin/mosquitto")
+
+
+def host_problems(
+    find_spec: Callable[[str], object | None] = importlib.util.find_spec,
+    mosquitto: Path = MOSQUITTO,
+    euid: Callable[[], int] = os.geteuid,
+) -> list[str]:
+    """What the host lacks before anything is set up: root, the project's packages, mosquitto.
+
+    Only the three emulation tools (HOST_PACKAGES) are installed by the check itself.
+    """
+    found = []
+    if euid() != 0:
+        found.append("run as root: debootstrap, chroot, binfmt_misc and mounting /proc need it")
+    missing = [module for module in HOST_MODULES if find_spec(module) is None]
+    if missing:
+        found.append(
+            f"install the project on the host first ({HOST_INSTALL} in the checkout): "
+            f"{', '.join(missing)} cannot be imported"
+        )
+    if not mosquitto.exists():
+        found.append(f"{mosquitto} is missing: apt-get install mosquitto")
+    return found
 
 
 def ensure_host_tools() -> None:

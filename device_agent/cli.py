@@ -20,6 +20,7 @@ from device_agent.state_store import DiskStateStore
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.datadir import load_npy, read_csv_columns, save_device_data, split_arrays
 from protocols.errors import PflError
+from protocols.extras import run_program
 from protocols.program_options import exit_with_error
 from protocols.settings_options import settings_options
 
@@ -38,6 +39,8 @@ EXPORT_FLAGS: Final = (
     "stateless",
 )
 """The settings `export` rebuilds the model from: what `start` was given."""
+DATA_HINT: Final = " (the digits task's built-in shards need scikit-learn; --data DIR needs none)"
+"""Where a lean agent meets scikit-learn: the digits task's bundled data."""
 
 
 @app.command()
@@ -206,5 +209,10 @@ def main() -> None:
     """pfl-edge device agent."""
 
 
+def run() -> None:
+    """The `pfl-agent` console script: the app, with a lean install's missing packages named."""
+    run_program(__name__, DATA_HINT)
+
+
 if __name__ == "__main__":
-    app()
+    run()

@@ -10,11 +10,13 @@ an export command must always be answered, and never raise into the transport.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from torch import nn
@@ -33,8 +35,6 @@ if TYPE_CHECKING:  # at run time, our export package even where a user's export.
     import export
     import export.quantize
     from export.metadata import Chosen
-else:
-    export = own_module("export")
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ def export_device_model(
         error (no round seen, personal state for another architecture, failed parity, ...).
     """
     round_id = source.latest_round_id
+    export = _export_package()
     try:
         checked = export.quantize.check_quantization(quantize)
         round_id, update, ctx = source.context()
@@ -224,12 +225,21 @@ def failed_report(device_id: str, round_id: int | None, error: BaseException) ->
     )
 
 
+def _export_package() -> ModuleType:
+    """Our export package, loaded at the first export: it brings onnx and onnxruntime."""
+    package = own_module("export")
+    importlib.import_module(f"{package.__name__}.quantize")
+    return package
+
+
 def _decide(
     personalized: nn.Module, global_model: nn.Module, source: ExportSource, guard: bool
 ) -> tuple[nn.Module, Chosen, dict[str, float]]:
     """The guard's choice, or the personalized model with both validation scores for the record."""
     if guard:
-        return export.choose_model(personalized, global_model, source.task, source.data.val)
+        choose: Callable[..., tuple[nn.Module, Chosen, dict[str, float]]]
+        choose = _export_package().choose_model
+        return choose(personalized, global_model, source.task, source.data.val)
     scores = {
         "personalized": evaluate(personalized, source.task, source.data.val),
         "global": evaluate(global_model, source.task, source.data.val),

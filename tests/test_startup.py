@@ -35,3 +35,13 @@ def test_a_dp_accounting_call_still_loads_the_library() -> None:
     rdp, loaded = json.loads(out.stdout)
     assert loaded
     assert 0 < rdp < 10
+
+
+def test_a_simulation_without_export_or_broker_loads_neither() -> None:
+    statement = (
+        "from coordinator.run.settings import SimulationSettings\n"
+        "from coordinator.run.simulate import run_simulation\n"
+        "run_simulation(SimulationSettings.load(None, task='digits', devices=3, rounds=1))"
+    )
+    loaded = loaded_after_import(statement, ("onnx", "onnxruntime", "amqtt", "sklearn"))
+    assert loaded == ["sklearn"]  # the digits data; the probe sees what the run imported

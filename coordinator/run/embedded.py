@@ -8,12 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocols.access import COORDINATOR_USER, TOOL_USERS
 from protocols.errors import PflError
-from protocols.transport.broker import EmbeddedBroker, free_port
 from protocols.transport.run_access import DEVICE_USER, RunAccess
 from protocols.transport.settings import BrokerSettings
+
+if TYPE_CHECKING:  # amqtt loads when a run starts its broker, not with the CLI
+    from protocols.transport.broker import EmbeddedBroker
 
 ENV_ACCOUNTS = (DEVICE_USER, *TOOL_USERS)
 """The accounts whose `PFL_*` env files a run writes: agents', and one per operator tool
@@ -52,6 +55,8 @@ def start_embedded(host: str, port: int, fleet: str, directory: Path) -> Embedde
         EmbeddedBrokerError: the broker did not start (e.g. the port is in use), in one line.
         StateError: the env files could not be written.
     """
+    from protocols.transport.broker import EmbeddedBroker, free_port
+
     access = RunAccess.generate(fleet)
     broker = EmbeddedBroker(host, port or free_port(host), run_access=access)
     files = access.write_env_files(directory, broker.url, ENV_ACCOUNTS)

@@ -44,7 +44,6 @@ from protocols.access import COORDINATOR_USER
 from protocols.errors import RoundError
 from protocols.messages import EvaluationReport
 from protocols.transport.base import Transport, Will
-from protocols.transport.broker import EmbeddedBroker
 from protocols.transport.factory import connect
 from protocols.transport.inprocess import InProcessBroker
 from protocols.transport.process_hub import ProcessHub
@@ -198,6 +197,8 @@ def _mqtt_wiring(settings: SimulationSettings, cleanup: ExitStack) -> _Wiring:
     url = settings.broker
     accounts: RunAccess | None = None
     if url is None:  # this run's accounts, handed to its in-process clients only
+        from protocols.transport.broker import EmbeddedBroker  # amqtt: only this run needs it
+
         accounts = RunAccess.generate(settings.fleet)
         embedded = cleanup.enter_context(EmbeddedBroker(run_access=accounts))
         url = embedded.url

@@ -46,8 +46,6 @@ from protocols.own_packages import own_module
 
 if TYPE_CHECKING:  # at run time, our export package even where a user's export.py shadows it
     from export.mixture import MixtureKind, MixtureModel
-else:
-    MixtureModel = own_module("export.mixture").MixtureModel
 
 OWNERS = "federico.owners"
 LAST_LOSS = "federico.last_loss"
@@ -345,4 +343,6 @@ class FedericoUpdate:
             ModelSlots(component).load(ctx.peer_models[owner])
             components.append(component)
         kind: MixtureKind = "probabilities" if ctx.task.metric_name == "accuracy" else "outputs"
-        return MixtureModel(components, [weights[owner] for owner in members], kind)
+        # loaded here: the export package brings onnx and onnxruntime, which training never needs
+        mixture: type[MixtureModel] = own_module("export.mixture").MixtureModel
+        return mixture(components, [weights[owner] for owner in members], kind)
