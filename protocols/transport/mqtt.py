@@ -93,6 +93,9 @@ class MqttTransport:
         """Messages dropped at intake, per sender (over a rate, queue or transfer limit)."""
         self._dispatcher = Dispatcher(client_id, settings, self.stats, self.offences)
         self._filters: list[str] = []
+        self._unconfirmed: set[str] = set()
+        """Filters the broker has not acknowledged: a session it kept may not hold them."""
+        self._resubscribed: dict[int, list[str]] = {}
         self._retained_chunks: dict[str, int] = {}
         self._publishing = threading.Lock()
         self._acks = threading.Condition()  # PUBACKs and SUBACKs, from the network thread
@@ -165,6 +168,7 @@ class MqttTransport:
             self._dispatcher.handlers.append((pattern, handler))
             new = [f for f in filters if f not in self._filters]
             self._filters.extend(new)
+            self._unconfirmed.update(new)
         try:
             if new:
                 self._subscribe_filters(pattern, new)
@@ -172,6 +176,7 @@ class MqttTransport:
             with self._dispatcher.lock:
                 self._dispatcher.handlers.remove((pattern, handler))
                 self._filters = [f for f in self._filters if f not in new]
+                self._unconfirmed.difference_update(new)
             raise
         self._dispatcher.put(Replay(pattern, handler))
 
@@ -280,6 +285,8 @@ class MqttTransport:
         if any(code.is_failure for code in codes):
             msg = f"broker refused the subscription: {', '.join(map(str, codes))}"
             raise ProtocolError(msg, topic=pattern)
+        with self._dispatcher.lock:
+            self._unconfirmed.difference_update(filters)
 
     def _subscriptions(
         self, filters: list[str]
@@ -396,9 +403,14 @@ class MqttTransport:
                 flags.session_present,
             )
             with self._dispatcher.lock:
-                filters = list(self._filters)
-            if filters:  # a broker that lost the session (restart) has lost them too
-                client.subscribe(self._subscriptions(filters))
+                filters = self._to_resubscribe(bool(flags.session_present))
+            if filters:
+                result, mid = client.subscribe(self._subscriptions(filters))
+                if result == paho.MQTT_ERR_SUCCESS and mid is not None:
+                    with self._acks:
+                        self._resubscribed[mid] = filters
+                        while len(self._resubscribed) > 256:  # SUBACKs lost with a connection
+                            del self._resubscribed[next(iter(self._resubscribed))]
             hook = self._reconnect_hook
             if hook is not None and self._connack.is_set():
                 self._dispatcher.put(Reconnected(hook))
@@ -442,6 +454,18 @@ class MqttTransport:
         self._closed = True
         self._client.disconnect()
 
+    def _to_resubscribe(self, session_present: bool) -> list[str]:
+        """What to subscribe again after a (re)connect; the caller holds the dispatcher's lock.
+
+        A broker that lost the session (restart, expiry) lost every filter. One that kept it
+        still holds those it acknowledged, and subscribing to them again would make an MQTT
+        3.1.1 broker send every retained message again: a model download cut halfway would
+        start over instead of resuming from the session's queue.
+        """
+        if not session_present:
+            return list(self._filters)
+        return [f for f in self._filters if f in self._unconfirmed]
+
     def _on_connect_fail(self, _c: paho.Client, _u: object) -> None:
         self._takeovers.connect_failed()
 
@@ -475,10 +499,19 @@ class MqttTransport:
     ) -> None:
         try:
             with self._acks:
-                self._subacks[mid] = codes
-                while len(self._subacks) > 256:  # acks of re-subscriptions nobody waits for
+                resubscribed = self._resubscribed.pop(mid, None)
+                if resubscribed is None:
+                    self._subacks[mid] = codes
+                while len(self._subacks) > 256:  # acks nobody waits for any more
                     del self._subacks[next(iter(self._subacks))]
                 self._acks.notify_all()
+            if resubscribed is not None:  # the broker's session holds these now
+                with self._dispatcher.lock:
+                    self._unconfirmed.difference_update(
+                        f
+                        for f, code in zip(resubscribed, codes, strict=False)
+                        if not code.is_failure
+                    )
         except Exception:
             logger.exception("%s: on_subscribe failed", self.client_id)
 

@@ -164,6 +164,24 @@ class FaultProxy:
         """End the partition: new connections pass again (black-holed ones are cut now)."""
         self._call(self._heal())
 
+    def wait_quiet(self, quiet_s: float, timeout_s: float) -> bool:
+        """Wait until no byte crossed for `quiet_s`; False if that did not happen in `timeout_s`.
+
+        What a transfer costs is only known once the broker stopped sending: the count right
+        after the receiver completed misses a resend still on its way.
+        """
+        deadline = time.monotonic() + timeout_s
+        last = (self.bytes_up, self.bytes_down)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = (self.bytes_up, self.bytes_down)
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                return True
+        return False
+
     @property
     def partitioned(self) -> bool:
         """Whether a partition is on."""
