@@ -35,6 +35,7 @@ from protocols.transport.dispatch import (
     Replay,
 )
 from protocols.transport.settings import BrokerSettings
+from protocols.transport.subscriptions import SessionFilters
 from protocols.transport.takeover import TakeoverWatch
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,7 @@ class MqttTransport:
         self.offences = offences or Offences()
         """Messages dropped at intake, per sender (over a rate, queue or transfer limit)."""
         self._dispatcher = Dispatcher(client_id, settings, self.stats, self.offences)
-        self._filters: list[str] = []
-        self._unconfirmed: set[str] = set()
-        """Filters the broker has not acknowledged: a session it kept may not hold them."""
-        self._resubscribed: dict[int, list[str]] = {}
+        self._filters = SessionFilters()
         self._retained_chunks: dict[str, int] = {}
         self._publishing = threading.Lock()
         self._acks = threading.Condition()  # PUBACKs and SUBACKs, from the network thread
@@ -166,17 +164,14 @@ class MqttTransport:
         filters = [pattern] if pattern.endswith("#") else [pattern, chunk_subscription(pattern)]
         with self._dispatcher.lock:
             self._dispatcher.handlers.append((pattern, handler))
-            new = [f for f in filters if f not in self._filters]
-            self._filters.extend(new)
-            self._unconfirmed.update(new)
+            new = self._filters.add(filters)
         try:
             if new:
                 self._subscribe_filters(pattern, new)
         except ProtocolError:
             with self._dispatcher.lock:
                 self._dispatcher.handlers.remove((pattern, handler))
-                self._filters = [f for f in self._filters if f not in new]
-                self._unconfirmed.difference_update(new)
+                self._filters.remove(new)
             raise
         self._dispatcher.put(Replay(pattern, handler))
 
@@ -191,7 +186,7 @@ class MqttTransport:
             self._dispatcher.handlers = [
                 (p, h) for p, h in self._dispatcher.handlers if p != pattern
             ]
-            self._filters = [f for f in self._filters if f not in filters]
+            self._filters.remove(filters)
         try:
             self._client.unsubscribe(filters)
         except ValueError as error:
@@ -285,8 +280,7 @@ class MqttTransport:
         if any(code.is_failure for code in codes):
             msg = f"broker refused the subscription: {', '.join(map(str, codes))}"
             raise ProtocolError(msg, topic=pattern)
-        with self._dispatcher.lock:
-            self._unconfirmed.difference_update(filters)
+        self._filters.confirmed(filters)
 
     def _subscriptions(
         self, filters: list[str]
@@ -402,15 +396,11 @@ class MqttTransport:
                 self.settings.url,
                 flags.session_present,
             )
-            with self._dispatcher.lock:
-                filters = self._to_resubscribe(bool(flags.session_present))
-            if filters:
+            filters = self._filters.to_resubscribe(bool(flags.session_present))
+            if filters:  # all of them if the broker lost the session (restart, expiry)
                 result, mid = client.subscribe(self._subscriptions(filters))
                 if result == paho.MQTT_ERR_SUCCESS and mid is not None:
-                    with self._acks:
-                        self._resubscribed[mid] = filters
-                        while len(self._resubscribed) > 256:  # SUBACKs lost with a connection
-                            del self._resubscribed[next(iter(self._resubscribed))]
+                    self._filters.resubscribing(mid, filters)
             hook = self._reconnect_hook
             if hook is not None and self._connack.is_set():
                 self._dispatcher.put(Reconnected(hook))
@@ -454,18 +444,6 @@ class MqttTransport:
         self._closed = True
         self._client.disconnect()
 
-    def _to_resubscribe(self, session_present: bool) -> list[str]:
-        """What to subscribe again after a (re)connect; the caller holds the dispatcher's lock.
-
-        A broker that lost the session (restart, expiry) lost every filter. One that kept it
-        still holds those it acknowledged, and subscribing to them again would make an MQTT
-        3.1.1 broker send every retained message again: a model download cut halfway would
-        start over instead of resuming from the session's queue.
-        """
-        if not session_present:
-            return list(self._filters)
-        return [f for f in self._filters if f in self._unconfirmed]
-
     def _on_connect_fail(self, _c: paho.Client, _u: object) -> None:
         self._takeovers.connect_failed()
 
@@ -498,20 +476,13 @@ class MqttTransport:
         self, _c: paho.Client, _u: object, mid: int, codes: list[ReasonCode], _p: object
     ) -> None:
         try:
+            if self._filters.acknowledged(mid, codes):
+                return
             with self._acks:
-                resubscribed = self._resubscribed.pop(mid, None)
-                if resubscribed is None:
-                    self._subacks[mid] = codes
-                while len(self._subacks) > 256:  # acks nobody waits for any more
+                self._subacks[mid] = codes
+                while len(self._subacks) > 256:  # acks of waits that timed out
                     del self._subacks[next(iter(self._subacks))]
                 self._acks.notify_all()
-            if resubscribed is not None:  # the broker's session holds these now
-                with self._dispatcher.lock:
-                    self._unconfirmed.difference_update(
-                        f
-                        for f, code in zip(resubscribed, codes, strict=False)
-                        if not code.is_failure
-                    )
         except Exception:
             logger.exception("%s: on_subscribe failed", self.client_id)
 
