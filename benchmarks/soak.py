@@ -71,7 +71,10 @@ def main() -> None:
     one_thread()
     logging.disable(logging.WARNING)
     plan = SoakPlan(
-        devices=args.devices, rounds=args.rounds, links=(LTE, CONGESTED_WIFI, LOOPBACK, NB_IOT_LIKE)
+        devices=args.devices,
+        rounds=args.rounds,
+        links=(LTE, CONGESTED_WIFI, LOOPBACK, NB_IOT_LIKE),
+        ceiling_s=1800.0,  # many agent processes start slowly on a small machine
     )
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)

@@ -14,7 +14,7 @@ from coordinator.run.settings import ServeSettings, SimulationSettings
 from coordinator.run.simulate import run_simulation
 from device_agent.virtual_fleet import device_name
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes
+from tests.e2e.conftest import Processes, wait_for
 from tests.netlab.proxy import FaultProxy, PartitionMode
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
@@ -27,7 +27,7 @@ HEAL_AFTER_S = 3.0
 def _partition_in_round_two(
     proxy: FaultProxy, mode: PartitionMode, healed: threading.Event
 ) -> Callable[[RoundRecord], None]:
-    """An `on_round` that partitions the proxied device as round 2 starts, healing it later."""
+    """An `on_round` that partitions the proxied device before round 2, healing it later."""
 
     def heal() -> None:
         proxy.heal()
@@ -35,7 +35,11 @@ def _partition_in_round_two(
 
     def on_round(record: RoundRecord) -> None:
         if record.round_id == 1:
+            tried = proxy.connections_refused
             proxy.partition(mode)
+            # once the device tried to come back (after its reconnect delay), its last-will has
+            # long reached the coordinator, which then waits for it before announcing round 2
+            wait_for(lambda: proxy.connections_refused > tried, "the device retrying")
             threading.Timer(HEAL_AFTER_S, heal).start()
 
     return on_round

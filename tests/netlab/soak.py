@@ -4,9 +4,10 @@ One driver for the short soak in the suite and the long one in `benchmarks/soak.
 coordinator (a child process) is killed with SIGKILL once a round is checkpointed and resumed
 in-process; from then on, each time a round closes, one fault is injected before the next one
 is announced: an agent killed (SIGKILL) and restarted on its state directory, the broker
-restarted with nothing kept, one device's link partitioned (healed a few seconds later), or
-every link cut at once. Every agent talks to the broker through its own fault proxy shaped as
-one of the link profiles.
+restarted with nothing kept, one device's link partitioned (black-holed once the device tried to
+come back, healed a few seconds later), or
+every link cut at once (the next round waits until all reconnected). Every agent talks to the
+broker through its own fault proxy shaped as one of the link profiles.
 
 Faults land where a round closes, so that the fault-free run is the reference: the checks are
 that every round 1..R is recorded exactly once, every round had every device exactly once,
@@ -17,7 +18,9 @@ personal state would each change them).
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +39,7 @@ from protocols.messages import DeviceStatus
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
-from tests.e2e.conftest import Processes, serve_killed_after
+from tests.e2e.conftest import Processes, wait_for
 from tests.netlab.profiles import Link
 from tests.netlab.proxy import FaultProxy
 
@@ -60,6 +63,8 @@ class SoakPlan:
     """Which devices the faults hit (and which fault, once each kind was injected once)."""
     kill_coordinator_at: int = 1
     """The checkpointed round after which the coordinator is killed and resumed."""
+    ceiling_s: float = CEILING_S
+    """The longest wait for any one thing (the fleet's start, an agent back, a checkpoint)."""
 
     def run_options(self) -> dict[str, Any]:
         """The settings the served run and its fault-free reference share."""
@@ -90,7 +95,8 @@ class SoakReport:
 class StatusWatch:
     """Every device status the broker relays, to wait for an agent restarted to come back."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ceiling_s: float) -> None:
+        self.ceiling_s = ceiling_s
         self.statuses: list[DeviceStatus] = []
         self._transport = MqttTransport(
             BrokerSettings(url=url, reconnect_min_delay_s=0.1, reconnect_max_delay_s=1.0),
@@ -115,7 +121,7 @@ class StatusWatch:
             states = [s.state for s in self.statuses[since:] if s.device_id == device_id]
             return "offline" in states and "online" in states[states.index("offline") :]
 
-        return self._transport.wait_until(back, CEILING_S)
+        return self._transport.wait_until(back, self.ceiling_s)
 
     def close(self) -> None:
         """Disconnect."""
@@ -146,15 +152,13 @@ class Soak:
             proxy = FaultProxy(self.broker.port, link, seed=plan.chaos_seed + index)
             self._proxies.append(proxy.start())
             self._start_agent(index)
-        watch = StatusWatch(self.broker.url)
+        watch = StatusWatch(self.broker.url, plan.ceiling_s)
         try:
-            self.report.killed_coordinator_at = serve_killed_after(
-                self.processes, self._flags(), self.directory, plan.kill_coordinator_at
-            )
+            self.report.killed_coordinator_at = self._kill_coordinator()
             self.report.result = run_serve(self._settings(resume=True), on_round=self._chaos(watch))
         finally:
             for timer in self._timers:
-                timer.join(timeout=CEILING_S)
+                timer.join(timeout=self.plan.ceiling_s)
             watch.close()
             for proxy in self._proxies:
                 self.report.bytes_up += proxy.bytes_up
@@ -162,6 +166,32 @@ class Soak:
                 proxy.stop()
         self.report.wall_seconds = time.monotonic() - started
         return self.report
+
+    @property
+    def ceiling(self) -> float:
+        """The longest wait for any one thing."""
+        return self.plan.ceiling_s
+
+    def _kill_coordinator(self) -> int:
+        """Serve as a child process; SIGKILL it once its checkpoint has the planned round."""
+        command = [
+            sys.executable, "-m", "coordinator.cli.app", "serve", *self._flags(),
+            "--out", str(self.directory / "run"),
+            "--checkpoint-dir", str(self.directory / "checkpoint"),
+        ]  # fmt: skip
+        coordinator = self.processes.start("coordinator", command)
+        checkpoint = self.directory / "checkpoint" / "checkpoint.json"
+        deadline = time.monotonic() + self.plan.ceiling_s
+        while time.monotonic() < deadline and coordinator.poll() is None:
+            if _checkpointed(checkpoint) >= self.plan.kill_coordinator_at:
+                break
+            time.sleep(0.05)
+        coordinator.kill()
+        coordinator.wait(timeout=self.plan.ceiling_s)
+        if not checkpoint.exists():
+            msg = f"no checkpoint within {self.plan.ceiling_s} s; see {self.directory}"
+            raise RuntimeError(msg)
+        return _checkpointed(checkpoint)
 
     def _start_agent(self, index: int) -> None:
         self.processes.agent(
@@ -187,7 +217,7 @@ class Soak:
             rounds=self.plan.rounds,
             min_devices=self.plan.devices,
             round_timeout=300.0,
-            join_timeout=CEILING_S,
+            join_timeout=self.plan.ceiling_s,
             out=self.directory / "run",
             checkpoint_dir=self.directory / "checkpoint",
             resume=resume,
@@ -211,7 +241,7 @@ class Soak:
             since = watch.mark()
             victim = self.processes.running[device]
             victim.kill()
-            victim.wait(timeout=CEILING_S)
+            victim.wait(timeout=self.plan.ceiling_s)
             self._start_agent(index)
             if not watch.wait_back(device, since):
                 msg = f"{device} did not come back after its restart"
@@ -222,11 +252,28 @@ class Soak:
             return ""
         if kind == "partition":
             proxy = self._proxies[index]
+            tried = proxy.connections_refused
             proxy.partition("blackhole")
+            # once the device tried to come back, its last-will has long reached the coordinator
+            wait_for(lambda: proxy.connections_refused > tried, f"{device} retrying", self.ceiling)
             timer = threading.Timer(HEAL_AFTER_S, proxy.heal)
             timer.start()
             self._timers.append(timer)
             return device
+        accepted = [proxy.connections_accepted for proxy in self._proxies]
         for proxy in self._proxies:
             proxy.reset()
+        for proxy, before in zip(self._proxies, accepted, strict=True):
+            wait_for(_accepted_more(proxy, before), "every device reconnected", self.ceiling)
         return ""
+
+
+def _checkpointed(checkpoint: Path) -> int:
+    """The round a checkpoint holds (0: none yet; each file is written atomically)."""
+    if not checkpoint.exists():
+        return 0
+    return int(json.loads(checkpoint.read_text())["round_id"])
+
+
+def _accepted_more(proxy: FaultProxy, before: int) -> Callable[[], bool]:
+    return lambda: proxy.connections_accepted > before
