@@ -104,7 +104,11 @@ def main() -> None:
             "",
             "Agent processes (digits, Ditto) each behind its own shaped link; a serving "
             "coordinator killed with SIGKILL once a round is checkpointed and resumed; then, "
-            "as each round closes, one fault before the next is announced (tests/netlab/soak.py).",
+            "as each round closes, one fault before the next is announced (tests/netlab/soak.py). "
+            "A short run, on a 2-core machine shared with other work; a long one is the same "
+            "command with more `--devices` and `--rounds` (not run here). The suite runs the "
+            "same driver smaller "
+            "(tests/e2e/test_short_soak.py: 10 devices, 6 rounds, about 5 minutes here).",
             "",
             *markdown_table(["", "result"], rows),
             "",
