@@ -35,6 +35,7 @@ from protocols.transport.dispatch import (
     Replay,
 )
 from protocols.transport.settings import BrokerSettings
+from protocols.transport.subscriptions import SessionFilters
 from protocols.transport.takeover import TakeoverWatch
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class MqttTransport:
         self.offences = offences or Offences()
         """Messages dropped at intake, per sender (over a rate, queue or transfer limit)."""
         self._dispatcher = Dispatcher(client_id, settings, self.stats, self.offences)
-        self._filters: list[str] = []
+        self._filters = SessionFilters()
         self._retained_chunks: dict[str, int] = {}
         self._publishing = threading.Lock()
         self._acks = threading.Condition()  # PUBACKs and SUBACKs, from the network thread
@@ -163,15 +164,14 @@ class MqttTransport:
         filters = [pattern] if pattern.endswith("#") else [pattern, chunk_subscription(pattern)]
         with self._dispatcher.lock:
             self._dispatcher.handlers.append((pattern, handler))
-            new = [f for f in filters if f not in self._filters]
-            self._filters.extend(new)
+            new = self._filters.add(filters)
         try:
             if new:
                 self._subscribe_filters(pattern, new)
         except ProtocolError:
             with self._dispatcher.lock:
                 self._dispatcher.handlers.remove((pattern, handler))
-                self._filters = [f for f in self._filters if f not in new]
+                self._filters.remove(new)
             raise
         self._dispatcher.put(Replay(pattern, handler))
 
@@ -186,7 +186,7 @@ class MqttTransport:
             self._dispatcher.handlers = [
                 (p, h) for p, h in self._dispatcher.handlers if p != pattern
             ]
-            self._filters = [f for f in self._filters if f not in filters]
+            self._filters.remove(filters)
         try:
             self._client.unsubscribe(filters)
         except ValueError as error:
@@ -280,6 +280,7 @@ class MqttTransport:
         if any(code.is_failure for code in codes):
             msg = f"broker refused the subscription: {', '.join(map(str, codes))}"
             raise ProtocolError(msg, topic=pattern)
+        self._filters.confirmed(filters)
 
     def _subscriptions(
         self, filters: list[str]
@@ -395,10 +396,11 @@ class MqttTransport:
                 self.settings.url,
                 flags.session_present,
             )
-            with self._dispatcher.lock:
-                filters = list(self._filters)
-            if filters:  # a broker that lost the session (restart) has lost them too
-                client.subscribe(self._subscriptions(filters))
+            filters = self._filters.to_resubscribe(bool(flags.session_present))
+            if filters:  # all of them if the broker lost the session (restart, expiry)
+                result, mid = client.subscribe(self._subscriptions(filters))
+                if result == paho.MQTT_ERR_SUCCESS and mid is not None:
+                    self._filters.resubscribing(mid, filters)
             hook = self._reconnect_hook
             if hook is not None and self._connack.is_set():
                 self._dispatcher.put(Reconnected(hook))
@@ -474,9 +476,11 @@ class MqttTransport:
         self, _c: paho.Client, _u: object, mid: int, codes: list[ReasonCode], _p: object
     ) -> None:
         try:
+            if self._filters.acknowledged(mid, codes):
+                return
             with self._acks:
                 self._subacks[mid] = codes
-                while len(self._subacks) > 256:  # acks of re-subscriptions nobody waits for
+                while len(self._subacks) > 256:  # acks of waits that timed out
                     del self._subacks[next(iter(self._subacks))]
                 self._acks.notify_all()
         except Exception:

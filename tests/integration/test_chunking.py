@@ -82,6 +82,22 @@ def test_two_transfers_on_one_topic_do_not_mix() -> None:
     assert [r for r in results if r is not None] == [first, second]
 
 
+def test_a_payload_sent_again_completes_the_set_held_from_the_first_send() -> None:
+    payload, other = os.urandom(6 * BODY), os.urandom(6 * BODY)
+    first_send, second_send = _chunks(payload), _chunks(payload)
+    reassembler = Reassembler(max_payload_bytes=1 << 20)
+    for chunk in first_send[:4]:  # the link was cut after four chunks
+        assert reassembler.add("t", chunk) is None
+
+    # only the two missing chunks of the second send are needed; another payload stays apart
+    assert reassembler.add("t", _chunks(other)[4]) is None
+    assert reassembler.add("t", second_send[4]) is None
+    assert reassembler.add("t", second_send[5]) == payload
+    assert (
+        chunking.decode_chunk(first_send[0])[0].transfer_id == hashlib.sha256(payload).digest()[:16]
+    )
+
+
 def test_corrupted_body_is_rejected_at_completion() -> None:
     payload = os.urandom(4 * BODY)
     chunks = _chunks(payload)

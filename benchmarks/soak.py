@@ -1,0 +1,122 @@
+"""The long soak: agent processes behind shaped links, chaos between rounds, then the checks.
+
+The driver is the short soak's (`tests/netlab/soak.py`, run in the suite by
+tests/e2e/test_short_soak.py) at a size given here: a serving coordinator killed with SIGKILL
+and resumed, then after each round one fault (an agent killed and restarted, the broker
+restarted, one link partitioned and healed, every link cut), every device behind its own fault
+proxy shaped as a link profile. Afterwards it checks what the suite checks: every round
+recorded once, every device counted once per round, and the model and personalized metrics
+equal to the fault-free in-process run. The report goes to docs/benchmarks.md.
+
+    python -m benchmarks.soak [--devices 20] [--rounds 12] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import markdown_table, one_thread, publish_section
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
+from tests.conftest import Mosquitto, free_port, mosquitto_binary
+from tests.e2e.conftest import Processes
+from tests.netlab.profiles import CONGESTED_WIFI, LOOPBACK, LTE, NB_IOT_LIKE
+from tests.netlab.soak import Soak, SoakPlan, SoakReport
+
+MARKER = "<!-- soak -->"
+
+
+def check(report: SoakReport) -> dict[str, str]:
+    """The soak's verdicts, each a short cell of the report table."""
+    plan, result = report.plan, report.result
+    if result is None:
+        return {"rounds": "none: the run did not finish"}
+    first = report.killed_coordinator_at + 1
+    ids = [r.round_id for r in result.records]
+    short = [r.round_id for r in result.records if r.participants != plan.devices]
+    fault_free = run_simulation(
+        SimulationSettings.load(
+            None, **plan.run_options(), devices=plan.devices, rounds=plan.rounds, batched="off"
+        )
+    )
+    equal = all(
+        torch.equal(result.final_shared[name], tensor)
+        for name, tensor in fault_free.final_shared.items()
+    )
+    return {
+        "rounds": f"{report.killed_coordinator_at} before the kill + {len(ids)} resumed "
+        f"({'all' if ids == list(range(first, plan.rounds + 1)) else 'NOT all'} of "
+        f"{first}..{plan.rounds}, each once)",
+        "updates lost": str(sum(plan.devices - r.participants for r in result.records)),
+        "rounds short of a device": ", ".join(map(str, short)) or "none",
+        "model equal to the fault-free run": "yes (bit for bit)" if equal else "NO",
+        "personalized metrics equal": "yes"
+        if result.summary.metrics == fault_free.summary.metrics
+        else "NO",
+    }
+
+
+def main() -> None:
+    """Run the soak and write its report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--devices", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    one_thread()
+    logging.disable(logging.WARNING)
+    plan = SoakPlan(
+        devices=args.devices,
+        rounds=args.rounds,
+        links=(LTE, CONGESTED_WIFI, LOOPBACK, NB_IOT_LIKE),
+        ceiling_s=1800.0,  # many agent processes start slowly on a small machine
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        broker = Mosquitto(mosquitto_binary(), root, free_port())
+        broker.start()
+        processes = Processes(root)
+        try:
+            report = Soak(plan, broker, processes, root).run()
+        finally:
+            processes.stop_all()
+            broker.stop()
+    verdicts = check(report)
+    faults = ", ".join(f"{kind} {count}" for kind, count in report.counts().items())
+    rows = [
+        ["devices (agent processes)", str(plan.devices)],
+        ["links", ", ".join(link.name for link in plan.links) + " (device i: i mod 4)"],
+        ["duration (s)", f"{report.wall_seconds:.0f}"],
+        ["faults injected", faults],
+        *[[name, value] for name, value in verdicts.items()],
+        ["bytes through the links (up / down)", f"{report.bytes_up:,} / {report.bytes_down:,}"],
+    ]
+    publish_section(
+        args.out,
+        MARKER,
+        [
+            "## Soak with chaos",
+            "",
+            "Agent processes (digits, Ditto) each behind its own shaped link; a serving "
+            "coordinator killed with SIGKILL once a round is checkpointed and resumed; then, "
+            "as each round closes, one fault before the next is announced (tests/netlab/soak.py). "
+            "A short run, on a 2-core machine shared with other work; a long one is the same "
+            "command with more `--devices` and `--rounds` (not run here). The suite runs the "
+            "same driver smaller "
+            "(tests/e2e/test_short_soak.py: 10 devices, 6 rounds, about 5 minutes here).",
+            "",
+            *markdown_table(["", "result"], rows),
+            "",
+            f"Command: `python -m benchmarks.soak --devices {plan.devices} "
+            f"--rounds {plan.rounds}`.",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
