@@ -56,6 +56,7 @@ def choices_of(settings: RunSettings) -> Choices:
             if value not in (off, defaults[name].default)
         ),
         stateless=simulated is not None and simulated.stateless,
+        tier=bool(settings.tier.names()),
         simulated_clock=simulated is not None
         and settings.mode == "sync"
         and simulated.sync_on_simulated_clock(),
