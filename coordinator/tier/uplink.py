@@ -211,7 +211,7 @@ class TierUplink:
             clip = self.clip_norm if dp is None else dp.clip_norm
             norm = update_norm(sums)
             if not math.isfinite(norm) or norm > partial.weight * clip * (1 + _NORM_SLACK):
-                msg = f"partial's norm {norm:g} exceeds weight x clip ({partial.weight:g} x {clip:g})"
+                msg = f"partial norm {norm:g} over weight x clip ({partial.weight:g} x {clip:g})"
                 raise ProtocolError(msg, topic=topic)
             if (
                 partial.within_clip is not None
