@@ -27,8 +27,8 @@ def run_aggregator(
         ValueError: the group is not given once (a site list or a hash group).
         BrokerConnectionError: the broker is unreachable or refuses the account.
     """
-    problem = settings.member_problem()
-    if problem is not None:
+    problem = settings.problem()
+    if problem is not None or settings.broker is None or settings.name is None:
         raise ValueError(problem)
     member = (
         listed_member(settings.devices)

@@ -74,10 +74,16 @@ class TierOptions(Section):
 class AggregatorSettings(TomlSettings, BrokerAccess):
     """`pfl-coord aggregator`: serve one group of devices and send its partial aggregates."""
 
-    broker: str = Field(
-        description="mqtt(s):// URL of the site's broker", json_schema_extra=panel(BROKER_PANEL)
+    broker: str | None = Field(
+        None,
+        description="mqtt(s):// URL of the site's broker (required)",
+        json_schema_extra=panel(BROKER_PANEL),
     )
-    name: str = Field(pattern=_NAME, description="this aggregator's name (its broker account)")
+    name: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="this aggregator's name, as --tier-aggregators lists it (required)",
+    )
     fleet: str = Field("default", pattern=_NAME, description="fleet name")
     devices: list[str] = Field(
         default_factory=list,
@@ -94,8 +100,10 @@ class AggregatorSettings(TomlSettings, BrokerAccess):
         3, ge=1, description="bad messages after which a device sits out the round"
     )
 
-    def member_problem(self) -> str | None:
-        """Why the group is not defined once (None: it is)."""
+    def problem(self) -> str | None:
+        """What is missing or contradictory (None: nothing)."""
+        if self.broker is None or self.name is None:
+            return "give --broker and --name (flags, PFL_* variables or the --config file)"
         if bool(self.devices) == bool(self.groups):
             return "give the group either as --devices or as --groups with --index"
         if self.groups and self.index >= self.groups:
