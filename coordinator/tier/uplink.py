@@ -102,7 +102,12 @@ class TierUplink:
             )
         self.transport.publish(wire.plan_topic(self.fleet), wire.encode(tier_plan), retain=True)
         host.announce(round_id, "train", plan, privacy=dp)
-        host.wait_for_answers(collector)
+        # every partial in, or no asked device left to cover; not the engine's silent-device
+        # grace: a device's update never reaches the coordinator to show it is heard again
+        online = host.registry.online_ids
+        self.transport.wait_until(
+            lambda: self._all_in() or collector.settled(online()), host.settings.round_timeout_s
+        )
         if not self._all_in():
             close = wire.TierClose(run_id=host.run_id, round_id=round_id)
             self.transport.publish(wire.close_topic(self.fleet), wire.encode(close))

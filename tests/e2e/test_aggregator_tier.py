@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,11 @@ class _Brokers:
             "ca_file": str(self.result.files["ca.crt"]),
         }
 
+    def log(self, port: int) -> Path:
+        """The log of the broker on `port`."""
+        directory = self.result.directory
+        return next(directory.rglob(f"mosquitto-{port}.log"))
+
     def bridged(self) -> bool:
         """Whether the core broker logged both site bridges' connections."""
         log = self.result.files["mosquitto.conf"].with_name(f"mosquitto-{self.core_port}.log")
@@ -95,13 +101,15 @@ def brokers(tmp_path: Path) -> Iterator[_Brokers]:
 def _aggregator(processes: Processes, brokers: _Brokers, name: str) -> None:
     config = brokers.result.sites[name].files["aggregator.toml"]
     command = [sys.executable, "-m", "coordinator.cli.app", "aggregator", "--config", str(config)]
+    line = f"aggregator {name} serving"
+    before = processes.log(f"aggregator-{name}").count(line)  # a restart appends to its log
     process = processes.start(f"aggregator-{name}", command)
 
     def serving() -> bool:
         log = processes.log(f"aggregator-{name}")
         if process.poll() is not None:
             pytest.fail(f"aggregator {name} exited: {log}")
-        return f"aggregator {name} serving" in log
+        return log.count(line) > before
 
     wait_for(serving, f"aggregator {name} serving")
 
@@ -166,11 +174,32 @@ def test_a_lost_aggregator_costs_its_group_one_round_and_resumes(
         _aggregator(processes, brokers, name)
     _agents(processes, brokers)
 
+    site_log = brokers.log(brokers.ports["b"])
+    announced = "Sending PUBLISH to pfl-aggregator-b (d0, q1, r0, m"
+
+    def kill_b_mid_round_2() -> None:
+        """SIGKILL aggregator b once round 2's announcement has reached it."""
+        wait_for(
+            lambda: (
+                sum(
+                    "'pfl/default/round'" in line
+                    for line in site_log.read_text(errors="replace").splitlines()
+                    if announced in line
+                )
+                >= 2
+            ),
+            "round 2 announced to aggregator b",
+        )
+        processes.running["aggregator-b"].kill()
+        processes.running["aggregator-b"].wait(timeout=10)
+
+    killer = threading.Thread(target=kill_b_mid_round_2)
+
     def on_round(record: RoundRecord) -> None:
-        if record.round_id == 1:  # gone before round 2's plan: its devices train unheard
-            processes.running["aggregator-b"].kill()
-            processes.running["aggregator-b"].wait(timeout=10)
-        if record.round_id == 2:
+        if record.round_id == 1:
+            killer.start()
+        if record.round_id == 2:  # b restarts before round 3
+            killer.join()
             _aggregator(processes, brokers, "b")
 
     # Execute
