@@ -28,7 +28,7 @@ from tests.conftest import free_port, mosquitto_binary, wait_for_port
 from tests.e2e.conftest import Processes, serve_settings, sourced, wait_for
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
-RUN = {"task": "digits", "algorithm": "fedavg", "seed": 0}
+RUN: dict[str, Any] = {"task": "digits", "algorithm": "fedavg", "seed": 0}
 DEVICES = 4
 SITES = {"a": (0, 1), "b": (2, 3)}
 
