@@ -114,7 +114,11 @@ def _aggregator(processes: Processes, brokers: _Brokers, name: str) -> None:
     wait_for(serving, f"aggregator {name} serving")
 
 
-def _agents(processes: Processes, brokers: _Brokers) -> None:
+def _start_sites(processes: Processes, brokers: _Brokers) -> None:
+    """Once both bridges are up: each site's aggregator, then every agent at its site."""
+    wait_for(brokers.bridged, "both site bridges connected to the core")
+    for name in SITES:
+        _aggregator(processes, brokers, name)
     for index in range(DEVICES):
         device_id = device_name(index)
         env = sourced(brokers.result.directory / "devices" / f"{device_id}.env")
@@ -149,10 +153,7 @@ def test_two_aggregators_over_bridged_brokers_train_the_single_coordinator_model
     brokers: _Brokers, processes: Processes, tmp_path: Path
 ) -> None:
     # Prepare
-    wait_for(brokers.bridged, "both site bridges connected to the core")
-    for name in SITES:
-        _aggregator(processes, brokers, name)
-    _agents(processes, brokers)
+    _start_sites(processes, brokers)
     # Execute
     served = _serve(brokers, tmp_path, rounds=2)
     single = run_simulation(SimulationSettings.load(None, **RUN, rounds=2, devices=DEVICES))
@@ -169,10 +170,7 @@ def test_a_lost_aggregator_costs_its_group_one_round_and_resumes(
     brokers: _Brokers, processes: Processes, tmp_path: Path
 ) -> None:
     # Prepare
-    wait_for(brokers.bridged, "both site bridges connected to the core")
-    for name in SITES:
-        _aggregator(processes, brokers, name)
-    _agents(processes, brokers)
+    _start_sites(processes, brokers)
 
     site_log = brokers.log(brokers.ports["b"])
     announced = "Sending PUBLISH to pfl-aggregator-b (d0, q1, r0, m"
