@@ -143,7 +143,7 @@ def aggregator_grants(fleet: str, site: Site) -> tuple[Grant, ...]:
         topics.round_announcement(fleet),
         wire.plan_topic(fleet),
         wire.close_topic(fleet),
-        *(topics.device_subscription(fleet, kind) for kind in ("hello", "status", "update")),
+        *(topics.device_subscription(fleet, kind) for kind in ("status", "update")),
     ]
     partial = wire.partial_topic(fleet, site.name)
     return (

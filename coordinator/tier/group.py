@@ -3,8 +3,9 @@
 It reads the coordinator's round announcement and tier plan (retained, so a restarted aggregator
 picks up the round in progress), takes its group's updates with the checks the coordinator's
 intake applies (the sender is the topic's device, this run and round, asked, the fleet's
-algorithm, a believable sample count, the run's codec and layout, finite values), clips each
-to the plan's norm, and keeps sum_i w_i delta_i in float64 in device-id order. It sends the
+algorithm, at most the samples its hello declared, as the plan lists them, the run's codec and
+layout, finite values), clips each to the plan's norm, and keeps sum_i w_i delta_i in float64
+in device-id order. It sends the
 partial when every asked member answered or declined, or when the coordinator closes the round:
 the coordinator owns every deadline, so the aggregator holds no clock and no thread. A member
 that sends more bad messages than `quarantine_after` in a round is left out of that round.
@@ -24,7 +25,7 @@ from coordinator.tier import wire
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.errors import PflError, RoundError, describe
-from protocols.messages import DeviceHello, DeviceStatus, DeviceUpdate, RoundAnnouncement
+from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement
 from protocols.offences import Offences
 from protocols.privacy import clip_to_norm
 from protocols.transport.base import Transport
@@ -71,12 +72,9 @@ class GroupAggregator:
     fleet: str
     name: str
     member: Callable[[str], bool]
-    max_samples: int = 1_000_000
-    """What an update may claim before its device's hello is seen."""
     quarantine_after: int = 3
     max_frame_bytes: int = 256 * 1024 * 1024
     offences: Offences = field(default_factory=Offences)
-    declared: dict[str, int] = field(default_factory=dict)
     partials_sent: int = 0
     _plan: wire.TierPlan | None = None
     _announcement: RoundAnnouncement | None = None
@@ -91,7 +89,6 @@ class GroupAggregator:
         subscribe(wire.close_topic(fleet), self._guarded(self._on_close))
         subscribe(topics.round_announcement(fleet), self._guarded(self._on_announcement))
         for kind, handler in (
-            ("hello", self._on_hello),
             ("status", self._on_status),
             ("update", self._on_update),
         ):
@@ -175,10 +172,6 @@ class GroupAggregator:
         if (close.run_id, close.round_id) == (current.plan.run_id, current.plan.round_id):
             self._send(current)
 
-    def _on_hello(self, topic: str, payload: bytes) -> None:
-        hello, _ = device_message(topic, payload, DeviceHello)
-        self.declared[hello.device_id] = hello.num_train_samples
-
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = device_message(topic, payload, DeviceStatus)
         current = self._round
@@ -209,8 +202,7 @@ class GroupAggregator:
         if update.device_id in current.updates or update.device_id in self._held:
             msg = "a second update, or one from a device held this round"
             raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
-        declared = self.declared.get(update.device_id, self.max_samples)
-        check_claims(update, plan.algorithm, declared, topic)
+        check_claims(update, plan.algorithm, plan.declared.get(update.device_id), topic)
         delta = unpack_delta(update, blob, plan.specs, current.announcement.uplink)
         clipped = clip_to_norm(delta, plan.clip_norm)
         weight = 1.0 if plan.equal_weights else float(update.num_samples)

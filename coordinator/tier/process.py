@@ -43,7 +43,6 @@ def run_aggregator(
         settings.fleet,
         settings.name,
         member,
-        max_samples=settings.max_samples,
         quarantine_after=settings.quarantine_after,
     )
     aggregator.start()

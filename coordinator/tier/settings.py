@@ -93,9 +93,6 @@ class AggregatorSettings(TomlSettings, BrokerAccess):
         0, ge=0, description="the group by hash: this many groups in all (with --index)"
     )
     index: int = Field(0, ge=0, description="the group by hash: this aggregator's group")
-    max_samples: int = Field(
-        1_000_000, ge=1, description="samples an update may claim before its hello is seen"
-    )
     quarantine_after: int = Field(
         3, ge=1, description="bad messages after which a device sits out the round"
     )

@@ -89,6 +89,9 @@ class TierUplink:
             round_id=round_id,
             algorithm=host.strategy.name,
             specs=host.specs,
+            declared={
+                d: n for d in plan.devices if (n := host.registry.declared_samples(d)) is not None
+            },
             equal_weights=equal,
             clip_norm=self.clip_norm if dp is None else dp.clip_norm,
             privacy=dp,

@@ -57,6 +57,9 @@ class TierPlan(WireModel):
     algorithm: Name
     specs: tuple[TensorSpec, ...]
     """The shared tensors' layout: what every update must have."""
+    declared: dict[Name, int] = Field(default_factory=dict)
+    """Each asked device's sample count as its hello declared it to the coordinator: the most
+    its update may claim (an aggregator started after the hellos has not seen them)."""
     equal_weights: bool
     """Each update weighs 1 (uniform aggregation, or DP); else its sample count."""
     clip_norm: float = Field(gt=0, le=1e6)

@@ -21,7 +21,13 @@ SPECS = describe_tensors({"w": torch.zeros(3)})
 def _round(hub: InProcessBroker, selected: tuple[str, ...], clip: float = 10.0) -> None:
     coordinator = hub.connect("coordinator")
     plan = wire.TierPlan(
-        run_id=RUN, round_id=1, algorithm="fedavg", specs=SPECS, equal_weights=False, clip_norm=clip
+        run_id=RUN,
+        round_id=1,
+        algorithm="fedavg",
+        specs=SPECS,
+        declared=dict.fromkeys(selected, 10),
+        equal_weights=False,
+        clip_norm=clip,
     )
     announcement = RoundAnnouncement(
         run_id=RUN,
@@ -78,6 +84,7 @@ def test_the_group_sums_its_clipped_updates_and_drops_the_forged_ones() -> None:
     for topic, frame in [
         _update("d1", [3.0, 4.0, 0.0]),  # norm 5: kept as is
         _update("d2", [0.0, 0.0, 10.0], algorithm="fedprox"),  # another algorithm: dropped
+        _update("d2", [0.0, 0.0, 10.0], num_samples=11),  # more than declared: dropped
         _update("d2", [0.0, 0.0, 10.0]),  # norm 10: clipped to 5
         _update("d4", [1.0, 1.0, 1.0]),  # another group's device: not read
         _update("d1", [9.0, 9.0, 9.0]),  # a second update: dropped
@@ -92,7 +99,7 @@ def test_the_group_sums_its_clipped_updates_and_drops_the_forged_ones() -> None:
     assert partial.devices == ("d1", "d2")
     assert (partial.weight, partial.samples, partial.loss_sum) == (20.0, 20, 10.0)
     assert torch.allclose(sums["w"], torch.tensor([30.0, 40.0, 50.0], dtype=torch.float64))
-    assert aggregator.offences.count("d2") == 1
+    assert aggregator.offences.count("d2") == 2
     assert aggregator.offences.count("d1") == 1
     assert aggregator.offences.count("d4") == 0
 
