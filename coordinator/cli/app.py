@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.cli.aggregator import aggregator as aggregator_command
 from coordinator.cli.fleet import dashboard as dashboard_command
 from coordinator.cli.fleet import export, provision, status
 from coordinator.cli.options import ConfigOption, VerboseOption, configure_logging, console
@@ -281,6 +282,7 @@ def report(
 for command in (status, export, provision):
     app.command()(command)
 app.command(name="dashboard")(dashboard_command)
+app.command(name="aggregator")(aggregator_command)
 
 
 @app.callback()

@@ -26,6 +26,7 @@ from coordinator.dashboard.settings import DashboardSettings
 from coordinator.ops.broker_config import BrokerLimits
 from coordinator.ops.export_command import FleetExport, request_exports
 from coordinator.ops.provision import provision as provision_fleet
+from coordinator.ops.site_brokers import parse_site
 from coordinator.ops.status import collect_fleet_view
 from protocols.access import DEFAULT_MAX_UPLOAD_BYTES
 from protocols.errors import PflError
@@ -191,10 +192,18 @@ def provision(
     max_upload_mb: Annotated[
         float, typer.Option(help="largest update a device may send (bounds its retained data)")
     ] = DEFAULT_MAX_UPLOAD_BYTES / MIB,
+    site: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an aggregator tier's site, repeatable: name[:tls_port[:plain_port]]=dev-1,dev-2 "
+            "(with ports: its own broker, bridged to this one; docs/scaling.md)"
+        ),
+    ] = None,
 ) -> None:
     """Write per-device broker credentials, password file, ACL and TLS config (docs/security.md)."""
     configure_logging(False)
     try:
+        sites = [parse_site(text) for text in site or ()]
         result = provision_fleet(
             [d.strip() for d in devices.split(",") if d.strip()],
             out,
@@ -205,6 +214,7 @@ def provision(
             broker_dir=broker_dir,
             force=force,
             limits=BrokerLimits(max_upload_bytes=int(max_upload_mb * MIB)),
+            sites=sites,
         )
     except (PflError, ValueError, OSError) as error:
         exit_with_error(console, error)
@@ -217,6 +227,12 @@ def provision(
         "\n  the certificates in tls/ are for tests only: see docs/security.md",
         soft_wrap=True,
     )
+    for placed in result.sites.values():
+        console.print(
+            f"  site {placed.site.name}: {placed.broker_url}; pfl-coord aggregator --config "
+            f"{placed.files['aggregator.toml']}",
+            soft_wrap=True,
+        )
     if result.chown_command is None:
         console.print("  the broker's files belong to the mosquitto user, as it requires")
     else:  # mosquitto refuses 0600 files it does not own once it drops to its user

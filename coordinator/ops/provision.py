@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coordinator.ops.broker_config import BrokerLimits, acl_text, mosquitto_conf
 from coordinator.ops.certificates import write_test_certificates
+from coordinator.ops.site_brokers import Site, bridge_lines, core_acl_lines, site_acl
 from protocols import topics
 from protocols.access import COORDINATOR_USER, DASHBOARD_USER, OPERATOR_USER, VIEWER_USER
 from protocols.errors import PflError
@@ -61,6 +62,21 @@ class ProvisionResult:
     files: dict[str, Path] = field(default_factory=dict)
     chown_command: str | None = None
     """What still gives the broker's user its files (None: done here, as root)."""
+    sites: dict[str, SiteAccounts] = field(default_factory=dict)
+    """Each site of an aggregator tier: its broker's URL, aggregator and bridge accounts."""
+
+
+@dataclass(frozen=True)
+class SiteAccounts:
+    """What `provision` wrote for one site (`coordinator.ops.site_brokers`)."""
+
+    site: Site
+    broker_url: str
+    """Where its devices and aggregator connect (the core's URL for a site on the core)."""
+    aggregator: Credential
+    bridge: Credential | None
+    """The bridge's account on the core (None: the site is on the core broker)."""
+    files: dict[str, Path] = field(default_factory=dict)
 
 
 BROKER_FILES = ("passwords", "acl", "mosquitto.conf", "ca.crt", "server.crt", "server.key")
@@ -173,6 +189,7 @@ def provision(
     force: bool = False,
     use_mosquitto_passwd: bool = True,
     limits: BrokerLimits | None = None,
+    sites: Sequence[Site] = (),
 ) -> ProvisionResult:
     """Write everything a TLS + ACL mosquitto and its fleet need into `out`.
 
@@ -194,11 +211,17 @@ def provision(
         force: Replace an earlier deployment in `out` (new passwords for everyone).
         use_mosquitto_passwd: Hash with `mosquitto_passwd` when installed.
         limits: Packet, queue and upload limits for the config and ACL (`BrokerLimits()`).
+        sites: An aggregator tier's sites: a site with ports gets its own broker in
+            `sites/<name>/` (passwords, ACL, mosquitto.conf bridged to this one, its
+            aggregator's `aggregator.toml`), and its devices' env files point at it; a site
+            without ports has its aggregator's account on this broker.
 
     Raises:
         ProvisionError: invalid or duplicate names, or `out` already holds a deployment.
     """
-    ids = [_checked(device_id, fleet) for device_id in devices]
+    listed = [*devices, *(d for site in sites for d in site.devices if d not in devices)]
+    ids = [_checked(device_id, fleet) for device_id in listed]
+    _check_sites(sites)
     if not ids:
         msg = "give at least one device id"
         raise ProvisionError(msg)
@@ -218,39 +241,139 @@ def provision(
     )
     tools = (coordinator, operator, viewer, dashboard)
     accounts = {device_id: Credential(device_id, generate_password()) for device_id in ids}
-    files = write_test_certificates(out / "tls", host, [*(tool.username for tool in tools), *ids])
+    services = {
+        user: Credential(user, generate_password())
+        for site in sites
+        for user in (site.aggregator_user, site.bridge_user)
+    }
+    files = write_test_certificates(
+        out / "tls", host, [*(tool.username for tool in tools), *ids, *services]
+    )
+    away = {d for site in sites if site.bridged for d in site.devices}
+    core_ids = [d for d in ids if d not in away]
+    on_core = [services[s.bridge_user if s.bridged else s.aggregator_user] for s in sites]
     hasher = write_password_file(
         out / "passwords",
-        [*tools, *accounts.values()],
+        [*tools, *(accounts[d] for d in core_ids), *on_core],
         use_mosquitto_passwd=use_mosquitto_passwd,
     )
     logger.info("password hashes by %s", hasher)
-    (out / "acl").write_text(acl_text(fleet, ids, limits))
+    acl = acl_text(fleet, core_ids, limits) + "\n".join(core_acl_lines(fleet, sites))
+    (out / "acl").write_text(acl.rstrip("\n") + "\n")
     (out / "mosquitto.conf").write_text(
         mosquitto_conf(broker_dir, tls_port=tls_port, plain_port=plain_port, limits=limits)
     )
     url = f"mqtts://{host}:{tls_port}"
     ca_file = str(files["ca.crt"])
+    placed = {
+        site.name: _write_site(
+            site,
+            out,
+            broker_dir,
+            fleet,
+            (host, tls_port),
+            services,
+            accounts,
+            limits,
+            use_mosquitto_passwd=use_mosquitto_passwd,
+        )
+        for site in sites
+    }
+    site_of = {
+        d: placed[site.name].broker_url for site in sites if site.bridged for d in site.devices
+    }
     for account in tools:
         env = device_env(fleet, url, account, ca_file, is_device=False)
         _write_private(out / f"{account.username.removeprefix('pfl-')}.env", env)
     for credential in accounts.values():
-        env = device_env(fleet, url, credential, ca_file)
+        env = device_env(fleet, site_of.get(credential.username, url), credential, ca_file)
         _write_private(out / "devices" / f"{credential.username}.env", env)
     _write_private(
         out / "credentials.json",
         json.dumps(
-            _credentials_json(fleet, url, ca_file, tools, accounts, files),
+            _credentials_json(fleet, url, ca_file, tools, accounts, files, placed),
             indent=2,
         ),
     )
     files.update(
         {name: out / name for name in ("passwords", "acl", "mosquitto.conf", "credentials.json")}
     )
-    pending = hand_to_broker_user(files)
+    pending = [hand_to_broker_user(files)]
+    pending += [hand_to_broker_user(placed_site.files) for placed_site in placed.values()]
+    chown = " && ".join(command for command in pending if command) or None
     return ProvisionResult(
-        out, fleet, url, coordinator, operator, viewer, dashboard, accounts, files, pending
+        out, fleet, url, coordinator, operator, viewer, dashboard, accounts, files, chown, placed
     )
+
+
+def _check_sites(sites: Sequence[Site]) -> None:
+    names = [site.name for site in sites]
+    for name in names:
+        _checked(name, "fleet")  # a topic segment: tier/<site>/partial
+    listed = [d for site in sites for d in site.devices]
+    if len(set(names)) != len(names) or len(set(listed)) != len(listed):
+        msg = "site names must be unique, and each device in one site only"
+        raise ProvisionError(msg)
+
+
+def _write_site(
+    site: Site,
+    out: Path,
+    broker_dir: Path,
+    fleet: str,
+    core: tuple[str, int],
+    services: Mapping[str, Credential],
+    accounts: Mapping[str, Credential],
+    limits: BrokerLimits | None,
+    *,
+    use_mosquitto_passwd: bool,
+) -> SiteAccounts:
+    """A site's broker files (if it has its own broker) and its aggregator's settings file."""
+    host, core_port = core
+    directory = out / "sites" / site.name
+    directory.mkdir(parents=True, exist_ok=True)
+    aggregator = services[site.aggregator_user]
+    bridge = services[site.bridge_user] if site.bridged else None
+    url = f"mqtts://{host}:{core_port}"
+    files: dict[str, Path] = {}
+    if site.tls_port is not None and bridge is not None:
+        url = f"mqtts://{host}:{site.tls_port}"
+        write_password_file(
+            directory / "passwords",
+            [aggregator, *(accounts[d] for d in site.devices)],
+            use_mosquitto_passwd=use_mosquitto_passwd,
+        )
+        chunks = (limits or BrokerLimits()).max_chunks
+        (directory / "acl").write_text(site_acl(fleet, site, chunks))
+        site_dir = broker_dir / "sites" / site.name
+        conf = mosquitto_conf(
+            site_dir,
+            tls_port=site.tls_port,
+            plain_port=site.plain_port,
+            limits=limits,
+            tls_directory=broker_dir / "tls",
+        )
+        ca = broker_dir / "tls" / "ca.crt"
+        lines = bridge_lines(fleet, site, host, core_port, bridge.password, ca)
+        _write_private(directory / "mosquitto.conf", conf + "\n".join(lines) + "\n")
+        files = {name: directory / name for name in ("passwords", "acl", "mosquitto.conf")}
+    settings = {
+        "broker": url,
+        "name": site.name,
+        "fleet": fleet,
+        "devices": list(site.devices),
+        "username": aggregator.username,
+        "password": aggregator.password,
+        "ca_file": str(out / "tls" / "ca.crt"),
+    }
+    _write_private(directory / "aggregator.toml", _toml(settings))
+    files["aggregator.toml"] = directory / "aggregator.toml"
+    return SiteAccounts(site, url, aggregator, bridge, files)
+
+
+def _toml(values: Mapping[str, object]) -> str:
+    """Flat TOML of strings and lists of strings (JSON strings are TOML basic strings)."""
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items())
 
 
 def _credentials_json(
@@ -260,6 +383,7 @@ def _credentials_json(
     tools: Sequence[Credential],
     accounts: Mapping[str, Credential],
     files: Mapping[str, Path],
+    sites: Mapping[str, SiteAccounts],
 ) -> dict[str, object]:
     def entry(credential: Credential) -> dict[str, str]:
         return {
@@ -275,6 +399,15 @@ def _credentials_json(
         "ca_file": ca_file,
         **{tool.username.removeprefix("pfl-"): entry(tool) for tool in tools},
         "devices": {device_id: entry(c) for device_id, c in accounts.items()},
+        "sites": {
+            name: {
+                "broker_url": placed.broker_url,
+                "devices": list(placed.site.devices),
+                "aggregator": entry(placed.aggregator),
+                "bridge": None if placed.bridge is None else entry(placed.bridge),
+            }
+            for name, placed in sites.items()
+        },
     }
 
 

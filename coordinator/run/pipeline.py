@@ -30,6 +30,8 @@ from coordinator.stages.secure.aggregator import SecureAggregator
 from coordinator.stages.secure.uplink import SecureUplink
 from coordinator.stages.uplink import PlainUplink, UplinkPath
 from coordinator.strategies import build_strategy
+from coordinator.tier.settings import TierSettings
+from coordinator.tier.uplink import tier_uplink
 from pfl_tasks.base import Task
 from pfl_tasks.split import resolve_split
 from protocols import topics
@@ -81,6 +83,8 @@ class Stages:
     participation: float
     secure: SecureAggregationSettings | None = None
     """Secure aggregation of every stage's rounds (None: plain updates)."""
+    tier: TierSettings | None = None
+    """Partial aggregates from an aggregator tier (None: the coordinator reads each update)."""
 
     @property
     def total_rounds(self) -> int:
@@ -129,7 +133,9 @@ def plan_stages(settings: RunSettings, task: Task, model: nn.Module) -> Stages:
     # Poisson cohorts are drawn by the PrivacyEngine at rate --participation, and the strategy
     # takes everyone it is given (the declared resolution of "participation < 1" with DP)
     participation = 1.0 if poisson else settings.participation
-    return Stages(tuple(stages), participation, settings.secure_aggregation())
+    return Stages(
+        tuple(stages), participation, settings.secure_aggregation(), settings.tier_settings()
+    )
 
 
 def build_coordinator(
@@ -159,6 +165,8 @@ def build_coordinator(
             offences.record(device_id, topics.device(fleet, device_id, "secagg"), reason)
 
         uplink = SecureUplink(SecureAggregator(stages.secure, transport, fleet, blame))
+    elif stages.tier is not None:
+        uplink = tier_uplink(stages.tier, transport, engine_settings.fleet)
     # under DP or secure aggregation no device's loss is shown (a hostile or older device may
     # still send one): the fleet status every device reads must not republish it
     registry = FleetRegistry(keeps_losses=privacy is None and uplink.shows_losses)

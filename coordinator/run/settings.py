@@ -30,6 +30,7 @@ from coordinator.run.sections import (
 from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
 from coordinator.stages.aggregate_guard import GuardSettings
+from coordinator.tier.settings import TierOptions, TierSettings
 from pfl_tasks.base import Task
 from pfl_tasks.partition_settings import PartitionSettings
 from protocols.algorithms import (
@@ -94,6 +95,7 @@ class RunSettings(TomlSettings):
         "sync", description="sync (rounds) or async (buffered asynchronous aggregation)"
     )
     asynchronous: AsyncOptions = Field(default_factory=AsyncOptions)
+    tier: TierOptions = Field(default_factory=TierOptions)
     fleet: str = Field(
         "default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="fleet name"
     )
@@ -136,6 +138,10 @@ class RunSettings(TomlSettings):
             uplink=self.uplink(),
             downlink=self.compress.down,
         )
+
+    def tier_settings(self) -> TierSettings | None:
+        """The aggregator tier's settings (None without --tier-aggregators)."""
+        return self.tier.tier_settings()
 
     def secure_aggregation(self) -> SecureAggregationSettings | None:
         """The run's secure aggregation (None without --secagg)."""

@@ -33,6 +33,7 @@ from coordinator.run.simulation_workers import WorkerDevices, threads_per_worker
 from coordinator.scheduling.asynchronous import BufferedRounds
 from coordinator.scheduling.availability import SimulatedClock
 from coordinator.stages.privacy import privacy_engine
+from coordinator.tier.local import local_aggregators
 from device_agent.agent import DeviceAgent
 from device_agent.attacks import AttackPlan
 from device_agent.batched.choice import choose_trainer
@@ -113,6 +114,8 @@ class _Wiring:
     connect_coordinator: Callable[[], Transport]
     host: Callable[[VirtualFleet, int], DeviceHost]
     """Starts the devices of a fleet whose training steps take that many multiply-adds."""
+    connect_service: Callable[[str], Transport] | None = None
+    """A client of the hub for a service beside the coordinator (the tier's aggregators)."""
 
 
 def join_timeout(devices: int) -> float:
@@ -164,7 +167,9 @@ def _wiring(
             return LocalDevices(agents, hub)
 
         will = coordinator_will(settings.fleet)
-        return _Wiring(lambda: connect(hub, "coordinator", will), host_here)
+        return _Wiring(
+            lambda: connect(hub, "coordinator", will), host_here, lambda name: connect(hub, name)
+        )
     if broker is not None and not isinstance(broker, ProcessHub):
         msg = "a caller's InProcessBroker serves devices in this process only: pass a ProcessHub"
         raise ValueError(msg)
@@ -180,6 +185,7 @@ def _wiring(
     return _Wiring(
         lambda: connect(process_hub, "coordinator", coordinator_will(settings.fleet)),
         host_in_workers,
+        lambda name: connect(process_hub, name),
     )
 
 
@@ -279,6 +285,7 @@ def _run(
         task,
         privacy_engine(settings.privacy(), settings.participation, settings.seed),
     )
+    local_aggregators(settings.tier.names(), settings.fleet, wiring.connect_service)
     attack = attack_plan(settings)
     fleet = VirtualFleet.create(
         fleet=settings.fleet,

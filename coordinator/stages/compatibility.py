@@ -62,6 +62,7 @@ def choices_of(settings: RunSettings, model: nn.Module | None = None) -> Choices
             if value not in (off, defaults[name].default)
         ),
         stateless=simulated is not None and simulated.stateless,
+        tier=bool(settings.tier.names()),
         simulated_clock=simulated is not None
         and settings.mode == "sync"
         and simulated.sync_on_simulated_clock(),

@@ -34,6 +34,8 @@ class Choices:
     guard_flags: frozenset[str]
     """The guard's flags set to something other than their default and other than off."""
     stateless: bool = False
+    tier: bool = False
+    """Partial aggregates from an aggregator tier (--tier-aggregators)."""
     simulated_clock: bool = False
     """Synchronous rounds on the simulated clock (--sim-* settings)."""
     norm_stats: NormStats | None = None
@@ -114,6 +116,17 @@ _secure_refuses: Final = _SumStage(
     "--secagg-clip instead: leave clip_update_norm unset",
 )
 
+_tier_refuses: Final = _SumStage(
+    {
+        "relay": "there is no sum for an aggregator to form, and every model leaves its "
+        "device whole",
+        "none": "there is nothing to aggregate",
+    },
+    scalars="that needs each device's scalars in clear, and an aggregator sends only sums",
+    clips=", which sees only partial aggregates with the tier; each aggregator clips every "
+    "update to --tier-clip instead: leave clip_update_norm unset",
+)
+
 
 def _async_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
     reason = config.capabilities.synchronous
@@ -181,6 +194,7 @@ PRETRAIN: Final = "pretraining"
 NORM_STATS: Final = "BatchNorm"
 BATCH_NORM_TASK: Final = "tests.normalization.bn_models:task"
 """A small CNN with BatchNorm on the digits: the model the compatibility tests run it with."""
+TIER: Final = "aggregator tier"
 DEVICE_NOISE_ALONE: Final = (
     "--dp-placement device needs --secagg: each device adds only its 1/sqrt(m) share of the "
     "noise, so without secure aggregation the coordinator sees every update with that share "
@@ -198,6 +212,7 @@ ASYNC_TREE_LIMIT: Final = (
 )
 _EQUAL_UNDER_DP: Final = "DP clips every update to --dp-clip and weighs each the same"
 _ONLY_THE_SUM: Final = "the coordinator sees only the sum of the updates"
+_ONLY_THE_GROUPS: Final = "the coordinator sees only each aggregator's sum of its group's updates"
 
 
 def _uplink(key: str, example: str) -> Feature:
@@ -271,6 +286,27 @@ FEATURES: Final[tuple[Feature, ...]] = (
         lambda run: run.secure,
         refuses=_secure_refuses,
         conflicts={UPLINK_TOPK: TOPK_MASKED},
+    ),
+    Feature(
+        TIER,
+        "the aggregator tier",
+        {"tier_aggregators": "site-a,site-b"},
+        lambda run: run.tier,
+        refuses=_tier_refuses,
+        conflicts={
+            SECAGG: "does not combine with secure aggregation (--secagg) yet: masks would have "
+            "to cancel within each aggregator's group",
+            "async": "does not combine with --mode async: an aggregator sums one round's "
+            "cohort, and a buffer mixes devices asked at different times",
+            "simulated clock": "does not combine with --sim-*: rounds on the simulated clock "
+            "collect each update at its simulated arrival, not through the aggregators",
+            "--norm-bound": f"{_ONLY_THE_GROUPS}, so there is no update norm to screen (each "
+            "aggregator clips to --tier-clip): leave --norm-bound unset",
+            "--max-count-ratio": f"{_ONLY_THE_GROUPS}, so there are no counts to cap: leave "
+            "--max-count-ratio unset",
+            "--max-weight-share": f"{_ONLY_THE_GROUPS}, so there is no device weight to cap: "
+            "leave --max-weight-share unset",
+        },
     ),
     Feature(
         "async",

@@ -1,0 +1,1 @@
+"""The aggregator tier: aggregators serve device groups and send partial aggregates upstream."""

@@ -1,0 +1,264 @@
+"""One aggregator of the tier: the device side of a round for its group, one partial upstream.
+
+It reads the coordinator's round announcement and tier plan (retained, so a restarted aggregator
+picks up the round in progress), takes its group's updates with the checks the coordinator's
+intake applies (the sender is the topic's device, this run and round, asked, the fleet's
+algorithm, at most the samples its hello declared, as the plan lists them, the run's codec and
+layout, finite values), clips each to the plan's norm, and keeps sum_i w_i delta_i in float64
+in device-id order. It sends the
+partial when every asked member answered or declined, or when the coordinator closes the round:
+the coordinator owns every deadline, so the aggregator holds no clock and no thread. A member
+that sends more bad messages than `quarantine_after` in a round is left out of that round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from coordinator.engine.intake import check_claims, device_message, unpack_delta
+from coordinator.tier import wire
+from protocols import topics
+from protocols.codec import decode_frame
+from protocols.errors import PflError, RoundError, describe
+from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement
+from protocols.offences import Offences
+from protocols.privacy import clip_to_norm
+from protocols.transport.base import Transport
+from protocols.transport.inbound import sender_of
+
+logger = logging.getLogger(__name__)
+
+
+def hashed_member(index: int, groups: int) -> Callable[[str], bool]:
+    """Group `index` of `groups` by a hash of the device id (stable across processes)."""
+
+    def member(device_id: str) -> bool:
+        digest = hashlib.sha256(device_id.encode()).digest()
+        return int.from_bytes(digest[:8], "big") % groups == index
+
+    return member
+
+
+def listed_member(devices: Sequence[str]) -> Callable[[str], bool]:
+    """A site's explicit device list."""
+    listed = frozenset(devices)
+    return listed.__contains__
+
+
+@dataclass
+class _Round:
+    """The round being collected: who was asked, what came in."""
+
+    plan: wire.TierPlan
+    announcement: RoundAnnouncement
+    expected: frozenset[str]
+    updates: dict[str, tuple[float, int, float, float | None, dict[str, torch.Tensor]]] = field(
+        default_factory=dict
+    )
+    declined: set[str] = field(default_factory=set)
+    sent: bool = False
+
+
+@dataclass
+class GroupAggregator:
+    """Serves the devices `member` accepts; sends their partial aggregate as `name`."""
+
+    transport: Transport
+    fleet: str
+    name: str
+    member: Callable[[str], bool]
+    quarantine_after: int = 3
+    max_frame_bytes: int = 256 * 1024 * 1024
+    offences: Offences = field(default_factory=Offences)
+    partials_sent: int = 0
+    _plan: wire.TierPlan | None = None
+    _announcement: RoundAnnouncement | None = None
+    _round: _Round | None = None
+    _held: set[str] = field(default_factory=set)
+    _baseline: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> None:
+        """Subscribe to the round's plan, announcement, close, and the devices' messages."""
+        fleet, subscribe = self.fleet, self.transport.subscribe
+        subscribe(wire.plan_topic(fleet), self._guarded(self._on_plan))
+        subscribe(wire.close_topic(fleet), self._guarded(self._on_close))
+        subscribe(topics.round_announcement(fleet), self._guarded(self._on_announcement))
+        for kind, handler in (
+            ("status", self._on_status),
+            ("update", self._on_update),
+        ):
+            pattern = topics.device_subscription(fleet, kind)  # type: ignore[arg-type]
+            subscribe(pattern, self._guarded(handler, device=True))
+
+    def _guarded(
+        self, handler: Callable[[str, bytes], None], *, device: bool = False
+    ) -> Callable[[str, bytes], None]:
+        def guarded(topic: str, payload: bytes) -> None:
+            sender = sender_of(topic) if device else "coordinator"
+            if device and not self.member(sender):
+                return  # another group's device
+            try:
+                handler(topic, payload)
+            except PflError as error:
+                self._drop(sender, topic, str(error))
+            except Exception as error:  # an input no validator caught: count it, stay up
+                logger.debug("aggregator %s: failure on %s", self.name, topic, exc_info=True)
+                self._drop(sender, topic, describe(error))
+
+        return guarded
+
+    def _drop(self, sender: str, topic: str, reason: str) -> None:
+        self.offences.record(sender, topic, reason)
+        current = self._round
+        if (
+            current is not None
+            and sender in current.expected
+            and self.offences.count(sender) - self._baseline.get(sender, 0) >= self.quarantine_after
+        ):
+            self._held.add(sender)
+            current.updates.pop(sender, None)
+            self._decline(sender)
+
+    def _on_plan(self, topic: str, payload: bytes) -> None:
+        plan, _ = wire.decode(payload, self.max_frame_bytes)
+        if not isinstance(plan, wire.TierPlan):
+            msg = f"expected a tier plan on {topic}"
+            raise RoundError(msg, topic=topic)
+        self._plan = plan
+        self._begin()
+
+    def _on_announcement(self, topic: str, payload: bytes) -> None:
+        announcement, _ = decode_frame(payload)
+        if not isinstance(announcement, RoundAnnouncement):
+            msg = f"expected a round announcement on {topic}"
+            raise RoundError(msg, topic=topic)
+        if announcement.phase == "train":
+            self._announcement = announcement
+            self._begin()
+
+    def _begin(self) -> None:
+        """Start collecting once the plan and the announcement name the same new round."""
+        plan, announcement, current = self._plan, self._announcement, self._round
+        if plan is None or announcement is None:
+            return
+        same = plan.run_id == announcement.run_id and plan.round_id == announcement.round_id
+        if not same or (
+            current is not None
+            and (current.plan.run_id, current.plan.round_id) == (plan.run_id, plan.round_id)
+        ):
+            return
+        expected = frozenset(d for d in announcement.selected if self.member(d))
+        self._held.clear()
+        self._baseline = self.offences.counts()
+        self._round = _Round(plan, announcement, expected)
+        logger.info(
+            "aggregator %s: round %d asks %d of its devices",
+            self.name,
+            plan.round_id,
+            len(expected),
+        )
+        self._maybe_send()
+
+    def _on_close(self, topic: str, payload: bytes) -> None:
+        close, _ = wire.decode(payload, self.max_frame_bytes)
+        current = self._round
+        if not isinstance(close, wire.TierClose) or current is None:
+            return
+        if (close.run_id, close.round_id) == (current.plan.run_id, current.plan.round_id):
+            self._send(current)
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        status, _ = device_message(topic, payload, DeviceStatus)
+        current = self._round
+        if current is None or status.state not in ("skipped", "offline"):
+            return
+        if status.state == "offline" or (
+            status.run_id == current.plan.run_id and status.round_id == current.plan.round_id
+        ):
+            self._decline(status.device_id)
+
+    def _decline(self, device_id: str) -> None:
+        current = self._round
+        if current is not None and device_id in current.expected:
+            if device_id not in current.updates:
+                current.declined.add(device_id)
+            self._maybe_send()
+
+    def _on_update(self, topic: str, payload: bytes) -> None:
+        update, blob = device_message(topic, payload, DeviceUpdate)
+        current = self._round
+        if current is None or update.run_id != current.plan.run_id:
+            msg = "update for no round this aggregator collects"
+            raise RoundError(msg, device_id=update.device_id, topic=topic)
+        plan = current.plan
+        if update.round_id != plan.round_id or update.device_id not in current.expected:
+            msg = "stale or unrequested update"
+            raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
+        if update.device_id in current.updates or update.device_id in self._held:
+            msg = "a second update, or one from a device held this round"
+            raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
+        check_claims(update, plan.algorithm, plan.declared.get(update.device_id), topic)
+        delta = unpack_delta(update, blob, plan.specs, current.announcement.uplink)
+        clipped = clip_to_norm(delta, plan.clip_norm)
+        weight = 1.0 if plan.equal_weights else float(update.num_samples)
+        current.updates[update.device_id] = (
+            weight,
+            update.num_samples,
+            update.train_loss,
+            update.within_clip,
+            wire.as_float64(clipped),
+        )
+        current.declined.discard(update.device_id)
+        self._maybe_send()
+
+    def _maybe_send(self) -> None:
+        current = self._round
+        if current is not None and len(current.updates) + len(current.declined) >= len(
+            current.expected
+        ):
+            self._send(current)
+
+    def _send(self, current: _Round) -> None:
+        """The partial of `current`: once per round (the coordinator takes only the first)."""
+        if current.sent:
+            return
+        current.sent = True
+        plan = current.plan
+        devices = sorted(current.updates)
+        sums = {s.name: torch.zeros(s.shape, dtype=torch.float64) for s in plan.specs}
+        weight, samples, loss_sum, bits = 0.0, 0, 0.0, []
+        for device_id in devices:
+            w, n, loss, within, delta = current.updates[device_id]
+            for name, tensor in delta.items():
+                sums[name].add_(tensor, alpha=w)
+            weight, samples, loss_sum = weight + w, samples + n, loss_sum + loss * n
+            bits.append(within)
+        within_sum = (
+            sum(b for b in bits if b is not None) if any(b is not None for b in bits) else None
+        )
+        partial = wire.PartialAggregate(
+            run_id=plan.run_id,
+            round_id=plan.round_id,
+            aggregator=self.name,
+            devices=tuple(devices),
+            weight=weight,
+            loss_sum=loss_sum,
+            samples=samples,
+            within_clip=within_sum,
+        )
+        self.transport.publish(
+            wire.partial_topic(self.fleet, self.name), wire.encode(partial, sums)
+        )
+        self.partials_sent += 1
+        logger.info(
+            "aggregator %s: round %d partial of %d devices (%d declined)",
+            self.name,
+            plan.round_id,
+            len(devices),
+            len(current.declined),
+        )

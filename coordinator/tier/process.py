@@ -1,0 +1,58 @@
+"""`pfl-coord aggregator`: one aggregator process, next to its site's broker, until stopped."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from coordinator.tier.group import GroupAggregator, hashed_member, listed_member
+from coordinator.tier.settings import AggregatorSettings
+from protocols.transport.factory import connect
+
+logger = logging.getLogger(__name__)
+
+
+def run_aggregator(
+    settings: AggregatorSettings,
+    stop: threading.Event,
+    ready: Callable[[], None] | None = None,
+) -> GroupAggregator:
+    """Serve `settings`' group on its broker until `stop` is set; the aggregator, for its counts.
+
+    A restarted aggregator picks the round in progress up from the retained plan and
+    announcement; what its devices sent before it came back is that round's loss only.
+
+    Raises:
+        ValueError: the group is not given once (a site list or a hash group).
+        BrokerConnectionError: the broker is unreachable or refuses the account.
+    """
+    problem = settings.problem()
+    if problem is not None or settings.broker is None or settings.name is None:
+        raise ValueError(problem)
+    member = (
+        listed_member(settings.devices)
+        if settings.devices
+        else hashed_member(settings.index, settings.groups)
+    )
+    transport = connect(
+        settings.broker_settings(settings.broker), settings.name, None, clean_start=True
+    )
+    aggregator = GroupAggregator(
+        transport,
+        settings.fleet,
+        settings.name,
+        member,
+        quarantine_after=settings.quarantine_after,
+    )
+    aggregator.start()
+    logger.info(
+        "aggregator %s serves fleet %s on %s", settings.name, settings.fleet, settings.broker
+    )
+    if ready is not None:
+        ready()
+    try:
+        stop.wait()
+    finally:
+        transport.close()
+    return aggregator
