@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from benchmarks.common import publish_section
-from device_agent.memory_plan import memory_model, plan_training
+from benchmarks.memory import status_kib
+from device_agent.memory_plan import MemoryModel, memory_model, plan_training
 from device_agent.training import StepBudget, TrainSpec, train
 from pfl_tasks.base import DeviceData, PartitionSpec, Split
 from pfl_tasks.models import Classification, build_seeded
@@ -115,22 +116,28 @@ class SignalTask(Classification):
         raise NotImplementedError(msg)
 
 
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    msg = f"{field} not found: memory figures need Linux /proc"
-    raise RuntimeError(msg)
+def forced(terms: MemoryModel, lever: str) -> MemoryModel:
+    """`terms` as the plan sees them when one lever is forced ("plan": as measured).
+
+    "micro": no blocks to checkpoint; "checkpoint": plain training would not fit one sample.
+    """
+    if lever == "micro":
+        return dataclasses.replace(terms, checkpointed_bytes_per_sample=None)
+    if lever == "checkpoint":
+        return dataclasses.replace(terms, activation_bytes_per_sample=2**50)
+    return terms
 
 
-def child(model_name: str, budget: int | None, steps: int, batch: int = BATCH) -> dict[str, Any]:
+def child(
+    model_name: str, budget: int | None, steps: int, batch: int = BATCH, lever: str = "plan"
+) -> dict[str, Any]:
     """Plan and train in this (fresh) process; the plan, peak and speed as JSON-able values."""
     torch.set_num_threads(1)
     task = SignalTask(model_name)
     model = task.build_model(0)
     data = task.signals(batch * steps)
     terms = memory_model(model, task, data, ParamSplit.for_model(model, ()))
-    terms = dataclasses.replace(terms, runtime_bytes=_status_bytes("VmRSS"))
+    terms = dataclasses.replace(terms, runtime_bytes=1024 * status_kib("VmRSS"))
     result: dict[str, Any] = {
         "model": model_name,
         "budget": budget,
@@ -139,9 +146,10 @@ def child(model_name: str, budget: int | None, steps: int, batch: int = BATCH) -
         "checkpointed_per_sample": terms.checkpointed_bytes_per_sample,
         "parameters": sum(p.numel() for p in model.parameters()),
         "method": terms.method,
+        "lever": lever,
     }
     try:
-        plan = None if budget is None else plan_training(terms, budget, batch)
+        plan = None if budget is None else plan_training(forced(terms, lever), budget, batch)
     except MemoryBudgetError as error:
         return {**result, "refused": str(error)}
     budget_of_step = (
@@ -164,16 +172,18 @@ def child(model_name: str, budget: int | None, steps: int, batch: int = BATCH) -
         "micro_batch": batch if plan is None else plan.micro_batch_size,
         "checkpointing": plan is not None and plan.checkpointing,
         "planned_peak": terms.peak(batch) if plan is None else plan.estimated_peak_bytes,
-        "peak": _status_bytes("VmHWM"),
+        "peak": 1024 * status_kib("VmHWM"),
         "steps_per_second": stats.steps / seconds,
     }
 
 
-def measure(model_name: str, budget: int | None, steps: int, batch: int = BATCH) -> dict[str, Any]:
+def measure(
+    model_name: str, budget: int | None, steps: int, batch: int = BATCH, lever: str = "plan"
+) -> dict[str, Any]:
     """`child` in a fresh interpreter, so no peak or allocator state carries over."""
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory_conv", "--child",
-         json.dumps([model_name, budget, steps, batch])],
+         json.dumps([model_name, budget, steps, batch, lever])],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     measured: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
@@ -189,6 +199,8 @@ def _row(run: dict[str, Any]) -> str:
     choice = f"micro-batch {run['micro_batch']} x {-(-BATCH // int(run['micro_batch']))}"
     if run["checkpointing"]:
         choice += ", checkpointing"
+    if run["lever"] != "plan":
+        choice = f"({choice}: {run['lever']} forced)"
     within = "-" if run["budget"] is None else f"{run['peak'] / run['budget']:.2f}"
     return (
         f"| {run['model']} | {budget} | {choice} | {run['planned_peak'] / mib:.0f} | "
@@ -198,7 +210,15 @@ def _row(run: dict[str, Any]) -> str:
 
 def section(steps: int) -> list[str]:
     """Measure every model at every budget; the section's lines."""
-    runs = [measure(name, budget, steps) for name in MODELS for budget in BUDGETS]
+    runs = []
+    for name in MODELS:
+        for budget in BUDGETS:
+            run = measure(name, budget, steps)
+            runs.append(run)
+            if run.get("micro_batch", BATCH) < BATCH or run.get("checkpointing"):
+                other = "micro" if run["checkpointing"] else "checkpoint"
+                if other == "micro" or run["checkpointed_per_sample"] is not None:
+                    runs.append(measure(name, budget, steps, lever=other))
     mib = 2**20
     described = []
     for name in MODELS:
@@ -224,7 +244,7 @@ def section(steps: int) -> list[str]:
         f"batches of {BATCH}, one torch thread, each row a fresh process. Budgets are in MB "
         "(10^6 bytes) and include the process's runtime; peak = VmHWM of the process. "
         + "; ".join(described)
-        + ".",
+        + ". Rows in parentheses force the lever the plan did not take, at the same budget.",
         "",
         "| model | budget | plan | planned peak (MiB) | measured peak (MiB) "
         "| peak / budget | steps/s |",
