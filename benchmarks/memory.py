@@ -266,8 +266,9 @@ def modes_section() -> str:
             "delta formed and packed. Measured increment = peak RSS (VmHWM) of a fresh process "
             "over its resident memory before the model is built, median of 3 processes. The "
             "planner's estimate is `memory_model`'s M(b) - R at b = "
-            f"{MODE_BATCH}: 5|u| + 2|v| (3|u| + 2|v| of spec §4.1, plus the delta and its "
-            "encoding) and the probed activations. Full personalization is the paper's: a shared "
+            f"{MODE_BATCH}: 3|w| + 6|u| + 5|v| (what device_agent/memory_plan.py counts an agent "
+            "holding around a round) and the probed activations, margin included. Full "
+            "personalization is the paper's: a shared "
             "copy and a personal copy of the whole model, trained in turn (|v| = |u|); the `all` "
             "preset is the toolkit's, where nothing is shared and the global copy stays on the "
             "coordinator.",
