@@ -12,9 +12,10 @@ and the delta, and three copies while the delta is serialized and framed (6|u|);
 tensor the stored copy, its gradient, the snapshot and two copies while it is saved (5|v|).
 B_opt is the optimizer state (momentum) and A_1 the memory one more sample adds to a step.
 
-A_1 comes from a probe where Linux lets us measure it: two real forward/backward passes at two
-micro-batch sizes, each with the kernel's peak counter reset, and the slope between them (this
-catches backward temporaries and matmul workspaces that no formula lists). Elsewhere it is
+A_1 comes from a probe where Linux lets us measure it: two real forward/backward steps in a row at
+each of two micro-batch sizes, each pair after trimming the heap and resetting the kernel's peak
+counter, and the slope between them plus a margin (this catches backward temporaries and kernel
+workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
 estimated as 3x the bytes autograd saves for backward, counted exactly with saved-tensor hooks.
 Both hold for any layer (convolution, recurrence, normalization) without a table of layers.
 
