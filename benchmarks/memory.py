@@ -79,7 +79,7 @@ class _WideTask(Classification):
         raise NotImplementedError(msg)
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     """One kB figure of /proc/self/status: VmHWM (peak resident set) or VmRSS (now)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
@@ -134,7 +134,7 @@ def mode_child(mode: str) -> dict[str, object]:
     warm = nn.Sequential(nn.Linear(INPUTS, 64), nn.ReLU(), nn.Linear(64, 10))
     task.loss(warm(train_split.inputs[:MODE_BATCH]), train_split.targets[:MODE_BATCH]).backward()
     del warm  # the runtime (threads, kernels, allocator) is warm; nothing of the model exists yet
-    baseline = _status_kib("VmRSS") * 1024
+    baseline = status_kib("VmRSS") * 1024
     Path("/proc/self/clear_refs").write_text("5")
     model, patterns = _mode_model(mode)
     split = ParamSplit.for_model(model, patterns)
@@ -156,7 +156,7 @@ def mode_child(mode: str) -> dict[str, object]:
     )
     result = build_local_update(algorithm).run(ctx)
     pack_tensors(result.shared_delta)
-    peak = _status_kib("VmHWM") * 1024
+    peak = status_kib("VmHWM") * 1024
     del received, personal, ctx, result
     terms = memory_model(model, task, train_split, split)
     parameters = dict(model.named_parameters())
@@ -180,7 +180,7 @@ def child(fraction: float | None, increment: int) -> dict[str, object]:
     split = ParamSplit.for_model(model, ())
     names = tuple(n for n, _ in model.named_parameters())
     terms = memory_model(model, task, data, split)  # probes: afterwards the runtime is warm
-    baseline = _status_kib("VmRSS") * 1024
+    baseline = status_kib("VmRSS") * 1024
     terms = dataclasses.replace(terms, runtime_bytes=baseline)
     budget = None if fraction is None else baseline + int(fraction * increment)
     result: dict[str, object] = {"fraction": fraction, "baseline": baseline, "budget": budget}
@@ -199,7 +199,7 @@ def child(fraction: float | None, increment: int) -> dict[str, object]:
     result.update(
         micro_batch=micro or BATCH,
         estimated_peak=plan.estimated_peak_bytes if plan is not None else terms.peak(BATCH),
-        peak=_status_kib("VmHWM") * 1024,
+        peak=status_kib("VmHWM") * 1024,
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return result
@@ -266,8 +266,9 @@ def modes_section() -> str:
             "delta formed and packed. Measured increment = peak RSS (VmHWM) of a fresh process "
             "over its resident memory before the model is built, median of 3 processes. The "
             "planner's estimate is `memory_model`'s M(b) - R at b = "
-            f"{MODE_BATCH}: 5|u| + 2|v| (3|u| + 2|v| of spec §4.1, plus the delta and its "
-            "encoding) and the probed activations. Full personalization is the paper's: a shared "
+            f"{MODE_BATCH}: 3|w| + 6|u| + 5|v| (what device_agent/memory_plan.py counts an agent "
+            "holding around a round) and the probed activations, margin included. Full "
+            "personalization is the paper's: a shared "
             "copy and a personal copy of the whole model, trained in turn (|v| = |u|); the `all` "
             "preset is the toolkit's, where nothing is shared and the global copy stays on the "
             "coordinator.",

@@ -318,7 +318,7 @@ class RoundContexts:
             relayed_models=plan.config.relayed_models(),
         )
         memory_plan = plan_training(terms, self.memory_budget_bytes, plan.config.batch_size)
-        return StepBudget(memory_plan.micro_batch_size)
+        return StepBudget(memory_plan.micro_batch_size, checkpointing=memory_plan.checkpointing)
 
     def fingerprint(self, split: ParamSplit) -> str:
         """The key personal state is stored under: the task and the personal tensors' shapes."""

@@ -12,14 +12,25 @@ and the delta, and three copies while the delta is serialized and framed (6|u|);
 tensor the stored copy, its gradient, the snapshot and two copies while it is saved (5|v|).
 B_opt is the optimizer state (momentum) and A_1 the memory one more sample adds to a step.
 
-A_1 comes from a probe where Linux lets us measure it: two real forward/backward passes at two
-micro-batch sizes, each with the kernel's peak counter reset, and the slope between them (this
-catches backward temporaries and matmul workspaces that no formula lists). Elsewhere it is
+A_1 comes from a probe where Linux lets us measure it: two real forward/backward steps in a row at
+each of two micro-batch sizes, each pair after trimming the heap and resetting the kernel's peak
+counter, and the slope between them plus a margin (this catches backward temporaries and kernel
+workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
 estimated as 3x the bytes autograd saves for backward, counted exactly with saved-tensor hooks.
+Both hold for any layer (convolution, recurrence, normalization) without a table of layers.
+
+Two levers bring a batch within the budget: micro-batches with gradient accumulation (the same
+update to float tolerance; with BatchNorm, statistics are per micro-batch) and gradient
+checkpointing over the model's top-level blocks (device_agent/checkpointing.py), whose A_1 is
+probed the same way with the blocks recomputed. Recomputing costs about one more forward pass
+per step while a micro-batch costs one more call, so the plan checkpoints only where that at
+least halves the micro-batches per step (or where nothing fits otherwise), and refuses when
+neither fits one sample.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import re
@@ -31,6 +42,7 @@ import psutil
 import torch
 from torch import nn
 
+from device_agent.checkpointing import Forward, blocks, buffers_kept, checkpointed
 from pfl_tasks.base import Split, Task
 from pfl_tasks.split import ParamSplit
 from protocols.errors import MemoryBudgetError
@@ -82,27 +94,32 @@ class MemoryModel:
     optimizer_bytes: int
     activation_bytes_per_sample: int
     method: Literal["estimate", "probe"] = "estimate"
+    checkpointed_bytes_per_sample: int | None = None
+    """A_1 with the top-level blocks checkpointed; None where the model has no blocks."""
 
-    def peak(self, micro_batch: int) -> int:
-        """M(b) for a micro-batch of `micro_batch` samples."""
+    def peak(self, micro_batch: int, *, checkpointing: bool = False) -> int:
+        """M(b) for a micro-batch of `micro_batch` samples, plainly or checkpointed."""
         return (
             self.runtime_bytes
             + self.parameter_bytes
             + self.optimizer_bytes
-            + micro_batch * self.activation_bytes_per_sample
+            + micro_batch * self.per_sample(checkpointing=checkpointing)
         )
 
+    def per_sample(self, *, checkpointing: bool) -> int:
+        """A_1, checkpointed or not (checkpointing without blocks: plain).
 
-def activation_bytes_per_sample(
-    model: nn.Module, task: Task, data: Split, probe_batch: int = 4
-) -> int:
-    """Bytes autograd keeps for backward per sample, counted on a probe forward pass.
+        At least one byte, so the plan never divides by zero.
+        """
+        checkpointed = self.checkpointed_bytes_per_sample
+        per_sample = checkpointed if checkpointing and checkpointed is not None else None
+        return max(1, self.activation_bytes_per_sample if per_sample is None else per_sample)
 
-    Parameters saved for backward are excluded (they are counted as parameters); a batch of
-    `probe_batch` rather than 1 averages out per-batch constants.
-    """
-    count = max(1, min(probe_batch, len(data)))
-    parameter_pointers = {p.data_ptr() for p in model.parameters()}
+
+def _saved_bytes(
+    run: Forward, inputs: torch.Tensor, parameter_pointers: set[int]
+) -> tuple[torch.Tensor, int]:
+    """`run(inputs)` and the bytes autograd saves for its backward, parameters not counted."""
     seen: set[int] = set()
     saved = 0
 
@@ -115,17 +132,83 @@ def activation_bytes_per_sample(
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        outputs = model(data.inputs[:count])
-        loss = task.loss(outputs, data.targets[:count])
-    saved += outputs.numel() * outputs.element_size() + loss.numel() * loss.element_size()
+        outputs = run(inputs)
+    return outputs, saved
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def activation_bytes_per_sample(
+    model: nn.Module, task: Task, data: Split, probe_batch: int = 4
+) -> int:
+    """Bytes autograd keeps for backward per sample, counted on a probe forward pass.
+
+    Parameters saved for backward are excluded (they are counted as parameters); a batch of
+    `probe_batch` rather than 1 averages out per-batch constants.
+    """
+    count = max(1, min(probe_batch, len(data)))
+    pointers = {p.data_ptr() for p in model.parameters()}
+    outputs, saved = _saved_bytes(model, data.inputs[:count], pointers)
+    loss = task.loss(outputs, data.targets[:count])
+    saved += _nbytes(outputs) + _nbytes(loss)
     del loss, outputs
     return math.ceil(float(saved) / count)
 
 
+def checkpointed_bytes_per_sample(
+    model: nn.Module, task: Task, data: Split, probe_batch: int = 4
+) -> int | None:
+    """What `activation_bytes_per_sample` counts with the top-level blocks checkpointed.
+
+    Each recomputed block keeps only its input until backward reaches it, then holds its own
+    saved tensors alone: the boundaries, plus the largest recomputed block, plus the last
+    block (run plainly). None where the model has no blocks to checkpoint.
+    """
+    parts = blocks(model)
+    if parts is None:
+        return None
+    count = max(1, min(probe_batch, len(data)))
+    pointers = {p.data_ptr() for p in model.parameters()}
+    hidden = data.inputs[:count]
+    boundaries, largest = 0, 0
+    for block in parts[:-1]:
+        boundaries += _nbytes(hidden)
+        hidden, saved = _saved_bytes(block, hidden, pointers)
+        largest = max(largest, saved)
+    outputs, last = _saved_bytes(parts[-1], hidden, pointers)
+    loss = task.loss(outputs, data.targets[:count])
+    total = boundaries + largest + last + _nbytes(outputs) + _nbytes(loss)
+    del loss, outputs, hidden
+    return math.ceil(float(total) / count)
+
+
 _CLEAR_REFS: Final = Path("/proc/self/clear_refs")
 _STATUS: Final = Path("/proc/self/status")
+STEPS_PROBED: Final = 2
+"""Steps in a row per probed size: a second step finds the heap fragmented by the first and
+peaks higher (by 10-25% on the 1-D CNN of benchmarks/memory_conv.py), as every later one does."""
+PROBE_MARGIN: Final = 0.5
+"""Added to a probed A_1: training steps of the 1-D CNN of benchmarks/memory_conv.py peaked up
+to 40% above the probe's slope per sample (new shapes of micro-batches, tensors near glibc's
+moving mmap threshold landing in the heap or not), differing by 10-25% between processes."""
 ESTIMATE_FACTOR: Final = 3
 """Saved activations plus their gradients plus the pre-activation temporaries, per sample."""
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim; elsewhere nothing).
+
+    Freed tensors of a few MiB stay resident in glibc's heap (its mmap threshold rises as they
+    are freed), so a later step reuses them without growing the resident set: a probe would
+    read too little growth, and the runtime too much. Trimming first measures both as they are.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return
 
 
 def _peak_rss_bytes() -> int | None:
@@ -136,30 +219,49 @@ def _peak_rss_bytes() -> int | None:
 
 
 def probe_bytes_per_sample(
-    model: nn.Module, task: Task, data: Split, sizes: tuple[int, int] = (8, 128)
+    model: nn.Module,
+    task: Task,
+    data: Split,
+    sizes: tuple[int, int] = (16, 256),
+    forward: Forward | None = None,
 ) -> int | None:
     """Measured memory per sample of a training step, or None where it cannot be measured.
 
-    Gradients are left as they were (zeroed afterwards), parameters are not stepped.
+    `forward` runs the model (default: `model` itself; e.g. its checkpointed forward).
+    Gradients are zeroed afterwards, parameters are not stepped.
     """
+    run = model if forward is None else forward
     small, large = min(sizes[0], len(data)), min(sizes[1], len(data))
     if large <= small or not _CLEAR_REFS.exists():
         return None
+
+    def steps(count: int, repeats: int) -> None:
+        for _ in range(repeats):
+            model.zero_grad(set_to_none=True)
+            task.loss(run(data.inputs[:count]), data.targets[:count]).backward()
+
+    steps(small, 1)  # warms allocator, kernels and workspaces
+    steps(large, 1)
     peaks = []
-    for count in (small, large, small, large):  # the first pair warms allocator and workspaces
+    for count in (small, large):
+        release_free_heap()
         try:
             _CLEAR_REFS.write_text("5")
         except OSError:
             return None
         base = current_rss_bytes()
-        task.loss(model(data.inputs[:count]), data.targets[:count]).backward()
+        steps(count, STEPS_PROBED)
         peak = _peak_rss_bytes()
         if peak is None:
             return None
         peaks.append(peak - base)
     model.zero_grad(set_to_none=True)
-    slope = (peaks[3] - peaks[2]) / (large - small)
+    slope = (peaks[1] - peaks[0]) / (large - small)
     return max(1, math.ceil(slope)) if slope > 0 else None
+
+
+def _with_margin(probed: int | None) -> int | None:
+    return None if probed is None else math.ceil(probed * (1 + PROBE_MARGIN))
 
 
 def memory_model(
@@ -172,19 +274,41 @@ def memory_model(
     runtime_bytes: int | None = None,
     probe: bool = True,
 ) -> MemoryModel:
-    """The terms of M(b) for training `model` with `split` on `data`."""
-    probed = probe_bytes_per_sample(model, task, data) if probe else None
-    per_sample = (
-        probed
-        if probed is not None
-        else ESTIMATE_FACTOR * activation_bytes_per_sample(model, task, data)
-    )
+    """The terms of M(b) for training `model` with `split` on `data`.
+
+    Buffers (BatchNorm's running statistics) are as they were afterwards: probing is not
+    training.
+    """
+    with buffers_kept(model):
+        probed = _with_margin(probe_bytes_per_sample(model, task, data) if probe else None)
+        per_sample = (
+            probed
+            if probed is not None
+            else ESTIMATE_FACTOR * activation_bytes_per_sample(model, task, data)
+        )
+        checkpointed_per_sample = None
+        if blocks(model) is not None:
+            probed_checkpointed = _with_margin(
+                probe_bytes_per_sample(model, task, data, forward=checkpointed(model))
+                if probed is not None
+                else None
+            )
+            counted = checkpointed_bytes_per_sample(model, task, data)
+            checkpointed_per_sample = (
+                probed_checkpointed
+                if probed_checkpointed is not None
+                else None
+                if counted is None
+                else ESTIMATE_FACTOR * counted
+            )
+    release_free_heap()
     measured = MemoryModel(
         runtime_bytes=current_rss_bytes() if runtime_bytes is None else runtime_bytes,
         parameter_bytes=0,
         optimizer_bytes=0,
         activation_bytes_per_sample=per_sample,
         method="probe" if probed is not None else "estimate",
+        checkpointed_bytes_per_sample=checkpointed_per_sample,
     )
     return for_split(measured, model, split, momentum=momentum)
 
@@ -217,30 +341,63 @@ def for_split(
     )
 
 
+CHECKPOINT_GAIN: Final = 2
+"""How many times fewer micro-batches per step checkpointing must need to be planned."""
+
+
+def _largest_micro_batch(terms: MemoryModel, usable: int, *, checkpointing: bool) -> int:
+    """The most samples M(b) fits within `usable` bytes (0: not even one)."""
+    per_sample = terms.per_sample(checkpointing=checkpointing)
+    return max(0, (usable - terms.peak(0)) // per_sample)
+
+
 def plan_training(terms: MemoryModel, budget_bytes: int, batch_size: int) -> MemoryPlan:
     """The largest micro-batch b <= batch_size with M(b) within the budget (less a margin).
 
+    Gradient checkpointing is planned where it needs at most half the micro-batches per step
+    that plain training needs, or where plain training cannot fit one sample.
+
     Raises:
-        MemoryBudgetError: even a micro-batch of one does not fit.
+        MemoryBudgetError: even a micro-batch of one does not fit, checkpointed or not.
     """
     usable = budget_bytes - int(max(0, budget_bytes - terms.runtime_bytes) * SAFETY_MARGIN)
-    fixed = terms.peak(0)
-    per_sample = max(1, terms.activation_bytes_per_sample)
-    largest = (usable - fixed) // per_sample
-    if largest < 1:
-        msg = (
-            f"memory budget {budget_bytes / 2**20:.1f} MiB cannot fit local training: it needs "
-            f"{terms.peak(1) / 2**20:.1f} MiB at a micro-batch of 1 (runtime "
-            f"{terms.runtime_bytes / 2**20:.1f} MiB, parameters and gradients "
-            f"{(terms.parameter_bytes + terms.optimizer_bytes) / 2**20:.1f} MiB) and a "
-            f"{SAFETY_MARGIN:.0%} margin; raise --memory-budget or personalize fewer parameters"
-        )
-        raise MemoryBudgetError(msg)
-    micro = int(min(batch_size, largest))
+    plain = min(batch_size, _largest_micro_batch(terms, usable, checkpointing=False))
+    can_checkpoint = terms.checkpointed_bytes_per_sample is not None
+    recomputed = (
+        min(batch_size, _largest_micro_batch(terms, usable, checkpointing=True))
+        if can_checkpoint
+        else 0
+    )
+    if plain < 1 and recomputed < 1:
+        raise MemoryBudgetError(_refusal(terms, budget_bytes, can_checkpoint=can_checkpoint))
+    checkpointing = recomputed >= 1 and (
+        plain < 1
+        or CHECKPOINT_GAIN * math.ceil(batch_size / recomputed) <= math.ceil(batch_size / plain)
+    )
+    micro = recomputed if checkpointing else plain
     return MemoryPlan(
         budget_bytes=budget_bytes,
-        estimated_peak_bytes=terms.peak(micro),
+        estimated_peak_bytes=terms.peak(micro, checkpointing=checkpointing),
         micro_batch_size=micro,
         accumulation_steps=math.ceil(batch_size / micro),
         method=terms.method,
+        checkpointing=checkpointing,
+    )
+
+
+def _refusal(terms: MemoryModel, budget_bytes: int, *, can_checkpoint: bool) -> str:
+    """Why not even one sample fits: the budget against each term of M(1)."""
+    mib = 2**20
+    checkpointed = (
+        f" ({terms.peak(1, checkpointing=True) / mib:.1f} MiB with gradient checkpointing)"
+        if can_checkpoint
+        else " (the model is no nn.Sequential of blocks: no gradient checkpointing)"
+    )
+    return (
+        f"memory budget {budget_bytes / mib:.1f} MiB cannot fit local training: it needs "
+        f"{terms.peak(1) / mib:.1f} MiB at a micro-batch of 1{checkpointed} (runtime "
+        f"{terms.runtime_bytes / mib:.1f} MiB, parameters and gradients "
+        f"{(terms.parameter_bytes + terms.optimizer_bytes) / mib:.1f} MiB, activations "
+        f"{terms.per_sample(checkpointing=False) / mib:.2f} MiB a sample) and a "
+        f"{SAFETY_MARGIN:.0%} margin; raise --memory-budget or personalize fewer parameters"
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from device_agent.checkpointing import Forward, checkpointed
 from device_agent.work_limits import WorkMeter
 from pfl_tasks.base import Split, Task
 from protocols.codec import Tensors
@@ -25,12 +26,14 @@ ExtraLoss = Callable[[], torch.Tensor]
 class StepBudget:
     """How one optimizer step is bounded.
 
-    `micro_batch_size` comes from the memory plan (None = whole batch); `meter` counts the
-    round's steps and time against the device's ceilings (None = no ceilings).
+    `micro_batch_size` and `checkpointing` (recompute the model's top-level blocks in
+    backward) come from the memory plan (None = whole batch); `meter` counts the round's steps
+    and time against the device's ceilings (None = no ceilings).
     """
 
     micro_batch_size: int | None = None
     meter: WorkMeter | None = None
+    checkpointing: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ def train(
     step = _optimizer_step(spec, parameters)
     micro = budget.micro_batch_size if budget is not None else None
     meter = budget.meter if budget is not None else None
+    forward = checkpointed(model) if budget is not None and budget.checkpointing else model
     _set_mode(model, training=True)
     steps = 0
     losses: list[torch.Tensor] = []
@@ -193,7 +197,7 @@ def train(
             if spec.max_steps is not None and steps >= spec.max_steps:
                 break
             _release_gradients(trainable)
-            batch_loss = _accumulate(model, task, (inputs, targets), (micro, least), extra_loss)
+            batch_loss = _accumulate(forward, task, (inputs, targets), (micro, least), extra_loss)
             if spec.clip_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(trainable, spec.clip_grad_norm)
                 if not math.isfinite(float(norm)):
@@ -264,7 +268,7 @@ def _release_gradients(parameters: Sequence[nn.Parameter]) -> None:
 
 
 def _accumulate(
-    model: nn.Module,
+    model: Forward,
     task: Task,
     batch_data: tuple[torch.Tensor, torch.Tensor],
     micro: tuple[int | None, int],

@@ -103,6 +103,8 @@ class MemoryPlan(WireModel):
     micro_batch_size: Annotated[int, Field(ge=1)]
     accumulation_steps: Annotated[int, Field(ge=1)]
     method: Literal["estimate", "probe"] = "estimate"
+    checkpointing: bool = False
+    """Whether the model's top-level blocks are recomputed in backward to fit the budget."""
 
 
 class Capabilities(WireModel):

@@ -1,0 +1,69 @@
+"""The plan's activation memory against the peak a training step really reaches.
+
+Each model is measured in a fresh interpreter: the kernel's peak resident set (VmHWM, reset
+through /proc/self/clear_refs) over two training steps, less the resident set before them, per
+sample. The plan's figure (probed, and counted with saved-tensor hooks) must be within a factor
+of 2 of it either way.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+FACTOR = 2.0
+BATCH = 128
+
+_SCRIPT = """
+import json, sys
+import torch
+from benchmarks.memory_conv import SignalTask
+from device_agent.checkpointing import checkpointed
+from device_agent.memory_plan import (
+    _CLEAR_REFS, _peak_rss_bytes, current_rss_bytes, memory_model, release_free_heap,
+)
+from pfl_tasks.split import ParamSplit
+
+name, batch, checkpointing = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+torch.set_num_threads(1)
+task = SignalTask(name)
+model = task.build_model(0)
+data = task.signals(batch)
+split = ParamSplit.for_model(model, ())
+planned = {}
+for probe in (True, False):
+    terms = memory_model(model, task, data, split, runtime_bytes=0, probe=probe)
+    planned[terms.method] = terms.per_sample(checkpointing=checkpointing)
+forward = checkpointed(model) if checkpointing else model
+task.loss(forward(data.inputs[:8]), data.targets[:8]).backward()
+release_free_heap()
+_CLEAR_REFS.write_text("5")
+before = current_rss_bytes()
+for _ in range(2):
+    model.zero_grad(set_to_none=True)
+    task.loss(forward(data.inputs), data.targets).backward()
+measured = (_peak_rss_bytes() - before) / batch
+print(json.dumps({"planned": planned, "measured": measured}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "checkpointing"), [("cnn", False), ("cnn", True), ("gru", False)]
+)
+def test_planned_activations_are_within_a_factor_of_the_measured_peak(
+    model: str, checkpointing: bool
+) -> None:
+    output = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, model, str(BATCH), "1" if checkpointing else "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = json.loads(output.stdout.strip().splitlines()[-1])
+    measured = float(result["measured"])
+    assert set(result["planned"]) == {"probe", "estimate"}
+    for method, planned in result["planned"].items():
+        ratio = planned / measured
+        assert 1 / FACTOR <= ratio <= FACTOR, (method, planned, measured)

@@ -1,0 +1,99 @@
+"""An agent under a tight memory budget plans gradient checkpointing and trains with it."""
+
+import math
+
+import torch
+from torch import nn
+
+from benchmarks.memory_conv import SignalTask
+from coordinator.engine.rounds import EngineSettings
+from coordinator.run.pipeline import build_coordinator, plan_stages
+from coordinator.run.settings import SimulationSettings
+from device_agent.memory_plan import SAFETY_MARGIN, memory_model
+from pfl_tasks.base import DeviceData
+from pfl_tasks.models import build_seeded
+from pfl_tasks.split import ParamSplit
+from protocols.algorithms import AlgorithmConfig
+from protocols.transport.inprocess import InProcessBroker
+from tests.hub_fleet import hub_agent
+
+BATCH = AlgorithmConfig.model_fields["batch_size"].default
+"""The batch the hello's plan is made for: the round's batch too, so the two plans agree."""
+SAMPLES = 64
+
+
+def _deep_blocks() -> nn.Sequential:
+    """Eight blocks whose 256-channel internals dwarf their 4-channel boundaries.
+
+    Several MiB of activations a sample plainly, about one block's checkpointed: the window of
+    budgets that fit a batch checkpointed and not plainly is tens of MiB wide.
+    """
+    parts = [
+        nn.Sequential(
+            nn.Conv1d(1 if index == 0 else 4, 256, 5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(256, 256, 1),
+            nn.ReLU(),
+            nn.Conv1d(256, 4, 1),
+        )
+        for index in range(8)
+    ]
+    head = nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(4, 10))
+    return nn.Sequential(*parts, head)
+
+
+class _DeepTask(SignalTask):
+    def __init__(self) -> None:
+        super().__init__("cnn")
+
+    def build_model(self, seed: int) -> nn.Module:
+        return build_seeded(seed, _deep_blocks)
+
+
+def test_an_agent_under_a_tight_budget_checkpoints_and_trains_its_round() -> None:
+    # Prepare: plan as the agent will (its probe leaves the process larger), then a budget
+    # whose room over the process's memory fits a batch checkpointed but not plainly
+    # (then 2 micro-batches or more): the middle of that window, so the process's memory and
+    # the probe may move
+    task = _DeepTask()
+    data = task.signals(SAMPLES)
+    device = DeviceData(device_index=0, train=data, val=data, test=data)
+    probed = task.build_model(0)
+    terms = memory_model(probed, task, data, ParamSplit.for_model(probed, ()))
+    checkpointed_room = terms.peak(BATCH, checkpointing=True) - terms.runtime_bytes
+    plain_room = terms.peak(BATCH) - terms.runtime_bytes
+    assert plain_room - checkpointed_room > 20 * 2**20  # a window wider than the drift
+    room = (checkpointed_room + plain_room) // 2
+    budget = terms.runtime_bytes + math.ceil(room / (1 - SAFETY_MARGIN))
+    settings = SimulationSettings.load(
+        None,
+        task="digits",
+        algorithm="fedavg",
+        devices=1,
+        rounds=1,
+        algorithm_options={"batch_size": BATCH, "local_epochs": 1},
+    )
+    broker = InProcessBroker()
+    model = task.build_model(0)
+    coordinator = build_coordinator(
+        lambda: broker.connect("coordinator"),
+        plan_stages(settings, task, model),
+        model,
+        EngineSettings(task=task.name, rounds=1),
+    )
+    agent = hub_agent(broker, "dev-0", task, device, memory_budget_bytes=budget)
+    before = {k: v.clone() for k, v in coordinator.model.items()}
+    # Execute
+    agent.start()
+    coordinator.start()
+    assert coordinator.wait_for_devices(1, 30.0)
+    record = coordinator.run_round()
+    # Assert: the hello's plan (the round's: same batch, same split) checkpoints, and the
+    # round was trained under it
+    plan = agent.memory_plan
+    assert plan is not None
+    assert plan.checkpointing
+    assert plan.micro_batch_size * plan.accumulation_steps >= BATCH
+    assert record.participants == 1
+    after = coordinator.model
+    assert any(not torch.equal(after[name], value) for name, value in before.items())
