@@ -73,43 +73,45 @@ class FlatLayout:
 
 
 class FlatSgd:
-    """torch.optim.SGD (weight decay, momentum, no dampening) on [D, P], device by device.
+    """torch.optim.SGD (weight decay, momentum, no dampening) on the rows still training.
 
-    Devices whose steps are over (inactive) stay as they are and keep their momentum; a frozen
-    parameter's columns neither move nor count in the gradient norm; clipping is each device's
-    own, as `clip_grad_norm_` on its trainable parameters alone.
+    Rows are ordered by their number of steps, so the devices still training at any step are
+    the first `n` rows and devices whose steps are over are not touched (their momentum stays).
+    A frozen parameter's columns neither move nor count in the gradient norm; clipping is each
+    device's own, as `clip_grad_norm_` on its trainable parameters alone.
     """
 
     def __init__(self, spec: TrainSpec, layout: FlatLayout) -> None:
         self.spec = spec
         rates = {name: spec.lr_by_name.get(name, spec.lr) for name in spec.trainable}
         self.neg_lr = -layout.columns(rates).unsqueeze(0)  # [1, P]; 0 where frozen
-        self.frozen = len(set(spec.trainable)) < len(layout.names)
+        self.uniform = set(spec.trainable) == set(layout.names) and not spec.lr_by_name
         self.trainable = layout.columns(dict.fromkeys(spec.trainable, 1.0)).unsqueeze(0)
         self.buffer: torch.Tensor | None = None
         self.finite = torch.ones((), dtype=torch.bool)
-        """False once some active device's gradient norm was non-finite (checked at the end)."""
+        """False once some device's gradient norm was non-finite (read when the phase ends)."""
 
     @torch.no_grad()
-    def step(self, flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor) -> None:
-        """One step of every active device; `grad` is zero for inactive ones and is consumed."""
+    def step(self, rows: torch.Tensor, grad: torch.Tensor, devices: int) -> None:
+        """One step of the first `len(rows)` of `devices` devices; `grad` is consumed."""
         spec = self.spec
-        if self.frozen:
+        if not self.uniform:
             grad.mul_(self.trainable)
         if spec.clip_grad_norm is not None:
             norm = torch.linalg.vector_norm(grad, dim=1)
-            self.finite &= torch.isfinite(norm[active]).all()
-            scale = torch.clamp(spec.clip_grad_norm / (norm + 1e-6), max=1.0)
-            grad.mul_(scale.unsqueeze(1))
-        moving = active.to(flat.dtype).unsqueeze(1)  # [D, 1]
+            self.finite &= torch.isfinite(norm).all()
+            grad.mul_(torch.clamp(spec.clip_grad_norm / (norm + 1e-6), max=1.0).unsqueeze(1))
         if spec.weight_decay:
-            grad.addcmul_(flat, moving, value=spec.weight_decay)
+            grad.add_(rows, alpha=spec.weight_decay)
+        update = grad
         if spec.momentum:
-            if self.buffer is None:
-                self.buffer = grad.clone()
+            if self.buffer is None:  # the first step: every device with a step takes part
+                self.buffer = torch.zeros(devices, rows.shape[1], dtype=rows.dtype)
+                self.buffer[: len(rows)] = grad
             else:
-                keep = torch.where(active, spec.momentum, 1.0).to(flat.dtype).unsqueeze(1)
-                self.buffer.mul_(keep).add_(grad)
-            flat.addcmul_(self.buffer, self.neg_lr * moving)
+                self.buffer[: len(rows)].mul_(spec.momentum).add_(grad)
+            update = self.buffer[: len(rows)]
+        if self.uniform:
+            rows.add_(update, alpha=-spec.lr)
         else:
-            flat.addcmul_(grad, self.neg_lr)
+            rows.addcmul_(update, self.neg_lr)

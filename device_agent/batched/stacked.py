@@ -4,8 +4,9 @@ Every device's parameters are one row of a flat [D, P] tensor (`flat_sgd.FlatLay
 is one gather of every device's minibatch (laid out for the whole phase by `schedule`), one
 forward pass of the D models (`forward.stacked_forward`: batched matrix products for an MLP),
 one backward over the sum of the devices' losses (device i's loss depends on its row alone, so
-each row gets its own gradient) and one SGD update of the whole tensor. A device with fewer
-samples or steps is padded and masked, so its trajectory is the one the per-device loop takes,
+each row gets its own gradient) and one SGD update. Rows are ordered by their number of
+steps, so a step trains the first rows only, the devices that still have one; a device's short
+last batch is padded and masked. Each device's trajectory is the one the per-device loop takes,
 to floating-point rounding (sums in another order). Nothing synchronizes inside the loop: the
 losses and the finiteness of gradients are read once, when the phase ends.
 """
@@ -99,35 +100,39 @@ def _phase(
     phase: BatchPhase,
     reference: tuple[float, torch.Tensor, torch.Tensor] | None,
 ) -> list[TrainStats]:
+    """Train `flat`'s rows through one phase, in place; each device's stats."""
     plan = schedule(data.counts, phase.spec, data.generators)
     if not any(plan.steps):
         return [TrainStats(0, 0, 0.0) for _ in data.counts]
-    active, counts = plan.active, plan.mask.sum(dim=2)  # [steps, devices]
+    devices = len(data.counts)
+    order = torch.tensor(sorted(range(devices), key=lambda d: -plan.steps[d]))  # stable
+    live = plan.active[:, order].sum(dim=1).tolist()  # devices training at each step: a prefix
+    index, mask = plan.index[:, order], plan.mask[:, order]
+    counts = mask.sum(dim=2)  # [steps, devices]
+    work = flat[order]
     optimizer = FlatSgd(phase.spec, layout)
-    leaf = flat.detach().requires_grad_(True)  # shares flat's storage: steps update both
-    losses = []
-    for step in range(plan.index.shape[0]):
-        index = plan.index[step]
-        outputs = forward(layout.views(leaf), data.inputs[index])
-        per_sample = sample_losses(task, outputs, data.targets[index])
-        loss = torch.where(plan.mask[step], per_sample, 0.0).sum(dim=1)
-        loss = loss / counts[step].clamp(min=1)
+    sums = torch.zeros(devices, dtype=torch.float64)
+    for step, n in enumerate(live):
+        rows = work[:n].detach().requires_grad_(True)  # shares work's storage
+        outputs = forward(layout.views(rows), data.inputs[index[step, :n]])
+        per_sample = sample_losses(task, outputs, data.targets[index[step, :n]])
+        loss = torch.where(mask[step, :n], per_sample, 0.0).sum(dim=1) / counts[step, :n]
         total = loss
         if reference is not None:
             mu, values, columns = reference
-            total = total + 0.5 * mu * ((leaf - values) ** 2 * columns).sum(dim=1)
-        torch.where(active[step], total, 0.0).sum().backward()
-        assert leaf.grad is not None  # every row takes part in the summed loss
-        optimizer.step(leaf, leaf.grad, active[step])
-        leaf.grad = None
-        losses.append(loss.detach())
-    sizes = counts.double()
-    sums = (torch.stack(losses).double() * sizes).sum(dim=0).tolist()
+            total = total + 0.5 * mu * ((rows - values[order[:n]]) ** 2 * columns).sum(dim=1)
+        total.sum().backward()
+        assert rows.grad is not None
+        optimizer.step(rows, rows.grad, devices)
+        sums[:n] += loss.detach().double() * counts[step, :n]
+    flat[order] = work
+    totals = torch.empty_like(sums)
+    totals[order] = sums
     if not bool(optimizer.finite):
         msg = "a gradient became non-finite"
         raise TrainingError(msg)
     result = []
-    for steps, samples, total_loss in zip(plan.steps, plan.samples, sums, strict=True):
+    for steps, samples, total_loss in zip(plan.steps, plan.samples, totals.tolist(), strict=True):
         mean = total_loss / samples if samples else 0.0
         if not math.isfinite(mean):
             msg = f"training loss became {mean}"
