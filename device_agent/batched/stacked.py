@@ -100,8 +100,17 @@ def _phase(
     phase: BatchPhase,
     reference: tuple[float, torch.Tensor, torch.Tensor] | None,
 ) -> list[TrainStats]:
-    """Train `flat`'s rows through one phase, in place; each device's stats."""
-    plan = schedule(data.counts, phase.spec, data.generators)
+    """Train `flat`'s rows through one phase, in place; each device's stats.
+
+    Raises:
+        ValueError: the phase names tensors that are not parameters (the per-device path,
+            which the trainer falls back to, says which).
+    """
+    spec = phase.spec
+    if not set(spec.trainable) | set(spec.lr_by_name) <= set(layout.names):
+        msg = "the phase trains tensors that are not parameters"
+        raise ValueError(msg)
+    plan = schedule(data.counts, spec, data.generators)
     if not any(plan.steps):
         return [TrainStats(0, 0, 0.0) for _ in data.counts]
     devices = len(data.counts)
@@ -110,7 +119,7 @@ def _phase(
     index, mask = plan.index[:, order], plan.mask[:, order]
     counts = mask.sum(dim=2)  # [steps, devices]
     work = flat[order]
-    optimizer = FlatSgd(phase.spec, layout)
+    optimizer = FlatSgd(spec, layout)
     sums = torch.zeros(devices, dtype=torch.float64)
     for step, n in enumerate(live):
         rows = work[:n].detach().requires_grad_(True)  # shares work's storage

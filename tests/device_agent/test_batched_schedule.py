@@ -8,11 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+from device_agent.algorithms.base import BatchPhase
 from device_agent.batched.flat_sgd import FlatLayout
 from device_agent.batched.forward import stacked_forward
 from device_agent.batched.schedule import schedule
+from device_agent.batched.stacked import Member, train_stacked
 from device_agent.training import TrainSpec, minibatches
 from pfl_tasks.base import Split
+from pfl_tasks.registry import load_task
 
 
 def _per_device(count: int, spec: TrainSpec, seed: int) -> tuple[list[torch.Tensor], bytes]:
@@ -103,3 +106,16 @@ def test_other_models_run_under_vmap_with_nothing_transposed() -> None:
     assert transposed == frozenset()
     with torch.no_grad():
         assert torch.allclose(outputs[1], model(inputs[1]), atol=1e-6)
+
+
+def test_a_phase_naming_a_tensor_that_is_no_parameter_is_refused() -> None:
+    # Arrange
+    model = nn.Sequential(OrderedDict(output=nn.Linear(2, 2)))
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    split = Split(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long))
+    member = Member(split, torch.Generator(), start, start)
+    phase = BatchPhase(TrainSpec(("output.weight", "missing"), 1, 2, 0.1))
+    # Execute / Assert: refused before any draw, so the per-device fallback draws the same
+    with pytest.raises(ValueError, match="not parameters"):
+        train_stacked(model, load_task("digits"), [member], (phase,))
+    assert torch.equal(member.generator.get_state(), torch.Generator().get_state())
