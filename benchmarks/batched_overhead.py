@@ -1,12 +1,18 @@
 """Batched against per-device simulation and a bare PyTorch loop: in-run and whole-process time.
 
-The workload of `benchmarks.simulation_overhead` (digits MLP, FedAvg, 50 devices, 20 rounds, one
-worker so the devices train in one process): `pfl-coord simulate --batched on` (the round's
-local updates as one stacked computation), `--batched off` (each device in turn, as the bare
-loop does) and the bare loop. In-run: the run alone, in a warm process. Whole process: a fresh
-`python` doing the same from its first import. Runs alternate; medians of the repeats.
+Workloads: the digits MLP of `benchmarks.simulation_overhead` (FedAvg, 50 devices, 20 rounds), a
+small 1-D CNN over the same digits (each 8x8 image read as a 64-step sequence; 50 devices, 5
+rounds) and an MLP over 1,000 synthetic devices (2 rounds). One worker, so every device trains
+in one process. Paths: `pfl-coord simulate --batched on` (each round's local updates as one
+stacked computation), `--batched off` (each device in turn), the bare loop, and the bare loop
+with its local SGD stacked (`train_stacked`, no coordinator, codec or hub). In-run: the run
+alone, in a warm process. Whole process: a fresh `python` doing the same from its first import.
+Runs alternate; medians of the repeats.
 
-    OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead [--repeats 3]
+`--threshold` instead times `--batched on` against `off` on the digits MLP by hidden width,
+the measurement behind `device_agent.batched.choice.AUTO_MAX_STEP_MACS`.
+
+    OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead [--repeats 3] [--threshold]
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from benchmarks.common import write_section
 from benchmarks.simulation_overhead import WORKLOAD, bare_loop, mean_test_metric, simulated_fleet
@@ -28,12 +37,58 @@ from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from device_agent.algorithms.base import BatchPhase
 from device_agent.batched.stacked import Member, train_stacked
-from device_agent.compute_threads import available_cores
+from device_agent.compute_threads import available_cores, largest_step_macs
 from device_agent.training import TrainSpec
+from pfl_tasks.digits import DigitsTask
+from pfl_tasks.models import build_seeded
 from pfl_tasks.registry import load_task
+from pfl_tasks.synthetic import SyntheticTask
 
 MARKER = "<!-- batched-overhead -->"
+THRESHOLD_MARKER = "<!-- batched-threshold -->"
 MODES = ("bare", "stacked", "off", "on")
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "digits MLP, 50 devices, 20 rounds": WORKLOAD,
+    "digits 1-D CNN, 50 devices, 5 rounds": {
+        **WORKLOAD,
+        "task": "benchmarks.batched_overhead:ConvDigits",
+        "rounds": 5,
+    },
+    "synthetic MLP, 1,000 devices, 2 rounds": {
+        **WORKLOAD,
+        "task": "benchmarks.batched_overhead:SmallSynthetic",
+        "devices": 1000,
+        "rounds": 2,
+    },
+}
+
+
+class ConvDigits(DigitsTask):
+    """The digits task with a small 1-D CNN: each image is a 64-step, one-channel sequence."""
+
+    def build_model(self, seed: int) -> nn.Module:
+        """Two convolutions and a linear read-out (20,426 parameters)."""
+        return build_seeded(
+            seed,
+            lambda: nn.Sequential(
+                OrderedDict(
+                    sequence=nn.Unflatten(1, (1, 64)),
+                    conv1=nn.Conv1d(1, 16, 5),
+                    act1=nn.ReLU(),
+                    conv2=nn.Conv1d(16, 32, 5),
+                    act2=nn.ReLU(),
+                    flat=nn.Flatten(),
+                    output=nn.Linear(32 * 56, 10),
+                )
+            ),
+        )
+
+
+class SmallSynthetic(SyntheticTask):
+    """The synthetic task with at most 60 samples a device, so 1,000 devices fit a short run."""
+
+    def __init__(self) -> None:
+        super().__init__(max_samples=60)
 
 
 def in_run(mode: str, settings: SimulationSettings) -> tuple[float, float]:
@@ -61,50 +116,50 @@ def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
     spec = TrainSpec(names, config.local_epochs, config.batch_size, config.lr)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     total = sum(len(d.train) for d in fleet)
+    weights = torch.tensor([len(d.train) / total for d in fleet])
     for round_id in range(workload.rounds):
         members = [
             Member(d.train, torch.Generator().manual_seed(round_id), global_state, global_state)
             for d in fleet
         ]
         trained = train_stacked(model, task, members, (BatchPhase(spec),))
-        weights = [len(d.train) / total for d in fleet]
         global_state = {
-            k: v + sum((t[k] - v) * w for (t, _), w in zip(trained, weights, strict=True))
+            k: v + torch.einsum("d,d...->...", weights, torch.stack([t[k] for t, _ in trained]) - v)
             for k, v in global_state.items()
         }
     model.load_state_dict(global_state)
     return time.perf_counter() - started, mean_test_metric(model, task, fleet)
 
 
-def whole_process(mode: str) -> float:
+def whole_process(mode: str, workload: str) -> float:
     """Seconds of a fresh interpreter running `mode` once, imports included."""
     code = (
         "import sys; from benchmarks.batched_overhead import in_run, settings; "
-        "in_run(sys.argv[1], settings())"
+        "in_run(sys.argv[1], settings(sys.argv[2]))"
     )
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, mode], check=True)
+    subprocess.run([sys.executable, "-c", code, mode, workload], check=True)
     return time.perf_counter() - started
 
 
-def settings() -> SimulationSettings:
-    """The workload (no run files written)."""
-    return SimulationSettings.load(None, **WORKLOAD)
+def settings(workload: str = next(iter(WORKLOADS))) -> SimulationSettings:
+    """A workload's settings (no run files written)."""
+    return SimulationSettings.load(None, **WORKLOADS[workload])
 
 
-def measure(repeats: int) -> dict[str, dict[str, float]]:
+def measure(workload: str, repeats: int) -> dict[str, dict[str, float]]:
     """Median in-run and whole-process seconds, and accuracy, per mode; alternating."""
-    workload = settings()
+    chosen = settings(workload)
     for mode in MODES:  # warm-up: imports, data set, allocator
-        in_run(mode, workload)
+        in_run(mode, chosen)
     runs: dict[str, list[float]] = {mode: [] for mode in MODES}
     whole: dict[str, list[float]] = {mode: [] for mode in MODES}
     accuracy: dict[str, float] = {}
     for _ in range(repeats):
         for mode in MODES:
-            seconds, accuracy[mode] = in_run(mode, workload)
+            seconds, accuracy[mode] = in_run(mode, chosen)
             runs[mode].append(seconds)
-            whole[mode].append(whole_process(mode))
+            whole[mode].append(whole_process(mode, workload))
     return {
         mode: {
             "in_run": statistics.median(runs[mode]),
@@ -115,49 +170,122 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
     }
 
 
-def main() -> None:
-    """Measure and write the table."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    args = parser.parse_args()
+def step_macs(workload: SimulationSettings) -> int:
+    """`largest_step_macs` of the workload's model and fleet: what `--batched auto` compares."""
+    task = load_task(workload.task, workload.task_options)
+    fleet = simulated_fleet(workload, task)
+    inputs = [d.train.inputs for d in fleet]
+    batch_size = workload.algorithm_config().batch_size
+    return largest_step_macs(task.build_model(workload.seed), inputs, batch_size)
+
+
+def machine(repeats: int, load: float) -> str:
+    """The line every table states its machine and repeats in."""
+    return (
+        f"Machine: {platform.machine()}, {available_cores()} cores shared with other jobs "
+        f"(load average {load:.1f} at the start); torch {torch.__version__}; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of "
+        f"{repeats} alternating repeats."
+    )
+
+
+NAMES = {
+    "bare": "bare PyTorch loop",
+    "stacked": "bare loop, local SGD stacked (`train_stacked`)",
+    "off": "simulate --batched off",
+    "on": "simulate --batched on",
+}
+
+
+def overhead_table(repeats: int) -> str:
+    """Every workload's rows."""
     load = os.getloadavg()[0]
-    result = measure(args.repeats)
-    bare = result["bare"]
-    names = {
-        "bare": "bare PyTorch loop",
-        "stacked": "bare loop, local SGD stacked (`train_stacked`)",
-        "off": "simulate --batched off",
-        "on": "simulate --batched on",
-    }
-    rows = [
-        f"| {names[mode]} | {r['in_run']:.2f} | {bare['in_run'] / r['in_run']:.2f}x | "
-        f"{r['whole']:.2f} | {bare['whole'] / r['whole']:.2f}x | {r['accuracy']:.3f} |"
-        for mode, r in result.items()
-    ]
-    table = "\n".join(
+    rows = []
+    for name in WORKLOADS:
+        result = measure(name, repeats)
+        bare = result["bare"]
+        macs = step_macs(settings(name))
+        rows += [
+            f"| {name} ({macs:,} multiply-adds a step) | {NAMES[mode]} | {r['in_run']:.2f} | "
+            f"{bare['in_run'] / r['in_run']:.2f}x | {r['whole']:.2f} | "
+            f"{bare['whole'] / r['whole']:.2f}x | {r['accuracy']:.3f} |"
+            for mode, r in result.items()
+        ]
+        print("\n".join(rows[-len(MODES) :]), flush=True)
+    return "\n".join(
         [
             MARKER,
             "## Batched local training against per-device and a bare loop",
             "",
-            "Workload: " + ", ".join(f"{k}={v}" for k, v in WORKLOAD.items()) + "; one worker "
-            "(every device in one process). In-run: the run alone in a warm process; whole "
-            "process: a fresh `python` from its first import. Speed-up is against the bare loop.",
-            f"Machine: {platform.machine()}, {available_cores()} cores shared with other jobs "
-            f"(load average {load:.1f} at the start); torch {torch.__version__}; "
-            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of "
-            f"{args.repeats} alternating repeats.",
+            "Workloads: FedAvg, local_epochs=1, dirichlet alpha=0.5, seed 0, batch size 10; the "
+            "1-D CNN is `benchmarks.batched_overhead:ConvDigits` (two Conv1d layers and a linear "
+            "read-out, 20,426 parameters), the 1,000 devices `SmallSynthetic` (the synthetic "
+            "task's MLP, at most 60 samples a device). One worker (every device in one process). "
+            "In-run: the run alone in a warm process; whole process: a fresh `python` from its "
+            "first import. Speed-up is against the bare loop of the same workload.",
+            machine(repeats, load),
             "",
-            "| path | in-run (s) | speed-up | whole process (s) | speed-up | mean accuracy |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| workload | path | in-run (s) | speed-up | whole process (s) | speed-up | "
+            "mean accuracy |",
+            "|---|---|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            "Command: `OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead`.",
+            f"Command: `OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead "
+            f"--repeats {repeats}`.",
             MARKER,
         ]
     )
-    write_section(args.out, table, MARKER)
-    print(table)
+
+
+def threshold_table(repeats: int) -> str:
+    """`--batched on` against `off` by hidden width of the digits MLP, with the step's cost."""
+    load = os.getloadavg()[0]
+    rows = []
+    for hidden in (64, 256, 512, 1024, 2048):
+        workload = SimulationSettings.load(
+            None, **{**WORKLOAD, "devices": 50, "rounds": 3, "task_options": {"hidden": hidden}}
+        )
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for mode in times:
+            in_run(mode, workload)  # warm-up
+        for _ in range(repeats):
+            for mode, kept in times.items():
+                kept.append(in_run(mode, workload)[0])
+        off, on = (statistics.median(times[mode]) for mode in ("off", "on"))
+        rows.append(
+            f"| {hidden} | {step_macs(workload):,} | {off:.2f} | {on:.2f} | {off / on:.2f}x |"
+        )
+        print(rows[-1], flush=True)
+    return "\n".join(
+        [
+            THRESHOLD_MARKER,
+            "### Where batching pays: `--batched on` against `off` by step cost",
+            "",
+            "The digits MLP by hidden width; FedAvg, 50 devices, 3 rounds, one worker, in-run.",
+            machine(repeats, load),
+            "",
+            "| hidden width | multiply-adds a step | off (s) | on (s) | speed-up of on |",
+            "|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"Command: `OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead --threshold "
+            f"--repeats {repeats}`.",
+            THRESHOLD_MARKER,
+        ]
+    )
+
+
+def main() -> None:
+    """Measure and write the table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threshold", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    if args.threshold:
+        write_section(args.out, threshold_table(args.repeats), THRESHOLD_MARKER)
+    else:
+        write_section(args.out, overhead_table(args.repeats), MARKER)
 
 
 if __name__ == "__main__":

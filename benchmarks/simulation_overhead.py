@@ -116,10 +116,12 @@ def _timed_fedavg(
 def simulated(settings: SimulationSettings, workers: int = 1) -> tuple[float, float, int]:
     """The same workload through `run_simulation`; (seconds, mean accuracy, bytes moved).
 
-    One worker by default: the devices run in this process, one at a time, like the bare loop.
+    One worker by default: the devices run in this process, one at a time, like the bare loop
+    (`--batched off`: the per-device path's overhead; `benchmarks.batched_overhead` times the
+    batched one).
     """
     started = time.perf_counter()
-    result = run_simulation(settings.model_copy(update={"workers": workers}))
+    result = run_simulation(settings.model_copy(update={"workers": workers, "batched": "off"}))
     seconds = time.perf_counter() - started
     metrics = result.summary["metrics"]
     return (

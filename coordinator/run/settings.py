@@ -189,7 +189,7 @@ class SimulationSettings(RunSettings, PartitionSettings):
         "results do not depend on it",
     )
     batched: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="train each process's devices of a round as one stacked computation: auto "
         "(where a step is cheap), on, or off; results equal the per-device path's to float32 "
         "rounding (off: bit for bit what a real fleet computes)",

@@ -1,8 +1,7 @@
 """Whether a simulation's virtual devices train batched: `--batched auto|on|off`.
 
 Stacking pays where a training step is cheap and Python's per-step overhead dominates; on a
-compute-bound model the stacked step only adds copies. `auto` batches below a per-step cost
-measured with `benchmarks/simulation_overhead.py` (see docs/benchmarks.md). Every virtual
+costly step it is slower than training device after device (measured below). Every virtual
 device of a simulation runs the task's one model, so they share an architecture.
 """
 
@@ -16,11 +15,12 @@ from device_agent.batched.trainer import Batched
 logger = logging.getLogger(__name__)
 
 BatchedMode = Literal["auto", "on", "off"]
-AUTO_MAX_STEP_MACS = 200_000
+AUTO_MAX_STEP_MACS = 100_000
 """`auto` batches training steps of at most this many multiply-adds (`largest_step_macs` at the
-round's batch size). Measured on the digits MLP at batch size 10, 50 devices, 5 rounds, one
-worker, by hidden width (multiply-adds per step: batched speed-up of the whole run): 64 (47k:
-1.7x), 256 (189k: 1.2x), 512 (379k: 1.0x), 1024 (758k: 0.83x), 4096 (3.0M: 0.58x)."""
+round's batch size). Measured with `benchmarks/batched_overhead.py --threshold` (docs/
+benchmarks.md) on the digits MLP at batch size 10, 50 devices, one worker, in two sweeps on a
+shared machine: `--batched on` was 1.9x and 2.2x as fast as `off` at 47k multiply-adds a step,
+but 1.2x and 0.96x at 189k, 0.73x and 1.3x at 379k, and slower in both from 758k up."""
 
 
 def choose_trainer(mode: BatchedMode, step_macs: int) -> Batched | None:

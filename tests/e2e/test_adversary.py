@@ -147,7 +147,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def clean() -> dict[int, RunResult]:
     """The runs without an attacker, by number of rounds (serve + agents equal simulation)."""
     return {
-        rounds: run_simulation(SimulationSettings.load(None, **RUN, devices=HONEST, rounds=rounds))
+        rounds: run_simulation(
+            SimulationSettings.load(None, **RUN, devices=HONEST, rounds=rounds, batched="off")
+        )
         for rounds in (1, ROUNDS)
     }
 
@@ -634,7 +636,9 @@ def clean_secure() -> dict[int, RunResult]:
     """The secure runs of the honest devices alone (masks cancel: equal to plain, to 1e-5)."""
     return {
         rounds: run_simulation(
-            SimulationSettings.load(None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds)
+            SimulationSettings.load(
+                None, **{**RUN, "secagg": True}, devices=HONEST, rounds=rounds, batched="off"
+            )
         )
         for rounds in (1, ROUNDS)
     }

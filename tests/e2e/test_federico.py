@@ -33,7 +33,9 @@ def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings
 
 
 def _simulate(rounds: int):
-    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds))
+    return run_simulation(
+        SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, batched="off")
+    )
 
 
 def test_agent_processes_reproduce_the_simulation_and_export_their_mixtures(

@@ -41,7 +41,9 @@ def _serve_settings(url: str, tmp_path: Path, **values: object) -> ServeSettings
 
 
 def _simulate(rounds: int, **values: object):
-    return run_simulation(SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, **values))
+    return run_simulation(
+        SimulationSettings.load(None, **RUN, devices=3, rounds=rounds, batched="off", **values)
+    )
 
 
 def _round_ids(run_dir: Path) -> list[int]:

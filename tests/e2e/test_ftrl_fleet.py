@@ -64,7 +64,7 @@ def test_without_noise_serving_ftrl_tree_gives_the_simulations_model(
     # Execute
     served = _serve(mosquitto.url, processes, tmp_path, dp_noise=0.0, secagg=True)
     simulated = run_simulation(
-        SimulationSettings.load(None, **RUN, dp_noise=0.0, secagg=True, devices=3)
+        SimulationSettings.load(None, **RUN, dp_noise=0.0, secagg=True, devices=3, batched="off")
     )
     # Assert
     assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0, 3.0, 3.0]

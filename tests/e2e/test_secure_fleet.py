@@ -33,8 +33,10 @@ def test_three_agent_processes_aggregate_securely_as_the_simulation_does(
 ) -> None:
     # Execute
     served = _serve_three(mosquitto, processes, tmp_path, RUN)
-    simulated = run_simulation(SimulationSettings.load(None, **RUN, devices=3))
-    plain = run_simulation(SimulationSettings.load(None, **{**RUN, "secagg": False}, devices=3))
+    simulated = run_simulation(SimulationSettings.load(None, **RUN, devices=3, batched="off"))
+    plain = run_simulation(
+        SimulationSettings.load(None, **{**RUN, "secagg": False}, devices=3, batched="off")
+    )
     # Assert: masks cancel exactly, so serving and simulating agree bit for bit
     assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0, 3.0]
     for name, tensor in simulated.final_shared.items():
@@ -56,7 +58,7 @@ def test_three_agent_processes_add_the_distributed_discrete_gaussian_in_the_ring
     # Execute
     served = _serve_three(mosquitto, processes, tmp_path, private)
     noiseless = run_simulation(
-        SimulationSettings.load(None, **{**private, "dp_noise": 0.0}, devices=3)
+        SimulationSettings.load(None, **{**private, "dp_noise": 0.0}, devices=3, batched="off")
     )
     # Assert: every round summed the three devices' integer shares and was counted as such
     assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0, 3.0]
@@ -93,7 +95,7 @@ def test_three_agent_processes_sum_int8_levels_within_one_step_of_the_exact_sum(
     }
     # Execute
     served = _serve_three(mosquitto, processes, tmp_path, {**run, "compress": "int8"})
-    exact = run_simulation(SimulationSettings.load(None, **run, devices=3))
+    exact = run_simulation(SimulationSettings.load(None, **run, devices=3, batched="off"))
     # Assert: the agents' own (unseeded) rounding moves the mean by under one level
     assert [r.scalars["secagg_survivors"] for r in served.records] == [3.0]
     differences = [
