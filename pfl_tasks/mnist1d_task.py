@@ -59,7 +59,7 @@ def generate_mnist1d() -> Mnist1d:
     so that building the data shifts no caller's random stream. The package is imported here so
     that other tasks never load it (it imports matplotlib).
     """
-    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.data import get_dataset_args, make_dataset  # type: ignore[import-untyped]
 
     with _GENERATOR_LOCK:
         numpy_state, python_state = np.random.get_state(), random.getstate()
@@ -161,9 +161,16 @@ class Mnist1dTask(Classification):
         return [self._through_sensor(device, seed) for device in fleet]
 
     def _through_sensor(self, device: DeviceData, seed: int) -> DeviceData:
+        """The device's splits as its sensor records them (noise drawn train, val, test)."""
         sensor, rng = device_sensor(seed, device.device_index, self.shift_scale)
-        splits = {
-            name: Split(sensor.apply(split.inputs, rng), split.targets)
-            for name, split in (("train", device.train), ("val", device.val), ("test", device.test))
-        }
-        return dataclasses.replace(device, **splits, truth={**device.truth, **sensor.truth()})
+
+        def record(split: Split) -> Split:
+            return Split(sensor.apply(split.inputs, rng), split.targets)
+
+        return dataclasses.replace(
+            device,
+            train=record(device.train),
+            val=record(device.val),
+            test=record(device.test),
+            truth={**device.truth, **sensor.truth()},
+        )
