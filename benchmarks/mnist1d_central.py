@@ -27,6 +27,7 @@ PUBLISHED: Final = {"linear": 0.32, "mlp": 0.68, "gru": 0.91, "cnn": 0.94}
 STEPS: Final = 6000
 BATCH_SIZE: Final = 100
 LEARNING_RATE: Final = 0.01
+REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- mnist1d-central -->"
 
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="cnn,gru,mlp,linear")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results.md")
     args = parser.parse_args(argv)
     one_thread()
     data = generate_mnist1d()
@@ -110,10 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         f"--seeds {args.seeds}"
     )
     lines = table(runs, command)
-    if args.out is None:
-        print("\n".join(lines))
-    else:
-        publish_section(args.out, MARKER, lines)
+    publish_section(args.out, MARKER, lines)
 
 
 if __name__ == "__main__":

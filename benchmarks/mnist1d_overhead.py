@@ -32,6 +32,7 @@ WORKLOAD: Final[dict[str, Any]] = {
     "partition": "iid",
     "seed": 0,
 }
+REPO: Final = Path(__file__).resolve().parents[1]
 MARKER: Final = "<!-- mnist1d-overhead -->"
 
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args(argv)
     settings = SimulationSettings.load(None, **WORKLOAD, rounds=args.rounds)
     run = measure(settings, args.repeats)
@@ -84,10 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `OMP_NUM_THREADS=1 python -m benchmarks.mnist1d_overhead --repeats "
         f"{args.repeats} --rounds {args.rounds}`.",
     ]
-    if args.out is None:
-        print("\n".join(lines))
-    else:
-        publish_section(args.out, MARKER, lines)
+    publish_section(args.out, MARKER, lines)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=None)
     parser.add_argument("--rows", default=None)
     parser.add_argument("--from-cache", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results.md")
     args = parser.parse_args(argv)
     one_thread()
     logging.disable(logging.WARNING)
@@ -175,10 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `OMP_NUM_THREADS=1 python -m benchmarks.mnist1d_results --seeds {args.seeds} "
         f"--rows {','.join(row.key for row in rows)}`"
     )
-    if args.out is None:
-        print("\n".join(lines))
-    else:
-        publish_section(args.out, MARKER, lines)
+    publish_section(args.out, MARKER, lines)
 
 
 if __name__ == "__main__":
