@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coordinator.run.settings import SimulationSettings
+from coordinator.run.simulate import run_simulation
 from pfl_tasks.base import PartitionSpec
 from pfl_tasks.conv_models import SignalGru, image_cnn, signal_cnn
 from pfl_tasks.digits import DigitsTask, load_digits_pool
@@ -89,3 +91,18 @@ def test_builds_are_seeded() -> None:
 def test_unknown_norm_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="valid choices: batch, group, none"):
         DigitsImageTask(norm="layer")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_batchnorm_cnn_trains_under_fedavg_in_a_simulation() -> None:
+    # Prepare
+    settings = SimulationSettings.load(
+        None, task="digits-image", algorithm="fedavg", devices=3, rounds=3, workers=1, seed=0
+    )
+
+    # Execute
+    result = run_simulation(settings)
+
+    # Assert: well above chance (10%) on the devices' own test splits
+    assert result.summary["rounds"] == 3
+    assert result.summary["metrics"]["global"] > 0.5
