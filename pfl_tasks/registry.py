@@ -16,12 +16,15 @@ from torch import nn
 
 from pfl_tasks.base import Task
 from pfl_tasks.digits import DigitsTask
+from pfl_tasks.digits_image import DigitsImageTask
 from pfl_tasks.gaussian import GaussianTask
+from pfl_tasks.mnist1d_task import Mnist1dTask
 from pfl_tasks.sine import SineTask
 from pfl_tasks.synthetic import SyntheticTask
 
 BUILTIN_TASKS: Final[dict[str, type]] = {
-    task.name: task for task in (DigitsTask, SyntheticTask, GaussianTask, SineTask)
+    task.name: task
+    for task in (DigitsTask, SyntheticTask, GaussianTask, SineTask, Mnist1dTask, DigitsImageTask)
 }
 
 FINGERPRINT_VERSION: Final = "pfl-edge/task-fingerprint/1"
@@ -42,7 +45,7 @@ _TASK_MEMBERS: Final = (
 def load_task(name: str, options: Mapping[str, object] | None = None) -> Task:
     """Turn the task named on a command line or in a config into a Task object.
 
-    `name` is a built-in ("digits", "synthetic", "gaussian", "sine") or "package.module:attribute",
+    `name` is a built-in (a key of `BUILTIN_TASKS`) or "package.module:attribute",
     where the attribute is a Task class or factory (called with `options` as keyword arguments)
     or a ready Task instance (which takes no options).
 

@@ -16,6 +16,7 @@ from rich.markup import escape
 COORD_ONLY: Final = {
     "amqtt": "amqtt",
     "sklearn": "scikit-learn",
+    "mnist1d": "mnist1d",
     "scipy": "scipy",
     "dp_accounting": "dp-accounting",
     "matplotlib": "matplotlib",

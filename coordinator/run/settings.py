@@ -56,7 +56,10 @@ SimulatedAttack = Literal["none", "sign-flip", "scaling", "alie", "ipm", "label-
 class RunSettings(TomlSettings):
     """What a federated run trains: task, algorithm, data split and local-training settings."""
 
-    task: str = Field("digits", description="digits, synthetic, gaussian, sine or module:attribute")
+    task: str = Field(
+        "digits",
+        description="digits, synthetic, gaussian, sine, mnist1d, digits-image or module:attribute",
+    )
     algorithm: str = Field("fedavg", description=", ".join(algorithm_names()))
     rounds: int = Field(10, ge=1, description="training rounds")
     seed: int = Field(0, ge=0, description="seed of data, init, sampling, training")

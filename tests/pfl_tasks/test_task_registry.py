@@ -11,7 +11,9 @@ import pytest
 
 from pfl_tasks.base import Task
 from pfl_tasks.digits import DigitsTask
+from pfl_tasks.digits_image import DigitsImageTask
 from pfl_tasks.gaussian import GaussianTask
+from pfl_tasks.mnist1d_task import Mnist1dTask
 from pfl_tasks.registry import BUILTIN_TASKS, load_task, task_fingerprint
 from pfl_tasks.sine import SineTask
 from pfl_tasks.synthetic import SyntheticTask
@@ -90,6 +92,8 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         ("synthetic", SyntheticTask),
         ("gaussian", GaussianTask),
         ("sine", SineTask),
+        ("mnist1d", Mnist1dTask),
+        ("digits-image", DigitsImageTask),
     ],
 )
 def test_builtins_load_by_name(name: str, cls: type) -> None:
@@ -116,7 +120,8 @@ def test_builtin_options_reach_the_constructor() -> None:
 def test_unknown_name_names_the_builtins() -> None:
     # Execute / Assert
     with pytest.raises(
-        ValueError, match=r"unknown task 'mnist'.*digits, gaussian, sine, synthetic"
+        ValueError,
+        match=r"unknown task 'mnist'.*digits, digits-image, gaussian, mnist1d, sine, synthetic",
     ):
         load_task("mnist")
 
