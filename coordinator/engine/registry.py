@@ -179,8 +179,11 @@ class FleetRegistry:
         return len(self._online)
 
     def online_ids(self) -> frozenset[str]:
-        """Ids of the devices that can take part now (O(1) unless the set changed since the
-        last read: a round checks it per message, while hellos arrive in bursts)."""
+        """Ids of the devices that can take part now, copied only after a change.
+
+        O(1) unless the set changed since the last read: a round checks it per message, while
+        hellos arrive in bursts.
+        """
         view = self._online_view
         if view is None:
             with self._lock:
