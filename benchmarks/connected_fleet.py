@@ -27,6 +27,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import psutil
+from paho.mqtt.enums import CallbackAPIVersion
 
 from benchmarks.common import publish_section
 from benchmarks.fleet_load import _percentile
@@ -49,7 +50,7 @@ class HelloCounter:
         self.seen: set[str] = set()
         self.expected = expected
         self.all_in = threading.Event()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-monitor")
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-monitor")
         self.client.on_connect = lambda c, *_: c.subscribe("pfl/default/device/+/hello", qos=1)
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
@@ -97,9 +98,12 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
     )
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     children: list[subprocess.Popen[bytes]] = []
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet = subprocess.DEVNULL
     broker = subprocess.Popen(
-        [binary, "-c", str(root / "mosquitto.conf")], preexec_fn=_raise_fd_limit, **quiet
+        [binary, "-c", str(root / "mosquitto.conf")],
+        preexec_fn=_raise_fd_limit,
+        stdout=quiet,
+        stderr=quiet,
     )
     children.append(broker)
     try:
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
              "--min-devices", str(args.devices), "--participation", str(args.participation),
              "--round-timeout", "600", "--out", str(root / "run"),
              "--checkpoint-dir", str(root / "checkpoint")],
-            preexec_fn=_raise_fd_limit, **quiet,
+            preexec_fn=_raise_fd_limit, stdout=quiet, stderr=quiet,
         )  # fmt: skip
         children.append(serve)
         bounds = [round(i * args.devices / args.pools) for i in range(args.pools + 1)]

@@ -19,9 +19,13 @@ from protocols.program_options import stop_on_signals
 from protocols.start_line import start_line
 from protocols.transport.base import Transport, Will
 from protocols.transport.factory import connect
-from protocols.transport.mqtt import MqttTransport
+from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 
 logger = logging.getLogger(__name__)
+
+CONNECT_ATTEMPTS = 5
+"""Tries per device: a broker taking hundreds of connections at once may answer a CONNACK late,
+and one slow answer must not stop the whole pool."""
 
 
 def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> None:
@@ -44,7 +48,16 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     transports: list[MqttTransport] = []
 
     def connect_device(device_id: str, will: Will) -> Transport:
-        transport = connect(broker, device_id, will, clean_start=True)
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                transport = connect(broker, device_id, will, clean_start=True)
+                break
+            except BrokerConnectionError as error:
+                if attempt == CONNECT_ATTEMPTS:
+                    raise
+                logger.warning(
+                    "%s: %s; try %d of %d", device_id, error, attempt + 1, CONNECT_ATTEMPTS
+                )
         transports.append(transport)
         return transport
 
