@@ -11,6 +11,7 @@ import device_agent.pool as pool_module
 from device_agent.pool import run_pool
 from device_agent.settings import PoolSettings
 from protocols.transport.base import Transport
+from protocols.transport.factory import connect as real_connect
 from protocols.transport.mqtt import BrokerConnectionError
 from tests.conftest import Mosquitto
 
@@ -19,7 +20,6 @@ def test_a_device_whose_first_connect_times_out_is_retried(
     mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Arrange: every device's first connect fails as an overloaded broker's late CONNACK does
-    real_connect = pool_module.connect
     attempts: dict[str, int] = {}
     ready = threading.Event()
 
@@ -28,7 +28,7 @@ def test_a_device_whose_first_connect_times_out_is_retried(
         if attempts[device_id] == 1:
             msg = "no CONNACK within 10.0 s"
             raise BrokerConnectionError(msg)
-        transport = real_connect(broker, device_id, *args, **kwargs)
+        transport: Transport = real_connect(broker, device_id, *args, **kwargs)
         if len(attempts) == 3:
             ready.set()
         return transport
