@@ -7,7 +7,7 @@ Reports: time until every device has said hello, p50/p95 round time, updates los
 not aggregated; must be 0), and the coordinator's, the broker's and the pools' RSS and CPU seconds
 per connected device.
 
-    nice python -m benchmarks.connected_fleet [--devices 2000] [--pools 4] [--rounds 5]
+    nice python -m benchmarks.connected_fleet [--devices 2000] [--pools 8] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import json
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -185,16 +186,17 @@ def main() -> None:
     """Run the fleet and write the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", type=int, default=2000)
-    parser.add_argument("--pools", type=int, default=4)
+    parser.add_argument("--pools", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--participation", type=float, default=0.1)
     parser.add_argument("--task", default="synthetic")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the children on the way out
     with tempfile.TemporaryDirectory() as directory:
         r = run(args, Path(directory))
     command = "nice python -m benchmarks.connected_fleet"
-    if (args.devices, args.pools, args.rounds, args.task) != (2000, 4, 5, "synthetic"):
+    if (args.devices, args.pools, args.rounds, args.task) != (2000, 8, 5, "synthetic"):
         command += (
             f" --devices {args.devices} --pools {args.pools} --rounds {args.rounds}"
             f" --task {args.task}"

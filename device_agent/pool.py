@@ -27,14 +27,26 @@ CONNECT_ATTEMPTS = 5
 """Tries per device: a broker taking hundreds of connections at once may answer a CONNACK late,
 and one slow answer must not stop the whole pool."""
 
+MAX_POOL_DEVICES = 300
+"""Devices one pool holds. Each MQTT client's network loop waits with select(), which takes only
+file descriptors below 1024, and each client holds three (its socket and a wake-up pair): past
+about 330 clients a process's next connect never sees its CONNACK."""
+
 
 def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> None:
     """Serve rounds with every device of the pool until `stop` is set (or SIGTERM/SIGINT).
 
     Raises:
-        ValueError: unknown task, or a range outside the fleet.
+        ValueError: unknown task, a range outside the fleet, or more than MAX_POOL_DEVICES.
         BrokerConnectionError: the broker cannot be reached.
     """
+    if len(settings.device_range()) > MAX_POOL_DEVICES:
+        msg = (
+            f"--devices {settings.devices}: a pool holds at most {MAX_POOL_DEVICES} devices (each "
+            "MQTT client's select() loop needs file descriptors below 1024); split the range "
+            "over more pools"
+        )
+        raise ValueError(msg)
     stop = stop_on_signals(stop or threading.Event())
     fleet = VirtualFleet.create(
         fleet=settings.fleet,

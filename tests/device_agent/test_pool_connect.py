@@ -54,3 +54,19 @@ def test_a_device_whose_first_connect_times_out_is_retried(
     # Assert: each device connected on its second try and the pool ran
     assert errors == []
     assert attempts == {"dev-0000": 2, "dev-0001": 2, "dev-0002": 2}
+
+
+def test_a_pool_larger_than_its_clients_can_poll_is_refused_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Arrange: connecting would be an error here
+    def no_connect(*args: Any, **kwargs: Any) -> Transport:
+        msg = "connected"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(pool_module, "connect", no_connect)
+    devices = pool_module.MAX_POOL_DEVICES + 1
+    settings = PoolSettings(devices=f"0-{devices - 1}", num_shards=devices, task="synthetic")
+    # Act / Assert
+    with pytest.raises(ValueError, match="at most 300 devices"):
+        run_pool(settings)
