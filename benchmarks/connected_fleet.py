@@ -45,19 +45,31 @@ def _raise_fd_limit() -> None:
 
 
 class HelloCounter:
-    """Distinct devices that said hello, and when the last of `expected` did."""
+    """Distinct devices that said hello, when the last of `expected` did, and all hellos.
+
+    A device says hello again when its connection was dropped; the coordinator's retained status
+    tells that it is up.
+    """
 
     def __init__(self, port: int, expected: int) -> None:
         self.seen: set[str] = set()
+        self.hellos = 0
         self.expected = expected
         self.all_in = threading.Event()
+        self.coordinator_up = threading.Event()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-monitor")
-        self.client.on_connect = lambda c, *_: c.subscribe("pfl/default/device/+/hello", qos=1)
+        self.client.on_connect = lambda c, *_: c.subscribe(
+            [("pfl/default/device/+/hello", 1), ("pfl/default/coordinator/status", 1)]
+        )
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
     def _on_message(self, _client: mqtt.Client, _data: object, message: mqtt.MQTTMessage) -> None:
+        if message.topic.endswith("/coordinator/status"):
+            self.coordinator_up.set()
+            return
+        self.hellos += 1
         self.seen.add(message.topic.split("/")[3])
         if len(self.seen) >= self.expected:
             self.all_in.set()
@@ -117,9 +129,16 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
              "--min-devices", str(args.devices), "--participation", str(args.participation),
              "--round-timeout", "600", "--out", str(root / "run"),
              "--checkpoint-dir", str(root / "checkpoint")],
-            preexec_fn=_raise_fd_limit, stdout=quiet, stderr=quiet,
+            preexec_fn=_raise_fd_limit, stdout=quiet, stderr=(root / "serve.log").open("wb"),
         )  # fmt: skip
         children.append(serve)
+        if not counter.coordinator_up.wait(120):
+            msg = f"the coordinator did not start: {(root / 'serve.log').read_text()[-2000:]}"
+            raise RuntimeError(msg)
+        time.sleep(2.0)  # let it settle: the baseline is its cost with no device
+        watched = {"coord": psutil.Process(serve.pid), "broker": psutil.Process(broker.pid)}
+        base_cpu = {k: _cpu(p) for k, p in watched.items()}
+        base_rss = {k: _tree_rss(p) for k, p in watched.items()}
         bounds = [round(i * args.devices / args.pools) for i in range(args.pools + 1)]
         started = time.monotonic()
         pools = [_pool(url, args, first, last - 1, root) for first, last in pairwise(bounds)]
@@ -131,8 +150,6 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
                 msg = f"only {len(counter.seen)} of {args.devices} devices said hello: {logs}"
                 raise RuntimeError(msg)
         connect_seconds = time.monotonic() - started
-        counter.close()
-        watched = {"coord": psutil.Process(serve.pid), "broker": psutil.Process(broker.pid)}
         connected_cpu = {k: _cpu(p) for k, p in watched.items()}
         connected_rss = {k: _tree_rss(p) for k, p in watched.items()}
         peak = dict(connected_rss)
@@ -148,6 +165,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
             if time.monotonic() - started > TIMEOUT * 2:
                 msg = "the coordinator did not finish its rounds"
                 raise RuntimeError(msg)
+        counter.close()
+        if not (root / "run" / "metrics.jsonl").exists():
+            msg = f"the coordinator wrote no metrics: {(root / 'serve.log').read_text()[-2000:]}"
+            raise RuntimeError(msg)
         lines = [
             json.loads(x) for x in (root / "run" / "metrics.jsonl").read_text().splitlines() if x
         ]
@@ -156,27 +177,30 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
             child.terminate()
         for child in children:
             try:
-                child.wait(30)
+                child.wait(60)
             except subprocess.TimeoutExpired:
                 child.kill()
     times = [line["wall_seconds"] for line in lines]
     rounds = max(1, len(lines))
     n = args.devices
     return {
+        "round_times": ", ".join(f"{t:.1f}" for t in times),
+        "rehellos": counter.hellos - len(counter.seen),
+        "coord_base_mib": base_rss["coord"] / 2**20,
+        "broker_base_mib": base_rss["broker"] / 2**20,
         "rounds": len(lines),
         "selected": statistics.mean(line["selected"] for line in lines) if lines else 0,
         "lost": sum(line["selected"] - line["participants"] for line in lines),
         "connect_s": connect_seconds,
         "p50": statistics.median(times) if times else float("nan"),
         "p95": _percentile(times, 0.95) if times else float("nan"),
-        "coord_connected_mib": connected_rss["coord"] / 2**20,
         "coord_peak_mib": peak["coord"] / 2**20,
         "broker_peak_mib": peak["broker"] / 2**20,
-        "coord_kib_dev": peak["coord"] / n / 1024,
-        "broker_kib_dev": peak["broker"] / n / 1024,
+        "coord_kib_dev": (peak["coord"] - base_rss["coord"]) / n / 1024,
+        "broker_kib_dev": (peak["broker"] - base_rss["broker"]) / n / 1024,
         "pool_kib_dev": pool_rss / n / 1024,
-        "coord_connect_cpu": connected_cpu["coord"],
-        "broker_connect_cpu": connected_cpu["broker"],
+        "coord_connect_cpu": connected_cpu["coord"] - base_cpu["coord"],
+        "broker_connect_cpu": connected_cpu["broker"] - base_cpu["broker"],
         "coord_ms_dev_round": (end_cpu["coord"] - connected_cpu["coord"]) / n / rounds * 1e3,
         "broker_ms_dev_round": (end_cpu["broker"] - connected_cpu["broker"]) / n / rounds * 1e3,
     }
@@ -212,24 +236,29 @@ def main() -> None:
             f"FedAvg with `--participation {args.participation}` "
             f"({r['selected']:.0f} devices selected per round on average), all on one 2-core "
             "machine shared with other work. Connect: from starting the pools until every "
-            "device's hello was seen. CPU per device and round: CPU seconds after everyone "
-            "connected, over devices and rounds.",
+            "device's hello was seen. Per device: above the process's own cost with no device "
+            "connected (RSS: peak over the run; CPU: seconds after everyone connected, over "
+            "devices and rounds). Re-hellos: hellos after a device's first (each follows a "
+            "dropped connection).",
             "",
-            "| devices | connect + hello (s) | rounds | updates lost | p50 round (s) "
-            "| p95 round (s) |",
-            "|---:|---:|---:|---:|---:|---:|",
-            f"| {args.devices} | {r['connect_s']:.1f} | {r['rounds']} of {args.rounds} "
-            f"| {r['lost']} | {r['p50']:.2f} | {r['p95']:.2f} |",
+            "| devices | connect + hello (s) | re-hellos | rounds | updates lost "
+            "| p50 round (s) | p95 round (s) | each round (s) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"| {args.devices} | {r['connect_s']:.1f} | {r['rehellos']} "
+            f"| {r['rounds']} of {args.rounds} | {r['lost']} | {r['p50']:.2f} | {r['p95']:.2f} "
+            f"| {r['round_times']} |",
             "",
-            "| process | peak RSS (MiB) | RSS per device (KiB) | CPU to connect all (s) "
-            "| CPU per device per round (ms) |",
-            "|---|---:|---:|---:|---:|",
-            f"| coordinator | {r['coord_peak_mib']:.0f} | {r['coord_kib_dev']:.0f} "
-            f"| {r['coord_connect_cpu']:.1f} | {r['coord_ms_dev_round']:.2f} |",
-            f"| mosquitto | {r['broker_peak_mib']:.0f} | {r['broker_kib_dev']:.0f} "
-            f"| {r['broker_connect_cpu']:.1f} | {r['broker_ms_dev_round']:.2f} |",
-            f"| pools (sum, at the end) | {r['pool_kib_dev'] * args.devices / 1024:.0f} "
-            f"| {r['pool_kib_dev']:.0f} | | |",
+            "| process | RSS with no device (MiB) | peak RSS (MiB) | RSS per device (KiB) "
+            "| CPU to connect all (s) | CPU per device per round (ms) |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| coordinator | {r['coord_base_mib']:.0f} | {r['coord_peak_mib']:.0f} "
+            f"| {r['coord_kib_dev']:.0f} | {r['coord_connect_cpu']:.1f} "
+            f"| {r['coord_ms_dev_round']:.2f} |",
+            f"| mosquitto | {r['broker_base_mib']:.0f} | {r['broker_peak_mib']:.0f} "
+            f"| {r['broker_kib_dev']:.0f} | {r['broker_connect_cpu']:.1f} "
+            f"| {r['broker_ms_dev_round']:.2f} |",
+            f"| pools (sum, at the end) | | {r['pool_kib_dev'] * args.devices / 1024:.0f} "
+            f"| {r['pool_kib_dev']:.0f} (all of it) | | |",
             "",
             f"Command: `{command}`.",
         ],
