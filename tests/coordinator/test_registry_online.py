@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from coordinator.engine.registry import FleetRegistry
-from protocols.messages import Capabilities, DeviceHello, DeviceStatus
-
-
-def hello(device_id: str) -> DeviceHello:
-    capabilities = Capabilities(
-        cores=1, memory_bytes=1, arch="x", torch_version="2", python_version="3"
-    )
-    return DeviceHello(
-        device_id=device_id, task="t", num_train_samples=10, capabilities=capabilities
-    )
+from protocols.messages import DeviceStatus
+from tests.coordinator.test_device_usage import hello
 
 
 def test_a_burst_of_hellos_copies_the_online_set_once_not_per_hello() -> None:
