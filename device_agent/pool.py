@@ -19,18 +19,34 @@ from protocols.program_options import stop_on_signals
 from protocols.start_line import start_line
 from protocols.transport.base import Transport, Will
 from protocols.transport.factory import connect
-from protocols.transport.mqtt import MqttTransport
+from protocols.transport.mqtt import BrokerConnectionError, MqttTransport
 
 logger = logging.getLogger(__name__)
+
+CONNECT_ATTEMPTS = 5
+"""Tries per device: a broker taking hundreds of connections at once may answer a CONNACK late,
+and one slow answer must not stop the whole pool."""
+
+MAX_POOL_DEVICES = 300
+"""Devices one pool holds. Each MQTT client's network loop waits with select(), which takes only
+file descriptors below 1024, and each client holds three (its socket and a wake-up pair): past
+about 330 clients a process's next connect never sees its CONNACK."""
 
 
 def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> None:
     """Serve rounds with every device of the pool until `stop` is set (or SIGTERM/SIGINT).
 
     Raises:
-        ValueError: unknown task, or a range outside the fleet.
+        ValueError: unknown task, a range outside the fleet, or more than MAX_POOL_DEVICES.
         BrokerConnectionError: the broker cannot be reached.
     """
+    if len(settings.device_range()) > MAX_POOL_DEVICES:
+        msg = (
+            f"--devices {settings.devices}: a pool holds at most {MAX_POOL_DEVICES} devices (each "
+            "MQTT client's select() loop needs file descriptors below 1024); split the range "
+            "over more pools"
+        )
+        raise ValueError(msg)
     stop = stop_on_signals(stop or threading.Event())
     fleet = VirtualFleet.create(
         fleet=settings.fleet,
@@ -44,7 +60,16 @@ def run_pool(settings: PoolSettings, stop: threading.Event | None = None) -> Non
     transports: list[MqttTransport] = []
 
     def connect_device(device_id: str, will: Will) -> Transport:
-        transport = connect(broker, device_id, will, clean_start=True)
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                transport = connect(broker, device_id, will, clean_start=True)
+                break
+            except BrokerConnectionError as error:
+                if attempt == CONNECT_ATTEMPTS:
+                    raise
+                logger.warning(
+                    "%s: %s; try %d of %d", device_id, error, attempt + 1, CONNECT_ATTEMPTS
+                )
         transports.append(transport)
         return transport
 

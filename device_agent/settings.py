@@ -148,7 +148,7 @@ class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSetting
     """
 
     devices: str = Field(
-        description="this pool's virtual devices, e.g. 0-499 (first-last, inclusive)"
+        description="this pool's virtual devices, e.g. 0-249 (first-last, inclusive; at most 300)"
     )
     num_shards: int = Field(
         ge=1, description="devices in the whole simulated fleet, over all pools"

@@ -51,7 +51,11 @@ class FleetRegistry:
         self.keeps_losses = keeps_losses
         self._lock = threading.Lock()
         self._devices: dict[str, DeviceRecord] = {}
-        self._online: frozenset[str] = frozenset()  # kept as records change: read per message
+        self._online: set[str] = set()  # kept as records change, under the lock
+        self._online_view: frozenset[str] | None = frozenset()  # readers' copy; None: stale
+        self.online_copies = 0
+        """Copies of the online set made for readers: one per change that is read, not per hello
+        (copying on every hello made registering n devices O(n^2))."""
         self._usage: dict[str, DeviceUsage] = {}
         self._asked: tuple[int, float] = (-1, 0.0)  # the last training round announced, when
 
@@ -151,7 +155,7 @@ class FleetRegistry:
 
     def count_broadcast(self, size: int) -> int:
         """A broadcast of `size` bytes, which each device online now receives: their total."""
-        return self.count_down(dict.fromkeys(self._online, size))
+        return self.count_down(dict.fromkeys(self.online_ids(), size))
 
     def usage(self) -> dict[str, DeviceUsage]:
         """Each device's bytes and round time so far (copies)."""
@@ -175,18 +179,29 @@ class FleetRegistry:
         return len(self._online)
 
     def online_ids(self) -> frozenset[str]:
-        """Ids of the devices that can take part now (O(1): a round checks it per message)."""
-        return self._online
+        """Ids of the devices that can take part now, copied only after a change.
+
+        O(1) unless the set changed since the last read: a round checks it per message, while
+        hellos arrive in bursts.
+        """
+        view = self._online_view
+        if view is None:
+            with self._lock:
+                if self._online_view is None:
+                    self._online_view = frozenset(self._online)
+                    self.online_copies += 1
+                view = self._online_view
+        return view
 
     def _store(self, record: DeviceRecord) -> None:
         """Keep `record` (under the lock) and the online set with it."""
         self._devices[record.device_id] = record
         if record.online != (record.device_id in self._online):
-            self._online = (
-                self._online | {record.device_id}
-                if record.online
-                else self._online - {record.device_id}
-            )
+            if record.online:
+                self._online.add(record.device_id)
+            else:
+                self._online.discard(record.device_id)
+            self._online_view = None
 
     def restore(self, device_id: str, num_train_samples: int) -> None:
         """A device known from a checkpoint: offline and not selectable until it says hello."""
