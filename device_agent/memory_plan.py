@@ -2,20 +2,20 @@
 
 The peak of one local update is modelled as (spec partial-personalization.md §4.1, §4.3)
 
-    M(b) = R + B * (3|w| + 6|u| + 5|v|) + B_opt + b * A_1
+    M(b) = R + 4|w| + B_opt + b * A_1
 
-R is the process's resident memory when planning (Python, torch, data). The spec's 3|u| + 2|v|
-(broadcast copy, working copy and gradients) is where the formula starts; what an agent really
-holds at its peak, measured in benchmarks/memory.py, is more: the decoded broadcast of the whole
-model w, the workspace and allocator slack (3|w|); per shared tensor its gradient, the snapshot
-and the delta, and three copies while the delta is serialized and framed (6|u|); per personal
-tensor the stored copy, its gradient, the snapshot and two copies while it is saved (5|v|).
-B_opt is the optimizer state (momentum) and A_1 the memory one more sample adds to a step.
+R is the process's resident memory when planning (Python, torch, the model, data). The spec's
+3|u| + 2|v| (broadcast copy, working copy and gradients) is where the formula starts; what an
+agent holds over R at its peak was measured in benchmarks/memory.py (one round held as an agent
+holds it, every personalization mode): 3.5-3.9 model sizes whatever the split (the decoded
+broadcast or the stored personal state, the gradients, the delta or snapshot, its encoding), so
+the plan counts 4|w|. B_opt is the optimizer state (momentum) and A_1 the memory one more
+sample adds to a step.
 
 A_1 comes from a probe where Linux lets us measure it: two real forward/backward steps in a row at
 each of two micro-batch sizes, each pair after trimming the heap and resetting the kernel's peak
-counter, and the slope between them plus a margin (this catches backward temporaries and kernel
-workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
+counter, and the slope between them plus a measured margin (this catches backward temporaries
+and kernel workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
 estimated as 3x the bytes autograd saves for backward, counted exactly with saved-tensor hooks.
 Both hold for any layer (convolution, recurrence, normalization) without a table of layers.
 
@@ -189,10 +189,19 @@ _STATUS: Final = Path("/proc/self/status")
 STEPS_PROBED: Final = 2
 """Steps in a row per probed size: a second step finds the heap fragmented by the first and
 peaks higher (by 10-25% on the 1-D CNN of benchmarks/memory_conv.py), as every later one does."""
-PROBE_MARGIN: Final = 0.5
-"""Added to a probed A_1: training steps of the 1-D CNN of benchmarks/memory_conv.py peaked up
-to 40% above the probe's slope per sample (new shapes of micro-batches, tensors near glibc's
-moving mmap threshold landing in the heap or not), differing by 10-25% between processes."""
+PROBE_MARGIN: Final = 0.25
+"""Added to a probed A_1 (plain training). Measured in one process after its probe (the 1-D CNN
+of benchmarks/memory_conv.py, slope 711 KiB a sample): two steps at a size the probe had not
+run peaked 16-21 MiB above slope x size at 68 and 111 samples (22-27%) and 77 MiB above it at
+512 (22%), as new shapes and larger tensors find no free chunk in the heap. The 10% budget
+margin of the plan (SAFETY_MARGIN) covers what varies beyond that between processes."""
+CHECKPOINTED_PROBE_MARGIN: Final = 1.0
+"""Added to a probed A_1 with checkpointing. Its probe reads short: on the same CNN it read
+405-622 KiB a sample in different processes, against 778-793 KiB a sample that checkpointed
+training steps of 234 samples then reached (recomputation allocates each block's internals
+again during backward, next to the gradients of the block's output), so the plan doubles it."""
+ROUND_COPIES: Final = 4
+"""Model sizes a round holds over R (module docstring; benchmarks/memory.py, modes table)."""
 ESTIMATE_FACTOR: Final = 3
 """Saved activations plus their gradients plus the pre-activation temporaries, per sample."""
 
@@ -260,8 +269,8 @@ def probe_bytes_per_sample(
     return max(1, math.ceil(slope)) if slope > 0 else None
 
 
-def _with_margin(probed: int | None) -> int | None:
-    return None if probed is None else math.ceil(probed * (1 + PROBE_MARGIN))
+def _with_margin(probed: int | None, margin: float) -> int | None:
+    return None if probed is None else math.ceil(probed * (1 + margin))
 
 
 def memory_model(
@@ -280,7 +289,9 @@ def memory_model(
     training.
     """
     with buffers_kept(model):
-        probed = _with_margin(probe_bytes_per_sample(model, task, data) if probe else None)
+        probed = _with_margin(
+            probe_bytes_per_sample(model, task, data) if probe else None, PROBE_MARGIN
+        )
         per_sample = (
             probed
             if probed is not None
@@ -291,7 +302,8 @@ def memory_model(
             probed_checkpointed = _with_margin(
                 probe_bytes_per_sample(model, task, data, forward=checkpointed(model))
                 if probed is not None
-                else None
+                else None,
+                CHECKPOINTED_PROBE_MARGIN,
             )
             counted = checkpointed_bytes_per_sample(model, task, data)
             checkpointed_per_sample = (
@@ -324,20 +336,17 @@ def for_split(
     """`measured`'s runtime and activations with the parameter terms of `split`.
 
     The probe depends only on the architecture, so an agent measures once and re-plans each
-    algorithm's split (and batch size) by arithmetic. A relay algorithm (FedeRiCo) holds
+    algorithm's split (and batch size) by arithmetic. The round itself holds 4 model sizes
+    over R whatever the split (module docstring). A relay algorithm (FedeRiCo) holds
     `relayed_models` whole models at once, each as received bytes, decoded tensors, its
     weighted contribution and that contribution's encoded bytes: 4 model sizes apiece.
     """
     state = model.state_dict()
-    shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
-    personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
+    size = sum(state[n].numel() * state[n].element_size() for n in (*split.shared, *split.personal))
     return dataclasses.replace(
         measured,
-        parameter_bytes=3 * (shared + personal)
-        + 6 * shared
-        + 5 * personal
-        + 4 * relayed_models * (shared + personal),
-        optimizer_bytes=(shared + personal) if momentum else 0,
+        parameter_bytes=ROUND_COPIES * size + 4 * relayed_models * size,
+        optimizer_bytes=size if momentum else 0,
     )
 
 
