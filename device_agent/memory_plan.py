@@ -194,10 +194,10 @@ STEPS_PROBED: Final = 2
 peaks higher (by 10-25% on the 1-D CNN of benchmarks/memory_conv.py), as every later one does."""
 PROBE_MARGIN: Final = 0.25
 """Added to a probed A_1 (plain training). Measured in one process after its probe (the 1-D CNN
-of benchmarks/memory_conv.py, slope 711 KiB a sample): two steps at a size the probe had not
-run peaked 16-21 MiB above slope x size at 68 and 111 samples (22-27%) and 77 MiB above it at
-512 (22%), as new shapes and larger tensors find no free chunk in the heap. The 10% budget
-margin of the plan (SAFETY_MARGIN) covers what varies beyond that between processes."""
+of benchmarks/memory_conv.py, slope 711 KiB a sample): two steps at 512 samples, a size the probe
+had not run, peaked 77 MiB (22%) above slope x size, as larger tensors find no free chunk in the
+heap. What a step adds whatever its size is STEP_OVERHEAD_SAMPLES's; the 10% budget margin of
+the plan (SAFETY_MARGIN) covers what varies beyond that between processes."""
 CHECKPOINTED_PROBE_MARGIN: Final = 1.0
 """Added to a probed A_1 with checkpointing. Its probe reads short: on the same CNN it read
 405-622 KiB a sample in different processes, against 778-793 KiB a sample that checkpointed
