@@ -2,20 +2,20 @@
 
 The peak of one local update is modelled as (spec partial-personalization.md §4.1, §4.3)
 
-    M(b) = R + B * (3|w| + 6|u| + 5|v|) + B_opt + b * A_1
+    M(b) = R + 4|w| + B_opt + S + b * A_1
 
-R is the process's resident memory when planning (Python, torch, data). The spec's 3|u| + 2|v|
-(broadcast copy, working copy and gradients) is where the formula starts; what an agent really
-holds at its peak, measured in benchmarks/memory.py, is more: the decoded broadcast of the whole
-model w, the workspace and allocator slack (3|w|); per shared tensor its gradient, the snapshot
-and the delta, and three copies while the delta is serialized and framed (6|u|); per personal
-tensor the stored copy, its gradient, the snapshot and two copies while it is saved (5|v|).
-B_opt is the optimizer state (momentum) and A_1 the memory one more sample adds to a step.
+R is the process's resident memory when planning (Python, torch, the model, data). The spec's
+3|u| + 2|v| (broadcast copy, working copy and gradients) is where the formula starts; what an
+agent holds over R at its peak was measured in benchmarks/memory.py (one round held as an agent
+holds it, every personalization mode): 3.5-3.9 model sizes whatever the split (the decoded
+broadcast or the stored personal state, the gradients, the delta or snapshot, its encoding), so
+the plan counts 4|w|. B_opt is the optimizer state (momentum), A_1 the memory one more sample
+adds to a step and S what a step allocates whatever its size (STEP_OVERHEAD_SAMPLES x A_1).
 
 A_1 comes from a probe where Linux lets us measure it: two real forward/backward steps in a row at
 each of two micro-batch sizes, each pair after trimming the heap and resetting the kernel's peak
-counter, and the slope between them plus a margin (this catches backward temporaries and kernel
-workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
+counter, and the slope between them plus a measured margin (this catches backward temporaries
+and kernel workspaces that no formula lists; docs/memory.md has the measurements). Elsewhere it is
 estimated as 3x the bytes autograd saves for backward, counted exactly with saved-tensor hooks.
 Both hold for any layer (convolution, recurrence, normalization) without a table of layers.
 
@@ -96,6 +96,8 @@ class MemoryModel:
     method: Literal["estimate", "probe"] = "estimate"
     checkpointed_bytes_per_sample: int | None = None
     """A_1 with the top-level blocks checkpointed; None where the model has no blocks."""
+    step_overhead_bytes: int = 0
+    """What a training step allocates whatever its micro-batch (STEP_OVERHEAD_SAMPLES)."""
 
     def peak(self, micro_batch: int, *, checkpointing: bool = False) -> int:
         """M(b) for a micro-batch of `micro_batch` samples, plainly or checkpointed."""
@@ -103,6 +105,7 @@ class MemoryModel:
             self.runtime_bytes
             + self.parameter_bytes
             + self.optimizer_bytes
+            + self.step_overhead_bytes
             + micro_batch * self.per_sample(checkpointing=checkpointing)
         )
 
@@ -189,10 +192,27 @@ _STATUS: Final = Path("/proc/self/status")
 STEPS_PROBED: Final = 2
 """Steps in a row per probed size: a second step finds the heap fragmented by the first and
 peaks higher (by 10-25% on the 1-D CNN of benchmarks/memory_conv.py), as every later one does."""
-PROBE_MARGIN: Final = 0.5
-"""Added to a probed A_1: training steps of the 1-D CNN of benchmarks/memory_conv.py peaked up
-to 40% above the probe's slope per sample (new shapes of micro-batches, tensors near glibc's
-moving mmap threshold landing in the heap or not), differing by 10-25% between processes."""
+PROBE_MARGIN: Final = 0.25
+"""Added to a probed A_1 (plain training). Measured in one process after its probe (the 1-D CNN
+of benchmarks/memory_conv.py, slope 711 KiB a sample): two steps at 512 samples, a size the probe
+had not run, peaked 77 MiB (22%) above slope x size, as larger tensors find no free chunk in the
+heap. What a step adds whatever its size is STEP_OVERHEAD_SAMPLES's; the 10% budget margin of
+the plan (SAFETY_MARGIN) covers what varies beyond that between processes."""
+CHECKPOINTED_PROBE_MARGIN: Final = 1.0
+"""Added to a probed A_1 with checkpointing. Its probe reads short: on the same CNN it read
+405-622 KiB a sample in different processes, against 778-793 KiB a sample that checkpointed
+training steps of 234 samples then reached (recomputation allocates each block's internals
+again during backward, next to the gradients of the block's output), so the plan doubles it."""
+SAVED_FLOOR: Final = 2
+"""A probed A_1 is at least this many times the bytes autograd saves (see `_with_margin`)."""
+STEP_OVERHEAD_SAMPLES: Final = 64
+"""A step's overhead, in samples of the plain A_1: the slope cancels whatever a step allocates
+whatever its size, which a step at a shape the probe did not run does (workspaces, chunks
+that fit no free space): 16-21 MiB beyond slope x size in the process that probed the 1-D CNN,
+53 MiB in the 6-step training run of 153-sample micro-batches of benchmarks/memory_conv.py
+(64 samples of that CNN's A_1 are 56 MiB)."""
+ROUND_COPIES: Final = 4
+"""Model sizes a round holds over R (module docstring; benchmarks/memory.py, modes table)."""
 ESTIMATE_FACTOR: Final = 3
 """Saved activations plus their gradients plus the pre-activation temporaries, per sample."""
 
@@ -260,8 +280,16 @@ def probe_bytes_per_sample(
     return max(1, math.ceil(slope)) if slope > 0 else None
 
 
-def _with_margin(probed: int | None) -> int | None:
-    return None if probed is None else math.ceil(probed * (1 + PROBE_MARGIN))
+def _with_margin(probed: int | None, saved: int, margin: float) -> int | None:
+    """A probed A_1, at least twice the bytes autograd saves for backward, plus `margin`.
+
+    The slope reads short where a step reuses heap chunks the step before freed: the
+    5M-parameter MLP of benchmarks/memory.py read 18-83 KiB a sample in different processes,
+    while its steps grew by 37-56 KiB a sample between 512 and 2048 samples; backward holds
+    the saved tensors (18 KiB a sample there) and gradients as large, so the floor is 2x saved.
+    """
+    floor = SAVED_FLOOR * saved
+    return None if probed is None else math.ceil(max(probed, floor) * (1 + margin))
 
 
 def memory_model(
@@ -280,25 +308,24 @@ def memory_model(
     training.
     """
     with buffers_kept(model):
-        probed = _with_margin(probe_bytes_per_sample(model, task, data) if probe else None)
-        per_sample = (
-            probed
-            if probed is not None
-            else ESTIMATE_FACTOR * activation_bytes_per_sample(model, task, data)
+        saved = activation_bytes_per_sample(model, task, data)
+        probed = _with_margin(
+            probe_bytes_per_sample(model, task, data) if probe else None, saved, PROBE_MARGIN
         )
+        per_sample = probed if probed is not None else ESTIMATE_FACTOR * saved
         checkpointed_per_sample = None
-        if blocks(model) is not None:
+        counted = checkpointed_bytes_per_sample(model, task, data)
+        if counted is not None:
             probed_checkpointed = _with_margin(
                 probe_bytes_per_sample(model, task, data, forward=checkpointed(model))
                 if probed is not None
-                else None
+                else None,
+                counted,
+                CHECKPOINTED_PROBE_MARGIN,
             )
-            counted = checkpointed_bytes_per_sample(model, task, data)
             checkpointed_per_sample = (
                 probed_checkpointed
                 if probed_checkpointed is not None
-                else None
-                if counted is None
                 else ESTIMATE_FACTOR * counted
             )
     release_free_heap()
@@ -309,6 +336,7 @@ def memory_model(
         activation_bytes_per_sample=per_sample,
         method="probe" if probed is not None else "estimate",
         checkpointed_bytes_per_sample=checkpointed_per_sample,
+        step_overhead_bytes=STEP_OVERHEAD_SAMPLES * per_sample,
     )
     return for_split(measured, model, split, momentum=momentum)
 
@@ -324,20 +352,17 @@ def for_split(
     """`measured`'s runtime and activations with the parameter terms of `split`.
 
     The probe depends only on the architecture, so an agent measures once and re-plans each
-    algorithm's split (and batch size) by arithmetic. A relay algorithm (FedeRiCo) holds
+    algorithm's split (and batch size) by arithmetic. The round itself holds 4 model sizes
+    over R whatever the split (module docstring). A relay algorithm (FedeRiCo) holds
     `relayed_models` whole models at once, each as received bytes, decoded tensors, its
     weighted contribution and that contribution's encoded bytes: 4 model sizes apiece.
     """
     state = model.state_dict()
-    shared = sum(state[n].numel() * state[n].element_size() for n in split.shared)
-    personal = sum(state[n].numel() * state[n].element_size() for n in split.personal)
+    size = sum(state[n].numel() * state[n].element_size() for n in (*split.shared, *split.personal))
     return dataclasses.replace(
         measured,
-        parameter_bytes=3 * (shared + personal)
-        + 6 * shared
-        + 5 * personal
-        + 4 * relayed_models * (shared + personal),
-        optimizer_bytes=(shared + personal) if momentum else 0,
+        parameter_bytes=ROUND_COPIES * size + 4 * relayed_models * size,
+        optimizer_bytes=size if momentum else 0,
     )
 
 
@@ -397,7 +422,8 @@ def _refusal(terms: MemoryModel, budget_bytes: int, *, can_checkpoint: bool) -> 
         f"memory budget {budget_bytes / mib:.1f} MiB cannot fit local training: it needs "
         f"{terms.peak(1) / mib:.1f} MiB at a micro-batch of 1{checkpointed} (runtime "
         f"{terms.runtime_bytes / mib:.1f} MiB, parameters and gradients "
-        f"{(terms.parameter_bytes + terms.optimizer_bytes) / mib:.1f} MiB, activations "
+        f"{(terms.parameter_bytes + terms.optimizer_bytes) / mib:.1f} MiB, a step's overhead "
+        f"{terms.step_overhead_bytes / mib:.1f} MiB, activations "
         f"{terms.per_sample(checkpointing=False) / mib:.2f} MiB a sample) and a "
         f"{SAFETY_MARGIN:.0%} margin; raise --memory-budget or personalize fewer parameters"
     )

@@ -2,8 +2,8 @@
 
 Each model is measured in a fresh interpreter: the kernel's peak resident set (VmHWM, reset
 through /proc/self/clear_refs) over two training steps, less the resident set before them, per
-sample. The plan's figure (probed, and counted with saved-tensor hooks) must be within a factor
-of 2 of it either way.
+sample. The plan's figure (probed, before its margin, and counted with saved-tensor hooks) must
+be within a factor of 2 of it either way.
 """
 
 import json
@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+from device_agent.memory_plan import CHECKPOINTED_PROBE_MARGIN, PROBE_MARGIN
 
 FACTOR = 2.0
 BATCH = 128
@@ -64,6 +66,28 @@ def test_planned_activations_are_within_a_factor_of_the_measured_peak(
     result = json.loads(output.stdout.strip().splitlines()[-1])
     measured = float(result["measured"])
     assert set(result["planned"]) == {"probe", "estimate"}
+    # the probe's own reading: the margins (measured over longer training runs, docs/memory.md)
+    # come on top of it
+    margin = CHECKPOINTED_PROBE_MARGIN if checkpointing else PROBE_MARGIN
     for method, planned in result["planned"].items():
-        ratio = planned / measured
+        ratio = planned / (1 + margin if method == "probe" else 1) / measured
         assert 1 / FACTOR <= ratio <= FACTOR, (method, planned, measured)
+
+
+PEAK_CEILING = 1.35
+
+
+def test_the_plan_of_a_wide_mlp_update_is_near_its_measured_peak() -> None:
+    # The 5M-parameter MLP of benchmarks/memory.py, one unconstrained update of 2048 samples
+    # held as an agent holds it, in a fresh interpreter: the planned peak covers the measured
+    # one without the over-count that refused every budget of its table (planned 1.5x measured)
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory", "--child", "[null, 0]"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = json.loads(output.stdout.strip().splitlines()[-1])
+    planned, measured = int(result["estimated_peak"]), int(result["peak"])
+    assert measured <= planned <= PEAK_CEILING * measured, (planned, measured)

@@ -155,13 +155,17 @@ def test_the_plan_checkpoints_where_that_halves_the_micro_batches(
 
 def test_a_budget_that_fits_no_sample_even_checkpointed_is_refused_with_the_numbers() -> None:
     mib = 2**20
-    terms = MemoryModel(300 * mib, 2 * mib, 0, mib // 2, checkpointed_bytes_per_sample=mib // 4)
+    terms = MemoryModel(
+        300 * mib, 2 * mib, 0, mib // 2, checkpointed_bytes_per_sample=mib // 4,
+        step_overhead_bytes=mib,
+    )  # fmt: skip
     with pytest.raises(MemoryBudgetError) as refused:
         plan_training(terms, 256 * 10**6, batch_size=64)
     assert str(refused.value) == (
-        "memory budget 244.1 MiB cannot fit local training: it needs 302.5 MiB at a micro-batch "
-        "of 1 (302.2 MiB with gradient checkpointing) (runtime 300.0 MiB, parameters and "
-        "gradients 2.0 MiB, activations 0.50 MiB a sample) and a 10% margin; raise "
+        "memory budget 244.1 MiB cannot fit local training: it needs 303.5 MiB at a micro-batch "
+        "of 1 (303.2 MiB with gradient checkpointing) (runtime 300.0 MiB, parameters and "
+        "gradients 2.0 MiB, a step's overhead 1.0 MiB, activations 0.50 MiB a sample) and a "
+        "10% margin; raise "
         "--memory-budget or personalize fewer parameters"
     )
     without_blocks = MemoryModel(300 * mib, 2 * mib, 0, mib // 2)
