@@ -138,18 +138,21 @@ def bridge_grants(fleet: str, site: Site) -> tuple[Grant, ...]:
 
 
 def aggregator_grants(fleet: str, site: Site) -> tuple[Grant, ...]:
-    """The site aggregator: read its broker's rounds, plans and device messages; write partials."""
+    """The site aggregator: read rounds, plans and device messages; write partials, secure topics.
+
+    The secure topics are its devices' own, for secure aggregation within its group.
+    """
     reads = [
         topics.round_announcement(fleet),
         wire.plan_topic(fleet),
         wire.close_topic(fleet),
-        *(topics.device_subscription(fleet, kind) for kind in ("status", "update")),
+        *(topics.device_subscription(fleet, kind) for kind in ("status", "update", "secagg")),
     ]
-    partial = wire.partial_topic(fleet, site.name)
+    writes = [wire.partial_topic(fleet, site.name)]
+    writes += [topics.secure(fleet, d) for d in site.devices]  # secure aggregation in the group
     return (
         *(Grant("read", pattern) for topic in reads for pattern in (topic, f"{topic}/#")),
-        Grant("write", partial),
-        Grant("write", f"{partial}/#"),
+        *(Grant("write", pattern) for topic in writes for pattern in (topic, f"{topic}/#")),
     )
 
 

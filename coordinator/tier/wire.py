@@ -65,6 +65,9 @@ class TierPlan(WireModel):
     clip_norm: float = Field(gt=0, le=1e6)
     """Each update is clipped to this L2 norm before it is summed."""
     privacy: DevicePrivacy | None = None
+    train_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    """A secure round: how long the group's masked updates are waited for (the coordinator's
+    round timeout; its other phases take the announcement's phase timeout)."""
 
 
 class TierClose(WireModel):
