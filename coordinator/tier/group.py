@@ -22,6 +22,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -69,6 +70,7 @@ class _Round:
     )
     declined: set[str] = field(default_factory=set)
     sent: bool = False
+    partial_devices: int = 0
     secure: GroupSecureRound | None = None
 
 
@@ -82,6 +84,8 @@ class GroupAggregator:
     member: Callable[[str], bool]
     quarantine_after: int = 3
     max_frame_bytes: int = 256 * 1024 * 1024
+    group: str = ""
+    """Which devices `member` accepts, in words, for `pfl-coord status`."""
     offences: Offences = field(default_factory=Offences)
     partials_sent: int = 0
     _plan: wire.TierPlan | None = None
@@ -105,6 +109,27 @@ class GroupAggregator:
         ):
             pattern = topics.device_subscription(fleet, kind)  # type: ignore[arg-type]
             subscribe(pattern, self._guarded(handler, device=True))
+        self.publish_status()
+
+    def status(self, state: Literal["online", "offline"] = "online") -> wire.AggregatorStatus:
+        """Its group, and the last round it collected (for `pfl-coord status`)."""
+        current = self._round
+        return wire.AggregatorStatus(
+            aggregator=self.name,
+            group=self.group,
+            state=state,
+            run_id=current.plan.run_id if current else None,
+            round_id=current.plan.round_id if current else None,
+            asked=len(current.expected) if current else 0,
+            devices=current.partial_devices if current else 0,
+            partial_sent=current.sent if current else False,
+            partials_sent=self.partials_sent,
+        )
+
+    def publish_status(self) -> None:
+        """Retain `status()` on its topic."""
+        topic = wire.status_topic(self.fleet, self.name)
+        self.transport.publish(topic, wire.encode(self.status()), retain=True)
 
     def _guarded(
         self, handler: Callable[[str, bytes], None], *, device: bool = False
@@ -175,6 +200,7 @@ class GroupAggregator:
             len(expected),
             " (secure aggregation within the group)" if announcement.secure else "",
         )
+        self.publish_status()
         if announcement.secure is None:
             self._maybe_send()
             return
@@ -312,7 +338,7 @@ class GroupAggregator:
         with self._sending:
             if current.sent:
                 return
-            current.sent = True
+            current.sent, current.partial_devices = True, len(devices)
         plan = current.plan
         partial = wire.PartialAggregate(
             run_id=plan.run_id,
@@ -328,6 +354,7 @@ class GroupAggregator:
             wire.partial_topic(self.fleet, self.name), wire.encode(partial, sums)
         )
         self.partials_sent += 1
+        self.publish_status()
         logger.info(
             "aggregator %s: round %d partial of %d devices (%d declined)",
             self.name,
