@@ -94,6 +94,7 @@ class GroupAggregator:
     _held: set[str] = field(default_factory=set)
     _baseline: dict[str, int] = field(default_factory=dict)
     _offline: set[str] = field(default_factory=set)
+    _secure: GroupSecureRound | None = None
     _sending: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
@@ -204,7 +205,9 @@ class GroupAggregator:
         if announcement.secure is None:
             self._maybe_send()
             return
-        current.secure = GroupSecureRound(self.transport, self.fleet, self._blame)
+        if self._secure is None:
+            self._secure = GroupSecureRound(self.transport, self.fleet, self._blame)
+        current.secure = self._secure
         cohort = GroupCohort(
             announcement,
             tuple(sorted(expected)),

@@ -50,7 +50,11 @@ class GroupCohort:
 
 
 class GroupSecureRound:
-    """One group's secure round, on its own thread; device messages are handed to it."""
+    """A group's secure rounds, one at a time, each on its own thread; device messages go to it.
+
+    One protocol instance serves every round, so the answers that arrive after a round ended
+    (reveals beyond the threshold) are known as late, not taken for offences.
+    """
 
     def __init__(self, transport: Transport, fleet: str, blame: Callable[[str, str], None]) -> None:
         # The round's parameters come from its announcement: these settings are not read.
@@ -63,6 +67,9 @@ class GroupSecureRound:
         """Run the round's phases for `cohort` and call `done` with its outcome."""
         announcement, secure = cohort.announcement, cohort.announcement.secure
         assert secure is not None
+        if self.thread is not None and self.thread.is_alive():
+            done(None, "the group's previous secure round is still running: it sits this one out")
+            return
         if len(cohort.members) < secure.min_survivors:
             reason = (
                 f"{len(cohort.members)} of the cohort in this group, under the round's minimum "
