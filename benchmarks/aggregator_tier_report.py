@@ -160,10 +160,14 @@ def section(runs: Sequence[Run], rounds: int, params: int, plot_path: Path | Non
         "## The aggregator tier: the coordinator's cost per round",
         "",
         "Without the tier the coordinator decodes and holds every update; with it, one partial "
-        "aggregate per aggregator (docs/scaling.md). CPU is thread time (the machine is shared: "
-        "timings vary by tens of percent between runs); bytes are exact. RSS is the whole "
-        "benchmark process's (coordinator, aggregators, and a stand-in fleet that holds only "
-        "device ids), each configuration in a fresh process.",
+        "aggregate per aggregator (docs/scaling.md). CPU is thread time, the coordinator's "
+        "without the re-checks of its waits (the in-process hub re-checks after every delivery, "
+        "to anyone); the machine is shared, so timings vary by up to 2x between runs; bytes are "
+        "exact. RSS is the whole benchmark process's (coordinator, aggregators, and a stand-in "
+        "fleet that holds only device ids), each configuration in a fresh process: what the "
+        "registration adds is the coordinator's registry, and the peak adds the round's "
+        "updates (held by the coordinator without the tier, by the aggregators with it, in "
+        "float64).",
         "",
         *markdown_table(HEADER, [row(r) for r in runs]),
         "",
