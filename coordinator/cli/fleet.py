@@ -52,7 +52,7 @@ def status(
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Show the coordinator's and every device's retained status."""
+    """Show the retained status of the coordinator, every device and each tier aggregator."""
     configure_logging(False)
     try:
         access = _access(flags)
