@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -81,36 +82,54 @@ def sizing(runs: Sequence[Run]) -> list[str]:
     """Per-device and per-aggregator costs from the largest fleet's rows (what a reader scales)."""
     largest = max(r.devices for r in runs)
     big = [r for r in runs if r.devices == largest]
-    flat = [r for r in big if not r.groups]
-    tiered = [r for r in big if r.groups]
+    busiest = max(r.participation for r in big)
+    full = [r for r in big if r.participation == busiest]
+    flat = [r for r in full if not r.groups]
+    tiered = [r for r in full if r.groups]
     registry = max((r["rss_registered"] - r["rss_built"]) / r.devices for r in big)
-    status_s = max(r["status_s"] / r.devices for r in big)
+    status_s = statistics.median(r["status_s"] / r.devices for r in big)
     status_bytes = max(r["status_bytes"] / r.devices for r in big)
     lines = [
         f"Per-device and per-aggregator costs, from the {largest:,}-device rows:",
         "",
         f"- every registered device: {registry:,.0f} B of coordinator memory (RSS after the "
-        f"hellos minus before), and each round {status_s * 1e6:.1f} us of coordinator CPU and "
-        f"{status_bytes:,.0f} B of the retained fleet status it publishes (it lists every "
-        "device, tier or not);",
+        f"hellos minus before), and each round {status_bytes:,.0f} B of the retained fleet "
+        f"status (it lists every device, tier or not) and {status_s * 1e6:.0f} us of coordinator "
+        "CPU to make it (median);",
     ]
+
+    def besides_status(run: Run) -> float:
+        return (run["coordinator_s"] - run["status_s"]) / run["updates"]
+
     if flat:
-        per_update = max((r["coordinator_s"] - r["status_s"]) / r["updates"] for r in flat)
-        inbound = max(r["inbound"] / r["updates"] for r in flat)
+        inbound = statistics.median(r["inbound"] / r["updates"] for r in flat)
         lines.append(
-            f"- without the tier, every update: {per_update * 1e3:.2f} ms of coordinator CPU and "
-            f"{inbound:,.0f} B inbound;"
+            f"- without the tier, at participation {busiest:g}, every update: "
+            f"{statistics.median(map(besides_status, flat)) * 1e3:.2f} ms of coordinator CPU "
+            f"besides the fleet status, and {inbound:,.0f} B inbound;"
         )
     if tiered:
-        own = max((r["coordinator_s"] - r["status_s"]) / r["updates"] for r in tiered)
         partial = max(r["inbound"] / r.groups for r in tiered)
-        aggregator = max(r["aggregators_s"] / r["updates"] for r in tiered)
-        ids = max((r["inbound"] - r["held"]) / r["updates"] for r in tiered)  # header bytes
+        aggregator = statistics.median(r["aggregators_s"] / r["updates"] for r in tiered)
+        ids = statistics.median((r["inbound"] - r["held"]) / r["updates"] for r in tiered)
         lines.append(
-            f"- with the tier, every update: {aggregator * 1e3:.2f} ms of aggregator CPU, and at "
-            f"the coordinator {own * 1e3:.3f} ms (planning and announcing the cohort) and "
-            f"{ids:.0f} B inbound (its device id in a partial's header); every aggregator: one "
-            f"partial a round, at most {size(partial)} inbound at the coordinator."
+            f"- with the tier, at participation {busiest:g}, every update: {aggregator * 1e3:.2f} "
+            f"ms of aggregator CPU, {statistics.median(map(besides_status, tiered)) * 1e3:.2f} ms "
+            f"of coordinator CPU besides the fleet status, and {ids:.0f} B inbound at the "
+            "coordinator (its device id in a partial's header); every aggregator: one partial a "
+            f"round, at most {size(partial)} inbound at the coordinator;"
+        )
+    sparse = sorted((r for r in big if r.participation < busiest), key=lambda r: r.groups)
+    if sparse:
+        spent = ", ".join(
+            f"{(r['coordinator_s'] - r['status_s']):.1f} s "
+            + (f"with {r.groups} aggregators" if r.groups else "without the tier")
+            for r in sparse
+        )
+        lines.append(
+            f"- at participation {sparse[0].participation:g} ({sparse[0]['updates']:,.0f} "
+            f"updates), the coordinator's CPU a round besides the fleet status: {spent}: what "
+            "is left is the round engine's work that grows with the fleet, not the updates."
         )
     return lines
 
@@ -174,7 +193,8 @@ def section(runs: Sequence[Run], rounds: int, params: int, plot_path: Path | Non
         *sizing(runs),
         "",
         f"FedAvg on the synthetic task's model ({params:,} float32 parameters), median of "
-        f"{rounds} rounds, one thread: `{COMMAND} --plot docs/aggregator_tier.png`. The devices "
+        f"{rounds} rounds, one thread: `{COMMAND} --out docs/benchmarks.md --plot "
+        "docs/aggregator_tier.png` (about 30 minutes on a shared 2-core machine). The devices "
         "are a stand-in that sends each selected device's update frame (no training); the "
         "coordinator and aggregators are the real ones on the in-process hub.",
     ]
