@@ -4,37 +4,11 @@ from __future__ import annotations
 
 from coordinator.tier import wire
 from coordinator.tier.group import GroupAggregator, listed_member
-from protocols import topics
-from protocols.codec import encode_frame
-from protocols.messages import RoundAnnouncement, SecureRound
+from protocols.messages import SecureRound
 from protocols.transport.inprocess import InProcessBroker
-from tests.coordinator.test_tier_group import FLEET, RUN, SPECS, _partials
+from tests.coordinator.test_tier_group import FLEET, SPECS, _partials, _round
 
 SECURE = SecureRound(threshold=0.6, cohort=5, min_survivors=3, clip_norm=1.0, value_bound=1.0)
-
-
-def _secure_round(hub: InProcessBroker, selected: tuple[str, ...]) -> None:
-    coordinator = hub.connect("coordinator")
-    plan = wire.TierPlan(
-        run_id=RUN,
-        round_id=1,
-        algorithm="fedavg",
-        specs=SPECS,
-        declared=dict.fromkeys(selected, 10),
-        equal_weights=False,
-        clip_norm=1.0,
-    )
-    announcement = RoundAnnouncement(
-        run_id=RUN,
-        round_id=1,
-        phase="train",
-        algorithm="fedavg",
-        model_sha256="0" * 64,
-        selected=selected,
-        secure=SECURE,
-    )
-    coordinator.publish(wire.plan_topic(FLEET), wire.encode(plan), retain=True)
-    coordinator.publish(topics.round_announcement(FLEET), encode_frame(announcement), retain=True)
 
 
 def test_two_of_the_cohort_in_a_group_send_no_sum_that_would_tell_each_the_others() -> None:
@@ -46,7 +20,7 @@ def test_two_of_the_cohort_in_a_group_send_no_sum_that_would_tell_each_the_other
     told: list[str] = []
     hub.connect("devices").subscribe(f"pfl/{FLEET}/secure/#", lambda topic, _: told.append(topic))
     # Execute
-    _secure_round(hub, ("d1", "d2", "d3", "d4", "d5"))
+    _round(hub, ("d1", "d2", "d3", "d4", "d5"), clip=1.0, secure=SECURE)
     hub.pump(lambda: bool(seen))
     # Assert: an empty partial at once; no roster or unmasking went to any device
     ((partial, blob),) = seen
