@@ -1,33 +1,44 @@
-"""The coordinator's cost per round with and without the aggregator tier, against fleet size.
+"""The coordinator's cost per round with and without the aggregator tier, up to 100,000 devices.
 
-One process, one in-process hub: the real coordinator (`build_coordinator`, FedAvg on the
-`synthetic` task's model), the real aggregators (`GroupAggregator`, devices hashed to them) and
-a stand-in fleet that answers each round with every selected device's update frame (a fixed
-random delta per device, packed once; each round only its header is framed). Training is not
-run: this measures what the coordinator does with updates, not what devices do to make them.
+Each configuration runs in a fresh process (so its resident memory is its own), on one thread
+and one in-process hub: the real coordinator (`build_coordinator`, FedAvg on the `synthetic`
+task's model), the real aggregators (`GroupAggregator`, devices hashed to them) and a stand-in
+fleet light enough for 100,000 registered devices on one machine: it holds only the device ids,
+sends every hello once, and for each round builds the update frame of each *selected* device
+only (a random delta drawn from the device's index as seed, packed when asked). Training is not
+run: this measures what the coordinator does with a fleet, not what devices do.
 
-Everything runs on one thread, so each part's CPU time is the thread time spent in its own
-message handlers; the coordinator's is the round's thread time minus the fleet's and the
-aggregators'. Inbound bytes are the payloads the coordinator's handlers received in the round.
-"Held" is the size of the update tensors the coordinator holds when it aggregates: each
-device's decoded delta without the tier, each aggregator's float64 partial sum with it.
+Each part's CPU time is the thread time spent in its own message handlers; the coordinator's is
+the round's thread time minus its waits, plus its handlers inside them (the rest of a wait is
+the hub delivering, a broker's work in a deployment, and the fleet's and aggregators' handlers).
+Inbound bytes are the payloads the coordinator's handlers received in the round. "Held" is the
+size of the update tensors the coordinator holds when it aggregates. Memory is the process's
+resident set (psutil): once built, once every device registered, and its peak after the rounds;
+the stand-in fleet holds only ids, so what registration adds is the coordinator's registry.
 
     OMP_NUM_THREADS=1 python -m benchmarks.aggregator_tier [--out docs/benchmarks.md]
+        [--plot docs/aggregator_tier.png] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import psutil
 import torch
 
-from benchmarks.common import markdown_table, one_thread, publish_section
+from benchmarks import aggregator_tier_report as report
+from benchmarks.aggregator_tier_report import Run
+from benchmarks.common import one_thread, publish_section
 from coordinator.engine.rounds import Coordinator, EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
@@ -37,21 +48,19 @@ from device_agent.capabilities import probe_capabilities
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
-from protocols.messages import DeviceHello, DeviceUpdate, RoundAnnouncement, TensorManifest
+from protocols.messages import DeviceHello, DeviceUpdate, RoundAnnouncement
 from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
 
 TASK = "synthetic"
 MARKER = "<!-- aggregator-tier -->"
 RUNS: tuple[tuple[int, float, int], ...] = (
-    (1_000, 0.1, 0),
-    (1_000, 0.1, 2),
-    (1_000, 0.1, 8),
-    (10_000, 0.1, 0),
-    (10_000, 0.1, 2),
-    (10_000, 0.1, 8),
+    *((devices, 0.1, groups) for devices in (1_000, 10_000, 100_000) for groups in (0, 1, 2, 4)),
+    (100_000, 0.01, 0),
+    (100_000, 0.01, 4),
 )
 """(devices, participation, aggregators; 0: no tier)."""
+QUICK: tuple[tuple[int, float, int], ...] = ((1_000, 0.1, 0), (1_000, 0.1, 2))
 
 
 @dataclass
@@ -109,18 +118,24 @@ class _TimedCoordinatorClient:
 
 @dataclass
 class _Fleet:
-    """Answers each train announcement with every selected device's update."""
+    """A pool of `size` stand-in devices: ids only; a selected device's update made when asked."""
 
     client: Transport
-    blobs: dict[str, tuple[TensorManifest, bytes]]
+    size: int
+    shapes: dict[str, torch.Size]
     clock: _Clock = field(default_factory=_Clock)
+
+    @staticmethod
+    def device_id(index: int) -> str:
+        return f"dev-{index:06d}"
 
     def start(self, fleet: str) -> None:
         self.client.subscribe(topics.round_announcement(fleet), self.clock.wrap(self._on_round))
 
     def hellos(self, fleet: str) -> None:
         capabilities = probe_capabilities()
-        for device_id in self.blobs:
+        for index in range(self.size):
+            device_id = self.device_id(index)
             hello = DeviceHello(
                 device_id=device_id, task=TASK, num_train_samples=10, capabilities=capabilities
             )
@@ -133,7 +148,9 @@ class _Fleet:
             return
         fleet = topic.split("/")[1]
         for device_id in announcement.selected:
-            manifest, blob = self.blobs[device_id]
+            generator = torch.Generator().manual_seed(int(device_id.removeprefix("dev-")))
+            delta = {n: 0.01 * torch.randn(s, generator=generator) for n, s in self.shapes.items()}
+            manifest, blob = pack_tensors(delta)
             update = DeviceUpdate(
                 run_id=announcement.run_id,
                 round_id=announcement.round_id,
@@ -167,8 +184,12 @@ def _model_bytes(host: Any) -> int:
     return sum(4 * max(1, int(torch.Size(s.shape).numel())) for s in host.specs)
 
 
+def _rss() -> float:
+    return float(psutil.Process().memory_info().rss)
+
+
 def measure(devices: int, participation: float, groups: int, rounds: int) -> dict[str, float]:
-    """Median per-round costs of one configuration."""
+    """Median per-round costs of one configuration, and its process's memory."""
     names = ",".join(f"agg-{i}" for i in range(groups))
     settings = SimulationSettings.load(
         None, task=TASK, devices=devices, participation=participation, tier_aggregators=names
@@ -188,19 +209,14 @@ def measure(devices: int, participation: float, groups: int, rounds: int) -> dic
     for index, clock in enumerate(clocks):
         timed = cast(Transport, _TimedClient(hub.connect(f"agg-{index}"), clock))
         GroupAggregator(timed, "default", f"agg-{index}", hashed_member(index, groups)).start()
-    generator = torch.Generator().manual_seed(0)
-    shared = coordinator.shared
-    blobs = {
-        f"dev-{i:05d}": pack_tensors(
-            {n: 0.01 * torch.randn(t.shape, generator=generator) for n, t in shared.items()}
-        )
-        for i in range(devices)
-    }
-    fleet = _Fleet(hub.connect("fleet"), blobs)
+    shapes = {name: tensor.shape for name, tensor in coordinator.shared.items()}
+    fleet = _Fleet(hub.connect("fleet"), devices, shapes)
     fleet.start("default")
     coordinator.start()
+    built = _rss()
     fleet.hellos("default")
-    assert coordinator.wait_for_devices(devices, 600.0)
+    assert coordinator.wait_for_devices(devices, 3600.0)
+    registered = _rss()
     held: list[int] = []
     _held_bytes(coordinator, held)
     status = _Clock()
@@ -222,86 +238,77 @@ def measure(devices: int, participation: float, groups: int, rounds: int) -> dic
         started = time.thread_time()
         record = coordinator.run_round()
         total = time.thread_time() - started
-        aggregators = sum(clock.seconds for clock in clocks)
-        # its own: outside its waits, plus its handlers inside them (the rest of a wait is the
-        # hub delivering messages, a broker's work in a deployment, and the others' handlers)
         own = total - client.waiting + client.handlers.seconds
+        status_frame = coordinator.last_fleet_status
         rows.append(
             {
                 "updates": float(record.participants),
                 "coordinator_s": own,
                 "status_s": status.seconds,
+                "status_bytes": float(len(encode_frame(status_frame))) if status_frame else 0.0,
                 "aggregator_s": max((c.seconds for c in clocks), default=0.0),
-                "aggregators_s": aggregators,
+                "aggregators_s": sum(clock.seconds for clock in clocks),
                 "inbound": float(
                     coordinator.traffic.bytes_up + (tier.bytes_in if tier else 0) - inbound
                 ),
                 "held": float(held[-1]),
             }
         )
-    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    result = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    result.update(rss_built=built, rss_registered=registered, rss_peak=_peak_rss(registered))
+    return result
 
 
-def _size(value: float) -> str:
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if value >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
+def _peak_rss(floor: float) -> float:
+    """The process's peak resident set (VmHWM; at least `floor` where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return floor
+
+
+def measure_apart(devices: int, participation: float, groups: int, rounds: int) -> dict[str, float]:
+    """`measure` in a fresh process: its memory is this configuration's alone."""
+    one = f"{devices},{participation},{groups}"
+    command = [sys.executable, "-m", "benchmarks.aggregator_tier", "--one", one]
+    done = subprocess.run(
+        [*command, "--rounds", str(rounds)], check=True, capture_output=True, text=True
+    )
+    return cast(dict[str, float], json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Measure every configuration of RUNS and publish the table."""
+    """Measure every configuration of RUNS, each in a fresh process; publish table and plot."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot (PNG) here")
+    parser.add_argument("--quick", action="store_true", help="two small configurations only")
+    parser.add_argument("--save", type=Path, default=None, help="also write the raw runs (JSON)")
+    parser.add_argument("--load", type=Path, default=None, help="report saved runs, no measuring")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     one_thread()
-    rows = []
-    for devices, participation, groups in RUNS:
-        result = measure(devices, participation, groups, args.rounds)
-        updates = result["updates"]
-        per_update = result["aggregators_s"] / updates * 1e3 if groups else None
-        rows.append(
-            [
-                f"{devices:,}",
-                f"{updates:,.0f}",
-                str(groups) if groups else "none",
-                f"{result['coordinator_s'] * 1e3:,.0f} ms",
-                f"{result['status_s'] * 1e3:,.0f} ms",
-                _size(result["inbound"]),
-                _size(result["held"]),
-                f"{result['aggregator_s'] * 1e3:,.0f} ms" if groups else "-",
-                f"{per_update:.2f} ms" if per_update is not None else "-",
-            ]
-        )
-        print(rows[-1], flush=True)
-    header = [
-        "devices",
-        "updates/round",
-        "aggregators",
-        "coordinator CPU/round",
-        "of which fleet status",
-        "coordinator inbound/round",
-        "held at aggregation",
-        "busiest aggregator CPU/round",
-        "aggregator CPU/update",
-    ]
+    if args.one is not None:  # the child of `measure_apart`
+        devices, participation, groups = args.one.split(",")
+        result = measure(int(devices), float(participation), int(groups), args.rounds)
+        print(json.dumps(result), flush=True)
+        return
+    runs = [] if args.load is None else report.load(args.load)
+    for devices, participation, groups in () if runs else QUICK if args.quick else RUNS:
+        result = measure_apart(devices, participation, groups, args.rounds)
+        runs.append(Run(devices, participation, groups, result))
+        print(report.row(runs[-1]), flush=True)
+        if args.save is not None:
+            report.save(runs, args.save)
     params = sum(t.numel() for t in load_task(TASK).build_model(0).state_dict().values())
-    lines = [
-        "## The aggregator tier: the coordinator's cost per round",
-        "",
-        "Without the tier the coordinator decodes and holds every update; with it, one partial "
-        "aggregate per aggregator (docs/scaling.md). CPU is thread time (the machine is shared: "
-        "timings vary by tens of percent between runs); bytes are exact.",
-        "",
-        *markdown_table(header, rows),
-        "",
-        f"FedAvg on the {TASK} task's model ({params:,} float32 parameters), participation 0.1, "
-        f"median of {args.rounds} rounds, one thread: "
-        "`OMP_NUM_THREADS=1 python -m benchmarks.aggregator_tier`. The devices are a stand-in "
-        "that sends each selected device's update frame (no training); the coordinator and "
-        "aggregators are the real ones on the in-process hub.",
-    ]
+    if args.plot is not None:
+        report.plot(runs, args.plot)
+    lines = report.section(runs, args.rounds, params, args.plot)
     if args.out is not None:
         publish_section(args.out, MARKER, lines)
     else:

@@ -66,6 +66,7 @@ def viewer_grants(fleet: str) -> tuple[Grant, ...]:
         topics.fleet_status(fleet),
         topics.run_history(fleet),
         topics.device_subscription(fleet, "status"),
+        topics.aggregator_status(fleet),
     ]
     return _reads(reads)
 

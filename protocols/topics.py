@@ -120,6 +120,12 @@ def model_delta(fleet: str) -> str:
     return f"{ROOT}/{_segment(fleet, 'fleet')}/model-delta"
 
 
+def aggregator_status(fleet: str, aggregator: str = "+") -> str:
+    """Retained status of one aggregator of the tier (every aggregator's with the default)."""
+    segment = aggregator if aggregator == "+" else _segment(aggregator, "aggregator")
+    return f"{ROOT}/{_segment(fleet, 'fleet')}/tier/{segment}/status"
+
+
 def command(fleet: str, device_id: str = BROADCAST) -> str:
     """Commands for one device, or for every device with the default."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/command/{_segment(device_id, 'device id')}"
@@ -192,6 +198,7 @@ def operator_readable(fleet: str) -> tuple[str, ...]:
         run_history(fleet),
         device_subscription(fleet, "status"),
         device_subscription(fleet, "export-report"),
+        aggregator_status(fleet),
     )
 
 

@@ -52,7 +52,7 @@ def status(
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Show the coordinator's and every device's retained status."""
+    """Show the retained status of the coordinator, every device and each tier aggregator."""
     configure_logging(False)
     try:
         access = _access(flags)
@@ -91,6 +91,8 @@ def status(
             row["detail"],
         )
     Console().print(table)
+    if view.aggregators.statuses:
+        Console().print(_aggregator_table(view.aggregators.rows()))
     if coordinator is not None and (coordinator.reason or coordinator.missing_count):
         Console().print(_run_state_line(coordinator), markup=False)
     if view.rows_left_out():
@@ -103,6 +105,23 @@ def status(
     if view.fleet is not None and view.fleet.scalars:
         scalars = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(view.fleet.scalars.items()))
         Console().print(f"round {view.fleet.round_id} fleet scalars: {scalars}")
+
+
+def _aggregator_table(rows: list[dict[str, Any]]) -> Table:
+    """The aggregator tier: each aggregator's group and its last round."""
+    table = Table(title="aggregators")
+    for column in ("aggregator", "group", "state", "last round", "devices", "partial sent"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["aggregator"],
+            row["group"],
+            row["state"],
+            "-" if row["round"] is None else str(row["round"]),
+            f"{row['devices']} of {row['asked']} asked",
+            f"{'yes' if row['partial_sent'] else 'no'} ({row['partials_sent']} in all)",
+        )
+    return table
 
 
 @settings_options(BrokerAccess, environment=True)

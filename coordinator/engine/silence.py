@@ -47,7 +47,10 @@ class SilentDevices:
         def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
             return collector.settled(waiting_for()) or (enough is not None and enough())
 
-        ended = transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
+        # without silent devices, `online` itself: its set is cached, and so is what `settled`
+        # computes from it (a copy per message costs O(fleet) each)
+        others = (lambda: online() - silent) if silent else online
+        ended = transport.wait_until(lambda: settled(others), timeout_s)
         if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline
             transport.wait_until(lambda: settled(online), GRACE_SHARE * timeout_s)
         if not ended:

@@ -99,12 +99,13 @@ def _downlink(fleet: str, site: Site) -> list[str]:
 
 
 def _uplink(fleet: str, site: Site, devices: Sequence[str] | None) -> list[str]:
-    """Topic filters a site sends the core: its devices' (all with None) and its partials."""
+    """Topic filters a site sends the core: its devices' (all with None), its partials, status."""
     ids = ["+"] if devices is None else list(devices)
     root = f"{topics.ROOT}/{fleet}/device"
     return [
         *(f"{root}/{d}/{kind}/#" for d in ids for kind in BRIDGED_DEVICE_KINDS),
         f"{wire.partial_topic(fleet, site.name)}/#",
+        f"{wire.status_topic(fleet, site.name)}/#",
     ]
 
 
@@ -138,18 +139,21 @@ def bridge_grants(fleet: str, site: Site) -> tuple[Grant, ...]:
 
 
 def aggregator_grants(fleet: str, site: Site) -> tuple[Grant, ...]:
-    """The site aggregator: read its broker's rounds, plans and device messages; write partials."""
+    """The site aggregator: read rounds, plans and device messages; write partials, secure topics.
+
+    The secure topics are its devices' own, for secure aggregation within its group.
+    """
     reads = [
         topics.round_announcement(fleet),
         wire.plan_topic(fleet),
         wire.close_topic(fleet),
-        *(topics.device_subscription(fleet, kind) for kind in ("status", "update")),
+        *(topics.device_subscription(fleet, kind) for kind in ("status", "update", "secagg")),
     ]
-    partial = wire.partial_topic(fleet, site.name)
+    writes = [wire.partial_topic(fleet, site.name), wire.status_topic(fleet, site.name)]
+    writes += [topics.secure(fleet, d) for d in site.devices]  # secure aggregation in the group
     return (
         *(Grant("read", pattern) for topic in reads for pattern in (topic, f"{topic}/#")),
-        Grant("write", partial),
-        Grant("write", f"{partial}/#"),
+        *(Grant("write", pattern) for topic in writes for pattern in (topic, f"{topic}/#")),
     )
 
 

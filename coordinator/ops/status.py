@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from coordinator.ops.identity import tool_client_id
+from coordinator.ops.status_tier import AggregatorViews
 from coordinator.ops.view_intake import view_message, view_topic
 from protocols import topics
 from protocols.errors import PflError
@@ -42,6 +43,8 @@ class FleetView:
     fleet: FleetStatus | None = None
     devices: dict[str, DeviceStatus] = field(default_factory=dict)
     history: RunHistory | None = None
+    aggregators: AggregatorViews = field(default_factory=AggregatorViews)
+    """The aggregator tier's retained statuses (none without a tier)."""
     refused: int = 0
     _logged: set[str] = field(default_factory=set, repr=False)
 
@@ -50,6 +53,12 @@ class FleetView:
 
         Other topics are passed over without a count (nothing decoded).
         """
+        taken = self.aggregators.offer(self.name, topic, payload)
+        if taken is not None:
+            if taken:
+                return True
+            self._refuse(topic, "not this aggregator's status")
+            return False
         if view_topic(self.name, topic) is None:
             return False
         try:
@@ -151,6 +160,7 @@ class FleetView:
             "scalars": dict(self.fleet.scalars) if self.fleet else {},
             "devices": self.rows(),
             "devices_left_out": self.rows_left_out(),
+            "aggregators": self.aggregators.rows(),
             "refused": self.refused,
         }
 
@@ -178,6 +188,7 @@ def watch_fleet(
         topics.coordinator_status(fleet),
         topics.fleet_status(fleet),
         topics.device_subscription(fleet, "status"),
+        topics.aggregator_status(fleet),
     ]
     if history:
         patterns.append(topics.run_history(fleet))

@@ -158,15 +158,15 @@ def build_coordinator(
     transport = connect_coordinator()
     offences = Offences() if offences is None else offences
     uplink: UplinkPath = PlainUplink()
-    if stages.secure is not None:
+    if stages.tier is not None:  # with secure aggregation, each aggregator runs it in its group
+        uplink = tier_uplink(stages.tier, transport, engine_settings.fleet, stages.secure)
+    elif stages.secure is not None:
         fleet = engine_settings.fleet
 
         def blame(device_id: str, reason: str) -> None:
             offences.record(device_id, topics.device(fleet, device_id, "secagg"), reason)
 
         uplink = SecureUplink(SecureAggregator(stages.secure, transport, fleet, blame))
-    elif stages.tier is not None:
-        uplink = tier_uplink(stages.tier, transport, engine_settings.fleet)
     # under DP or secure aggregation no device's loss is shown (a hostile or older device may
     # still send one): the fleet status every device reads must not republish it
     registry = FleetRegistry(keeps_losses=privacy is None and uplink.shows_losses)

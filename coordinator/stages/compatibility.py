@@ -63,6 +63,7 @@ def choices_of(settings: RunSettings, model: nn.Module | None = None) -> Choices
         ),
         stateless=simulated is not None and simulated.stateless,
         tier=bool(settings.tier.names()),
+        simulation=simulated is not None,
         simulated_clock=simulated is not None
         and settings.mode == "sync"
         and simulated.sync_on_simulated_clock(),

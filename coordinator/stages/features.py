@@ -38,6 +38,8 @@ class Choices:
     """Partial aggregates from an aggregator tier (--tier-aggregators)."""
     simulated_clock: bool = False
     """Synchronous rounds on the simulated clock (--sim-* settings)."""
+    simulation: bool = False
+    """A simulation: the coordinator, aggregators and devices share one in-process hub."""
     norm_stats: NormStats | None = None
     """Where the model's normalization statistics go (--norm-stats; None: it has none)."""
 
@@ -116,7 +118,7 @@ _secure_refuses: Final = _SumStage(
     "--secagg-clip instead: leave clip_update_norm unset",
 )
 
-_tier_refuses: Final = _SumStage(
+_tier_sums: Final = _SumStage(
     {
         "relay": "there is no sum for an aggregator to form, and every model leaves its "
         "device whole",
@@ -126,6 +128,26 @@ _tier_refuses: Final = _SumStage(
     clips=", which sees only partial aggregates with the tier; each aggregator clips every "
     "update to --tier-clip instead: leave clip_update_norm unset",
 )
+_TIER_SECURE_SIMULATED: Final = (
+    "does not combine with secure aggregation (--secagg) in a simulation: each aggregator runs "
+    "the protocol's phases for its group on a thread of its own, waiting for its devices, and a "
+    "simulation's aggregators share the coordinator's thread on the in-process hub; serve the "
+    "run (`pfl-coord serve`) with `pfl-coord aggregator` processes"
+)
+_TIER_DEVICE_NOISE: Final = (
+    "does not combine with --dp-placement device: each group's sum would carry only its "
+    "devices' shares of the noise, and its aggregator sees that sum; use --dp-placement "
+    "coordinator (noise added once, to the combined sum)"
+)
+
+
+def _tier_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
+    """Secure aggregation within groups runs only in aggregator processes, with central noise."""
+    if choices.secure and choices.simulation:
+        return _TIER_SECURE_SIMULATED
+    if choices.privacy is not None and choices.privacy.placement == "device":
+        return _TIER_DEVICE_NOISE
+    return _tier_sums(config, choices)
 
 
 def _async_refuses(config: AlgorithmConfig, choices: Choices) -> str | None:
@@ -294,8 +316,6 @@ FEATURES: Final[tuple[Feature, ...]] = (
         lambda run: run.tier,
         refuses=_tier_refuses,
         conflicts={
-            SECAGG: "does not combine with secure aggregation (--secagg) yet: masks would have "
-            "to cancel within each aggregator's group",
             "async": "does not combine with --mode async: an aggregator sums one round's "
             "cohort, and a buffer mixes devices asked at different times",
             "simulated clock": "does not combine with --sim-*: rounds on the simulated clock "

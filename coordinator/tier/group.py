@@ -9,23 +9,31 @@ in device-id order. It sends the
 partial when every asked member answered or declined, or when the coordinator closes the round:
 the coordinator owns every deadline, so the aggregator holds no clock and no thread. A member
 that sends more bad messages than `quarantine_after` in a round is left out of that round.
+
+A secure round (the announcement carries one) runs secure aggregation within the group instead
+(`coordinator.tier.secure_group`): the partial is the group's unmasked sum, sent when the
+protocol's phases end, whose deadlines it keeps itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from coordinator.engine.intake import check_claims, device_message, unpack_delta
+from coordinator.stages.secure.unmask import SecureSum
 from coordinator.tier import wire
+from coordinator.tier.secure_group import GroupCohort, GroupSecureRound
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.errors import PflError, RoundError, describe
-from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement
+from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement, TensorSpec
 from protocols.offences import Offences
 from protocols.privacy import clip_to_norm
 from protocols.transport.base import Transport
@@ -62,6 +70,8 @@ class _Round:
     )
     declined: set[str] = field(default_factory=set)
     sent: bool = False
+    partial_devices: int = 0
+    secure: GroupSecureRound | None = None
 
 
 @dataclass
@@ -74,6 +84,8 @@ class GroupAggregator:
     member: Callable[[str], bool]
     quarantine_after: int = 3
     max_frame_bytes: int = 256 * 1024 * 1024
+    group: str = ""
+    """Which devices `member` accepts, in words, for `pfl-coord status`."""
     offences: Offences = field(default_factory=Offences)
     partials_sent: int = 0
     _plan: wire.TierPlan | None = None
@@ -81,6 +93,9 @@ class GroupAggregator:
     _round: _Round | None = None
     _held: set[str] = field(default_factory=set)
     _baseline: dict[str, int] = field(default_factory=dict)
+    _offline: set[str] = field(default_factory=set)
+    _secure: GroupSecureRound | None = None
+    _sending: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         """Subscribe to the round's plan, announcement, close, and the devices' messages."""
@@ -91,9 +106,31 @@ class GroupAggregator:
         for kind, handler in (
             ("status", self._on_status),
             ("update", self._on_update),
+            ("secagg", self._on_secagg),
         ):
             pattern = topics.device_subscription(fleet, kind)  # type: ignore[arg-type]
             subscribe(pattern, self._guarded(handler, device=True))
+        self.publish_status()
+
+    def status(self, state: Literal["online", "offline"] = "online") -> wire.AggregatorStatus:
+        """Its group, and the last round it collected (for `pfl-coord status`)."""
+        current = self._round
+        return wire.AggregatorStatus(
+            aggregator=self.name,
+            group=self.group,
+            state=state,
+            run_id=current.plan.run_id if current else None,
+            round_id=current.plan.round_id if current else None,
+            asked=len(current.expected) if current else 0,
+            devices=current.partial_devices if current else 0,
+            partial_sent=current.sent if current else False,
+            partials_sent=self.partials_sent,
+        )
+
+    def publish_status(self) -> None:
+        """Retain `status()` on its topic."""
+        topic = wire.status_topic(self.fleet, self.name)
+        self.transport.publish(topic, wire.encode(self.status()), retain=True)
 
     def _guarded(
         self, handler: Callable[[str, bytes], None], *, device: bool = False
@@ -155,25 +192,48 @@ class GroupAggregator:
         expected = frozenset(d for d in announcement.selected if self.member(d))
         self._held.clear()
         self._baseline = self.offences.counts()
-        self._round = _Round(plan, announcement, expected)
+        current = _Round(plan, announcement, expected)
+        self._round = current
         logger.info(
-            "aggregator %s: round %d asks %d of its devices",
+            "aggregator %s: round %d asks %d of its devices%s",
             self.name,
             plan.round_id,
             len(expected),
+            " (secure aggregation within the group)" if announcement.secure else "",
         )
-        self._maybe_send()
+        self.publish_status()
+        if announcement.secure is None:
+            self._maybe_send()
+            return
+        if self._secure is None:
+            self._secure = GroupSecureRound(self.transport, self.fleet, self._blame)
+        current.secure = self._secure
+        cohort = GroupCohort(
+            announcement,
+            tuple(sorted(expected)),
+            plan.specs,
+            plan.train_timeout_s,
+            lambda: expected - self._offline,
+        )
+        current.secure.start(cohort, lambda total, why: self._send_secure(current, total, why))
+
+    def _blame(self, device_id: str, reason: str) -> None:
+        self.offences.record(device_id, topics.device(self.fleet, device_id, "secagg"), reason)
 
     def _on_close(self, topic: str, payload: bytes) -> None:
         close, _ = wire.decode(payload, self.max_frame_bytes)
         current = self._round
-        if not isinstance(close, wire.TierClose) or current is None:
-            return
+        if not isinstance(close, wire.TierClose) or current is None or current.secure is not None:
+            return  # a secure round's phases keep their own deadlines
         if (close.run_id, close.round_id) == (current.plan.run_id, current.plan.round_id):
             self._send(current)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         status, _ = device_message(topic, payload, DeviceStatus)
+        if status.state == "offline":
+            self._offline.add(status.device_id)
+        else:
+            self._offline.discard(status.device_id)
         current = self._round
         if current is None or status.state not in ("skipped", "offline"):
             return
@@ -184,7 +244,9 @@ class GroupAggregator:
 
     def _decline(self, device_id: str) -> None:
         current = self._round
-        if current is not None and device_id in current.expected:
+        if current is not None and current.secure is not None:
+            current.secure.decline(device_id, current.plan.round_id)
+        elif current is not None and device_id in current.expected:
             if device_id not in current.updates:
                 current.declined.add(device_id)
             self._maybe_send()
@@ -202,6 +264,9 @@ class GroupAggregator:
         if update.device_id in current.updates or update.device_id in self._held:
             msg = "a second update, or one from a device held this round"
             raise RoundError(msg, device_id=update.device_id, round_id=update.round_id)
+        if current.secure is not None:  # masked: its claims are in the sum, checked there
+            current.secure.on_update(update, blob)
+            return
         check_claims(update, plan.algorithm, plan.declared.get(update.device_id), topic)
         delta = unpack_delta(update, blob, plan.specs, current.announcement.uplink)
         clipped = clip_to_norm(delta, plan.clip_norm)
@@ -216,6 +281,24 @@ class GroupAggregator:
         current.declined.discard(update.device_id)
         self._maybe_send()
 
+    def _on_secagg(self, topic: str, payload: bytes) -> None:
+        current = self._round
+        if current is None or current.secure is None:
+            msg = "secure aggregation message, but no secure round is collected here"
+            raise RoundError(msg, topic=topic)
+        current.secure.on_message(topic, payload)
+
+    def _send_secure(self, current: _Round, total: SecureSum | None, why: str) -> None:
+        """The group's unmasked sum as its partial (an empty one: the group has none)."""
+        if total is None:
+            logger.warning("aggregator %s: round %d: %s", self.name, current.plan.round_id, why)
+            self._publish(current, (), {s.name: _zeros(s) for s in current.plan.specs}, 0, 0, None)
+            return
+        weight = float(round(total.weight))  # integer weights, read back from fixed point
+        loss = (total.loss or 0.0) * weight
+        sums = wire.as_float64(total.total)
+        self._publish(current, total.survivors, sums, weight, loss, total.within)
+
     def _maybe_send(self) -> None:
         current = self._round
         if current is not None and len(current.updates) + len(current.declined) >= len(
@@ -224,37 +307,57 @@ class GroupAggregator:
             self._send(current)
 
     def _send(self, current: _Round) -> None:
-        """The partial of `current`: once per round (the coordinator takes only the first)."""
-        if current.sent:
-            return
-        current.sent = True
+        """The partial of `current`'s updates, summed in device-id order."""
         plan = current.plan
-        devices = sorted(current.updates)
-        sums = {s.name: torch.zeros(s.shape, dtype=torch.float64) for s in plan.specs}
-        weight, samples, loss_sum, bits = 0.0, 0, 0.0, []
+        devices = tuple(sorted(current.updates))
+        sums = {s.name: _zeros(s) for s in plan.specs}
+        weight, loss_sum, bits = 0.0, 0.0, []
         for device_id in devices:
             w, n, loss, within, delta = current.updates[device_id]
             for name, tensor in delta.items():
                 sums[name].add_(tensor, alpha=w)
-            weight, samples, loss_sum = weight + w, samples + n, loss_sum + loss * n
+            weight, loss_sum = weight + w, loss_sum + loss * n
             bits.append(within)
         within_sum = (
             sum(b for b in bits if b is not None) if any(b is not None for b in bits) else None
         )
+        samples = sum(current.updates[d][1] for d in devices)
+        self._publish(current, devices, sums, weight, loss_sum, within_sum, samples)
+
+    def _publish(
+        self,
+        current: _Round,
+        devices: tuple[str, ...],
+        sums: dict[str, torch.Tensor],
+        weight: float,
+        loss_sum: float,
+        within_clip: float | None,
+        samples: int | None = None,
+    ) -> None:
+        """Send `current`'s partial: once per round (the coordinator takes only the first).
+
+        `samples` None: the sum's weight stands for the samples (a secure sum hides counts).
+        """
+        with self._sending:
+            if current.sent:
+                return
+            current.sent, current.partial_devices = True, len(devices)
+        plan = current.plan
         partial = wire.PartialAggregate(
             run_id=plan.run_id,
             round_id=plan.round_id,
             aggregator=self.name,
-            devices=tuple(devices),
+            devices=devices,
             weight=weight,
             loss_sum=loss_sum,
-            samples=samples,
-            within_clip=within_sum,
+            samples=round(weight) if samples is None else samples,
+            within_clip=within_clip,
         )
         self.transport.publish(
             wire.partial_topic(self.fleet, self.name), wire.encode(partial, sums)
         )
         self.partials_sent += 1
+        self.publish_status()
         logger.info(
             "aggregator %s: round %d partial of %d devices (%d declined)",
             self.name,
@@ -262,3 +365,7 @@ class GroupAggregator:
             len(devices),
             len(current.declined),
         )
+
+
+def _zeros(spec: TensorSpec) -> torch.Tensor:
+    return torch.zeros(spec.shape, dtype=torch.float64)

@@ -27,7 +27,11 @@ def local_aggregators(
     aggregators = []
     for index, name in enumerate(sorted(names)):
         aggregator = GroupAggregator(
-            connect(f"pfl-aggregator-{name}"), fleet, name, hashed_member(index, len(names))
+            connect(f"pfl-aggregator-{name}"),
+            fleet,
+            name,
+            hashed_member(index, len(names)),
+            group=f"hash group {index} of {len(names)}",
         )
         aggregator.start()
         aggregators.append(aggregator)

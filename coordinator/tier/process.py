@@ -6,8 +6,10 @@ import logging
 import threading
 from collections.abc import Callable
 
+from coordinator.tier import wire
 from coordinator.tier.group import GroupAggregator, hashed_member, listed_member
 from coordinator.tier.settings import AggregatorSettings
+from protocols.transport.base import Will
 from protocols.transport.factory import connect
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,15 @@ def run_aggregator(
         if settings.devices
         else hashed_member(settings.index, settings.groups)
     )
+    group = (
+        f"{len(settings.devices)} listed devices"
+        if settings.devices
+        else f"hash group {settings.index} of {settings.groups}"
+    )
+    gone = wire.AggregatorStatus(aggregator=settings.name, group=group, state="offline")
+    will = Will(wire.status_topic(settings.fleet, settings.name), wire.encode(gone))
     transport = connect(
-        settings.broker_settings(settings.broker), settings.name, None, clean_start=True
+        settings.broker_settings(settings.broker), settings.name, will, clean_start=True
     )
     aggregator = GroupAggregator(
         transport,
@@ -44,6 +53,7 @@ def run_aggregator(
         settings.name,
         member,
         quarantine_after=settings.quarantine_after,
+        group=group,
     )
     aggregator.start()
     logger.info(
@@ -54,5 +64,10 @@ def run_aggregator(
     try:
         stop.wait()
     finally:
+        transport.publish(
+            wire.status_topic(settings.fleet, settings.name),
+            wire.encode(aggregator.status("offline")),
+            retain=True,
+        )
         transport.close()
     return aggregator

@@ -14,6 +14,13 @@ names it, the broker's ACL lets only that account write it), this run and round,
 per aggregator and round (replays are dropped), devices that were asked and that no other
 partial covers, a weight and sample count within the devices' declared counts, finite sums of
 the run's layout whose norm is within weight x clip.
+
+With secure aggregation (`secure`), the announcement carries one secure round for the whole
+cohort (its ring and weight bound), with the protocol's minimum of 3 survivors, which each
+group's round must reach; each aggregator runs the protocol within its group
+(`coordinator.tier.secure_group`) and sends its group's unmasked sum. The coordinator waits for
+the training and the three short phases (keys, shares, reveal), and allows each sum the
+fixed-point rounding of its devices on top of weight x clip.
 """
 
 from __future__ import annotations
@@ -26,15 +33,18 @@ from collections.abc import Sequence
 import torch
 
 from coordinator.engine.intake import Collector
-from coordinator.stages.base import Collected
+from coordinator.stages.base import Collected, Skipped
+from coordinator.stages.secure.bounds import MIN_COHORT
+from coordinator.stages.secure.uplink import plan_cohort
 from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import ReceivedUpdate
 from coordinator.tier import wire
 from coordinator.tier.settings import TierSettings
+from protocols import secure_aggregation as sa
 from protocols import topics
 from protocols.codec import Tensors
 from protocols.errors import PflError, ProtocolError, RoundError, describe
-from protocols.messages import DeviceUpdate, TensorSpec
+from protocols.messages import DevicePrivacy, DeviceUpdate, SecureRound, TensorSpec
 from protocols.privacy import update_norm
 from protocols.transport.base import Transport
 
@@ -57,8 +67,10 @@ class TierUplink:
         clip_norm: float,
         grace_s: float,
         max_frame_bytes: int = 256 * 1024 * 1024,
+        secure: sa.SecureAggregationSettings | None = None,
     ) -> None:
         self.transport = transport
+        self.secure = secure
         self.fleet = fleet
         self.aggregators = tuple(sorted(aggregators))
         self.clip_norm = clip_norm
@@ -70,19 +82,26 @@ class TierUplink:
         self._open: tuple[str, int, UplinkRound, UplinkHost] | None = None
         self._collector: Collector[str] | None = None
         self._partials: dict[str, tuple[wire.PartialAggregate, Tensors]] = {}
+        self._secure_round: SecureRound | None = None
         self._reading_updates = True
         transport.subscribe(wire.partial_subscription(fleet), self._on_partial)
 
-    def collect(self, host: UplinkHost, request: UplinkRound) -> Collected:
+    def collect(self, host: UplinkHost, request: UplinkRound) -> Collected | Skipped:
         """Plan, announce, wait for the partials; one presummed update of what came in.
 
         Raises:
             RoundError: the partials cover fewer devices than the quorum.
         """
-        if self._reading_updates:  # devices' updates are the aggregators' to read
-            self.transport.unsubscribe(topics.device_subscription(self.fleet, "update"))
+        if self._reading_updates:  # devices' updates (and secure messages): the aggregators'
+            for kind in ("update", "secagg"):
+                self.transport.unsubscribe(topics.device_subscription(self.fleet, kind))
             self._reading_updates = False
         round_id, plan, dp = request.round_id, request.plan, request.privacy
+        secure: SecureRound | None = None
+        if self.secure is not None:
+            if len(plan.devices) < MIN_COHORT:
+                return Skipped(len(plan.devices), request.population, 0, {"secagg_skipped": 1.0})
+            secure = plan_cohort(self.secure, host, request, plan.devices, MIN_COHORT)
         equal = dp is not None or host.strategy.config.weighs_equally()
         tier_plan = wire.TierPlan(
             run_id=host.run_id,
@@ -93,8 +112,9 @@ class TierUplink:
                 d: n for d in plan.devices if (n := host.registry.declared_samples(d)) is not None
             },
             equal_weights=equal,
-            clip_norm=self.clip_norm if dp is None else dp.clip_norm,
+            clip_norm=self._clip(dp, secure),
             privacy=dp,
+            train_timeout_s=host.settings.round_timeout_s,
         )
         collector: Collector[str] = Collector(round_id, "train", set(plan.devices))
         with self._lock:
@@ -103,13 +123,16 @@ class TierUplink:
                 collector,
                 {},
             )
+            self._secure_round = secure
         self.transport.publish(wire.plan_topic(self.fleet), wire.encode(tier_plan), retain=True)
-        host.announce(round_id, "train", plan, privacy=dp)
+        host.announce(round_id, "train", plan, privacy=dp, secure=secure)
         # every partial in, or no asked device left to cover; not the engine's silent-device
         # grace: a device's update never reaches the coordinator to show it is heard again
         online = host.registry.online_ids
+        phases = 0.0 if secure is None else 3 * secure.phase_timeout_s  # keys, shares, reveal
         self.transport.wait_until(
-            lambda: self._all_in() or collector.settled(online()), host.settings.round_timeout_s
+            lambda: self._all_in() or collector.settled(online()),
+            host.settings.round_timeout_s + phases,
         )
         if not self._all_in():
             close = wire.TierClose(run_id=host.run_id, round_id=round_id)
@@ -125,6 +148,12 @@ class TierUplink:
             mean=dp is None,
             declined=len(collector.declined),
         )
+
+    def _clip(self, dp: DevicePrivacy | None, secure: SecureRound | None) -> float:
+        """The norm each update is clipped to: the secure round's, DP's, or the tier's."""
+        if secure is not None:
+            return secure.clip_norm
+        return self.clip_norm if dp is None else dp.clip_norm
 
     def _all_in(self) -> bool:
         with self._lock:
@@ -215,11 +244,14 @@ class TierUplink:
                 raise RoundError(msg, topic=topic)
             self._check_devices(partial, request, host)
             sums = wire.partial_sums(partial, blob, host.specs)
-            dp = request.privacy
-            clip = self.clip_norm if dp is None else dp.clip_norm
+            secure = self._secure_round
+            bound = partial.weight * self._clip(request.privacy, secure) * (1 + _NORM_SLACK)
+            if secure is not None:  # each device's fixed-point rounding, at most a step a value
+                dimension = sum(math.prod(s.shape) for s in host.specs)
+                bound += len(partial.devices) * math.sqrt(dimension) / sa.delta_scale(secure)
             norm = update_norm(sums)
-            if not math.isfinite(norm) or norm > partial.weight * clip * (1 + _NORM_SLACK):
-                msg = f"partial norm {norm:g} over weight x clip ({partial.weight:g} x {clip:g})"
+            if not math.isfinite(norm) or norm > bound:
+                msg = f"partial norm {norm:g} over weight x clip (bound {bound:g})"
                 raise ProtocolError(msg, topic=topic)
             if (
                 partial.within_clip is not None
@@ -284,6 +316,18 @@ def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype) if dtype.is_floating_point else tensor.round().to(dtype)
 
 
-def tier_uplink(settings: TierSettings, transport: Transport, fleet: str) -> TierUplink:
-    """The run's tier path from its settings."""
-    return TierUplink(transport, fleet, settings.aggregators, settings.clip_norm, settings.grace_s)
+def tier_uplink(
+    settings: TierSettings,
+    transport: Transport,
+    fleet: str,
+    secure: sa.SecureAggregationSettings | None = None,
+) -> TierUplink:
+    """The run's tier path from its settings (`secure`: secure aggregation within each group)."""
+    return TierUplink(
+        transport,
+        fleet,
+        settings.aggregators,
+        settings.clip_norm,
+        settings.grace_s,
+        secure=secure,
+    )

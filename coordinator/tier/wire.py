@@ -3,6 +3,7 @@
     pfl/<fleet>/tier/plan                   retained TierPlan                  coordinator -> aggs
     pfl/<fleet>/tier/close                  TierClose: send what you have      coordinator -> aggs
     pfl/<fleet>/tier/<aggregator>/partial   PartialAggregate + float64 sums    aggregator -> coord
+    pfl/<fleet>/tier/<aggregator>/status    retained AggregatorStatus          aggregator -> status
 
 A frame is `PFLT`, a 4-byte header length, the JSON header and (for a partial) a safetensors
 blob checked against the header's manifest (`protocols.codec.unpack_tensors`: layout, SHA-256,
@@ -12,11 +13,13 @@ finite values). No pickle; nothing a sender writes is trusted before it is check
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Final, Literal
 
 import torch
 from pydantic import Field
 
+from protocols import topics
 from protocols.codec import Tensors, pack_tensors, unpack_tensors
 from protocols.errors import ProtocolError
 from protocols.messages import DevicePrivacy, TensorManifest, TensorSpec, WireModel
@@ -43,6 +46,11 @@ def partial_topic(fleet: str, aggregator: str) -> str:
     return f"pfl/{fleet}/tier/{aggregator}/partial"
 
 
+def status_topic(fleet: str, aggregator: str) -> str:
+    """Retained: one aggregator's status (`protocols.topics.aggregator_status`, for ACLs)."""
+    return topics.aggregator_status(fleet, aggregator)
+
+
 def partial_subscription(fleet: str) -> str:
     """Every aggregator's partial aggregates (the coordinator reads them)."""
     return f"pfl/{fleet}/tier/+/partial"
@@ -65,6 +73,9 @@ class TierPlan(WireModel):
     clip_norm: float = Field(gt=0, le=1e6)
     """Each update is clipped to this L2 norm before it is summed."""
     privacy: DevicePrivacy | None = None
+    train_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    """A secure round: how long the group's masked updates are waited for (the coordinator's
+    round timeout; its other phases take the announcement's phase timeout)."""
 
 
 class TierClose(WireModel):
@@ -95,11 +106,33 @@ class PartialAggregate(WireModel):
     manifest: TensorManifest = TensorManifest()
 
 
-TierMessage = TierPlan | TierClose | PartialAggregate
+class AggregatorStatus(WireModel):
+    """What `pfl-coord status` shows of an aggregator: its group and its last round."""
+
+    kind: Literal["aggregator-status"] = "aggregator-status"
+    aggregator: Name
+    group: str = Field(default="", max_length=200)
+    """Which devices it serves, in words ("3 listed devices", "hash group 0 of 2")."""
+    state: Literal["online", "offline"] = "online"
+    run_id: Name | None = None
+    round_id: int | None = Field(default=None, ge=0)
+    """The last round it collected (None: none yet)."""
+    asked: int = Field(default=0, ge=0)
+    """Devices of its group that round asked."""
+    devices: int = Field(default=0, ge=0)
+    """Devices in that round's partial (0 until it is sent)."""
+    partial_sent: bool = False
+    partials_sent: int = Field(default=0, ge=0)
+    """Partials sent since it started."""
+    sent_at: float = Field(default_factory=time.time, ge=0)
+
+
+TierMessage = TierPlan | TierClose | PartialAggregate | AggregatorStatus
 _KINDS: Final[dict[str, type[TierMessage]]] = {
     "tier-plan": TierPlan,
     "tier-close": TierClose,
     "partial-aggregate": PartialAggregate,
+    "aggregator-status": AggregatorStatus,
 }
 
 

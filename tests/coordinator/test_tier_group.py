@@ -10,7 +10,7 @@ from coordinator.tier import wire
 from coordinator.tier.group import GroupAggregator, hashed_member, listed_member
 from protocols import topics
 from protocols.codec import describe_tensors, encode_frame, encode_tensors_frame
-from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement
+from protocols.messages import DeviceStatus, DeviceUpdate, RoundAnnouncement, SecureRound
 from protocols.transport.inprocess import InProcessBroker
 
 FLEET = "f"
@@ -18,7 +18,12 @@ RUN = "0" * 32
 SPECS = describe_tensors({"w": torch.zeros(3)})
 
 
-def _round(hub: InProcessBroker, selected: tuple[str, ...], clip: float = 10.0) -> None:
+def _round(
+    hub: InProcessBroker,
+    selected: tuple[str, ...],
+    clip: float = 10.0,
+    secure: SecureRound | None = None,
+) -> None:
     coordinator = hub.connect("coordinator")
     plan = wire.TierPlan(
         run_id=RUN,
@@ -36,6 +41,7 @@ def _round(hub: InProcessBroker, selected: tuple[str, ...], clip: float = 10.0) 
         algorithm="fedavg",
         model_sha256="0" * 64,
         selected=selected,
+        secure=secure,
     )
     coordinator.publish(wire.plan_topic(FLEET), wire.encode(plan), retain=True)
     coordinator.publish(topics.round_announcement(FLEET), encode_frame(announcement), retain=True)

@@ -7,6 +7,7 @@ there, and the coordinator (on the core) combines the two partial aggregates.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from coordinator.run.serve import ServeResult, run_serve
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import device_name, run_simulation
 from tests.conftest import free_port, mosquitto_binary, wait_for_port
-from tests.e2e.conftest import Processes, serve_settings, sourced, wait_for
+from tests.e2e.conftest import Processes, run_child, serve_settings, sourced, wait_for
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.timeout(900)]
 RUN: dict[str, Any] = {"task": "digits", "algorithm": "fedavg", "seed": 0}
@@ -167,6 +168,24 @@ def test_two_aggregators_over_bridged_brokers_train_the_single_coordinator_model
     for name, tensor in single.final_shared.items():
         assert torch.equal(served.final_shared[name], tensor), name
     assert served.summary.metrics == single.summary.metrics
+    # `pfl-coord status` on the core, as the read-only viewer: each site's aggregator, bridged
+    rows = _status(brokers, tmp_path)["aggregators"]
+    shown = [(r["aggregator"], r["round"], r["devices"], r["partial_sent"]) for r in rows]
+    assert shown == [("a", 2, 2, True), ("b", 2, 2, True)]
+
+
+def _status(brokers: _Brokers, cwd: Path) -> dict[str, Any]:
+    """`pfl-coord status --json` on the core broker with the viewer's account."""
+    viewer = brokers.result.viewer
+    command = [
+        sys.executable, "-m", "coordinator.cli.app", "status", "--json",
+        "--broker", brokers.result.broker_url, "--username", viewer.username,
+        "--password", viewer.password, "--ca-file", str(brokers.result.files["ca.crt"]),
+    ]  # fmt: skip
+    done = run_child(command, cwd)
+    assert done.returncode == 0, done.stderr
+    status: dict[str, Any] = json.loads(done.stdout)
+    return status
 
 
 def test_a_lost_aggregator_costs_its_group_one_round_and_resumes(

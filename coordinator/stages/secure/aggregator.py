@@ -74,7 +74,10 @@ class SecureRoundError(RoundError):
 class SecureAggregator:
     """Runs secure aggregation's phases for the round engine over its transport.
 
-    `blame(device_id, reason)` records an offence the protocol proved against a device.
+    `blame(device_id, reason)` records an offence the protocol proved against a device. With
+    `per_device`, the roster and the unmasking go to each device's own topic instead of the
+    broadcast one: an aggregator of the tier runs a round for its group only, and the devices of
+    other groups, who share the broker, must not read it as their round's.
     """
 
     def __init__(
@@ -83,11 +86,14 @@ class SecureAggregator:
         transport: Transport,
         fleet: str,
         blame: Callable[[str, str], None],
+        *,
+        per_device: bool = False,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.fleet = fleet
         self.blame = blame
+        self.per_device = per_device
         self.bytes_down = 0
         self._round: RoundState | None = None
         self._phase: Collector[object] | None = None
@@ -164,7 +170,7 @@ class SecureAggregator:
             set(roster),
             online,
             secure.phase_timeout_s,
-            lambda: self._send(topics.secure(self.fleet), roster_message, len(roster)),
+            lambda: self._tell(roster, roster_message),
         )
         shares = {d: s for d, s in dealt.items() if isinstance(s, SecAggShares)}
         state.dealers = recoverable(shares, state)
@@ -188,7 +194,7 @@ class SecureAggregator:
             set(state.survivors),
             online,
             secure.phase_timeout_s,
-            lambda: self._send(topics.secure(self.fleet), unmask, len(state.survivors)),
+            lambda: self._tell(state.survivors, unmask),
             enough=lambda: state.short <= 0,
         )
         reveals = [r for r in revealed.values() if isinstance(r, dict)]
@@ -259,6 +265,16 @@ class SecureAggregator:
                 f"(at least {state.secure.min_survivors} needed)"
             )
             raise RoundError(msg, round_id=state.round_id)
+
+    def _tell(self, devices: Sequence[str], message: Message) -> None:
+        """`message` for every one of `devices`: broadcast once, or once to each (`per_device`)."""
+        if not self.per_device:
+            self._send(topics.secure(self.fleet), message, len(devices))
+            return
+        payload = encode_frame(message)
+        for device_id in devices:
+            self.transport.publish(topics.secure(self.fleet, device_id), payload)
+        self.bytes_down += len(payload) * len(devices)
 
     def _send(self, topic: str, message: Message, recipients: int) -> None:
         payload = encode_frame(message)

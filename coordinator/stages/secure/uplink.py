@@ -8,6 +8,7 @@ presummed update, or a `Skipped` round that leaves the model unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from coordinator.stages.base import Collected, Skipped
 from coordinator.stages.secure.aggregator import SecureAggregator
@@ -15,7 +16,31 @@ from coordinator.stages.secure.bounds import plan_round, weight_bound
 from coordinator.stages.secure.retry import SecureRequest, SkippedRound, secure_round
 from coordinator.stages.uplink import UplinkHost, UplinkRound
 from coordinator.strategies.base import RoundPlan
+from protocols import secure_aggregation as sa
 from protocols.messages import DeviceUpdate, SecureRound
+
+
+def plan_cohort(
+    settings: sa.SecureAggregationSettings,
+    host: UplinkHost,
+    request: UplinkRound,
+    cohort: Sequence[str],
+    needed: int,
+) -> SecureRound:
+    """The announcement's secure part for `cohort` of `request`'s plan, told to the stages.
+
+    The weight bound caps the whole plan's declared counts (`weight_bound`).
+
+    Raises:
+        RoundError: fewer than 3 devices in `cohort`.
+    """
+    dp = request.privacy
+    declared = [host.registry.declared_samples(d) for d in request.plan.devices]
+    weights = weight_bound(host.strategy, declared, dp is not None, settings.max_weight_share)
+    secure_round = plan_round(settings, cohort, dp, weights, needed)
+    dimension = sum(math.prod(s.shape) for s in host.specs)
+    host.stage.dealt(secure_round, dimension)  # the grid a discrete Gaussian counts on
+    return secure_round
 
 
 class SecureUplink:
@@ -30,11 +55,6 @@ class SecureUplink:
     def collect(self, host: UplinkHost, request: UplinkRound) -> Collected | Skipped:
         """Announce a secure round and run its phases: the survivors' sum, or a skip."""
         secure, plan, dp = self.aggregator, request.plan, request.privacy
-        declared = [host.registry.declared_samples(d) for d in plan.devices]
-        weights = weight_bound(
-            host.strategy, declared, dp is not None, secure.settings.max_weight_share
-        )
-        dimension = sum(math.prod(s.shape) for s in host.specs)
 
         def announce(cohort: tuple[str, ...], secure_round: SecureRound) -> None:
             kept = RoundPlan(cohort, {d: plan.scalars[d] for d in cohort if d in plan.scalars})
@@ -42,9 +62,7 @@ class SecureUplink:
 
         def plan_secure(cohort: tuple[str, ...]) -> SecureRound:
             needed = min(request.needed, len(cohort))
-            secure_round = plan_round(secure.settings, cohort, dp, weights, needed)
-            host.stage.dealt(secure_round, dimension)  # the grid a discrete Gaussian counts on
-            return secure_round
+            return plan_cohort(secure.settings, host, request, cohort, needed)
 
         secure_request = SecureRequest(
             host.run_id,

@@ -1,0 +1,203 @@
+"""The aggregator tier benchmark's table, its per-device and per-aggregator costs, and its plot."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COMMAND = "OMP_NUM_THREADS=1 python -m benchmarks.aggregator_tier"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration and its medians (`benchmarks.aggregator_tier.measure`)."""
+
+    devices: int
+    participation: float
+    groups: int
+    result: dict[str, float]
+
+    def __getitem__(self, key: str) -> float:
+        return self.result[key]
+
+
+def save(runs: Sequence[Run], path: Path) -> None:
+    """The raw runs as JSON (`load` reads them back to redraw the table and plot)."""
+    path.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+
+
+def load(path: Path) -> list[Run]:
+    """Runs `save` wrote."""
+    return [Run(**entry) for entry in json.loads(path.read_text())]
+
+
+def size(value: float) -> str:
+    """Bytes with a binary unit."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+HEADER = (
+    "devices",
+    "participation",
+    "updates/round",
+    "aggregators",
+    "coordinator CPU/round",
+    "of which fleet status",
+    "coordinator inbound/round",
+    "held at aggregation",
+    "RSS registered",
+    "peak RSS",
+    "busiest aggregator CPU/round",
+    "aggregator CPU/update",
+)
+
+
+def row(run: Run) -> list[str]:
+    """One table row."""
+    updates, groups = run["updates"], run.groups
+    per_update = run["aggregators_s"] / updates * 1e3 if groups and updates else None
+    return [
+        f"{run.devices:,}",
+        f"{run.participation:g}",
+        f"{updates:,.0f}",
+        str(groups) if groups else "none",
+        f"{run['coordinator_s'] * 1e3:,.0f} ms",
+        f"{run['status_s'] * 1e3:,.0f} ms",
+        size(run["inbound"]),
+        size(run["held"]),
+        size(run["rss_registered"]),
+        size(run["rss_peak"]),
+        f"{run['aggregator_s'] * 1e3:,.0f} ms" if groups else "-",
+        f"{per_update:.2f} ms" if per_update is not None else "-",
+    ]
+
+
+def sizing(runs: Sequence[Run]) -> list[str]:
+    """Per-device and per-aggregator costs from the largest fleet's rows (what a reader scales)."""
+    largest = max(r.devices for r in runs)
+    big = [r for r in runs if r.devices == largest]
+    busiest = max(r.participation for r in big)
+    full = [r for r in big if r.participation == busiest]
+    flat = [r for r in full if not r.groups]
+    tiered = [r for r in full if r.groups]
+    registry = max((r["rss_registered"] - r["rss_built"]) / r.devices for r in big)
+    status_s = statistics.median(r["status_s"] / r.devices for r in big)
+    status_bytes = max(r["status_bytes"] / r.devices for r in big)
+    lines = [
+        f"Per-device and per-aggregator costs, from the {largest:,}-device rows:",
+        "",
+        f"- every registered device: {registry:,.0f} B of coordinator memory (RSS after the "
+        f"hellos minus before), and each round {status_bytes:,.0f} B of the retained fleet "
+        f"status (it lists every device, tier or not) and {status_s * 1e6:.0f} us of coordinator "
+        "CPU to make it (median);",
+    ]
+
+    def besides_status(run: Run) -> float:
+        return (run["coordinator_s"] - run["status_s"]) / run["updates"]
+
+    if flat:
+        inbound = statistics.median(r["inbound"] / r["updates"] for r in flat)
+        lines.append(
+            f"- without the tier, at participation {busiest:g}, every update: "
+            f"{statistics.median(map(besides_status, flat)) * 1e3:.2f} ms of coordinator CPU "
+            f"besides the fleet status, and {inbound:,.0f} B inbound;"
+        )
+    if tiered:
+        partial = max(r["inbound"] / r.groups for r in tiered)
+        aggregator = statistics.median(r["aggregators_s"] / r["updates"] for r in tiered)
+        ids = statistics.median((r["inbound"] - r["held"]) / r["updates"] for r in tiered)
+        lines.append(
+            f"- with the tier, at participation {busiest:g}, every update: {aggregator * 1e3:.2f} "
+            f"ms of aggregator CPU, {statistics.median(map(besides_status, tiered)) * 1e3:.2f} ms "
+            f"of coordinator CPU besides the fleet status, and {ids:.0f} B inbound at the "
+            "coordinator (its device id in a partial's header); every aggregator: one partial a "
+            f"round, at most {size(partial)} inbound at the coordinator;"
+        )
+    sparse = sorted((r for r in big if r.participation < busiest), key=lambda r: r.groups)
+    if sparse:
+        spent = ", ".join(
+            f"{(r['coordinator_s'] - r['status_s']):.1f} s "
+            + (f"with {r.groups} aggregators" if r.groups else "without the tier")
+            for r in sparse
+        )
+        lines.append(
+            f"- at participation {sparse[0].participation:g} ({sparse[0]['updates']:,.0f} "
+            f"updates), the coordinator's CPU a round besides the fleet status: {spent}: what "
+            "is left is the round engine's work that grows with the fleet, not the updates."
+        )
+    return lines
+
+
+def plot(runs: Sequence[Run], path: Path) -> None:
+    """Coordinator CPU, inbound bytes and peak RSS per round against devices, one line a tier."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 3.0), dpi=80, layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = (
+        ("coordinator_s", "coordinator CPU / round (s)", 1.0),
+        ("inbound", "coordinator inbound / round (MiB)", 2**-20),
+        ("rss_peak", "process peak RSS (MiB)", 2**-20),
+    )
+    participation = max(r.participation for r in runs)
+    shown = [r for r in runs if r.participation == participation]
+    for index, (key, label, scale) in enumerate(panels):
+        axes = figure.add_subplot(1, len(panels), index + 1)
+        for groups in sorted({r.groups for r in shown}):
+            line = sorted((r for r in shown if r.groups == groups), key=lambda r: r.devices)
+            axes.plot(
+                [r.devices for r in line],
+                [r[key] * scale for r in line],
+                marker="o",
+                label=f"{groups} aggregators" if groups else "no tier",
+            )
+        axes.set_xscale("log")
+        if key != "rss_peak":
+            axes.set_yscale("log")
+        axes.set_xlabel("devices")
+        axes.set_title(label, fontsize="medium")
+        axes.grid(alpha=0.3)
+        if index == 0:
+            axes.legend(fontsize="small")
+    figure.suptitle(f"participation {participation:g}, FedAvg, synthetic model", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+
+
+def section(runs: Sequence[Run], rounds: int, params: int, plot_path: Path | None) -> list[str]:
+    """The docs/benchmarks.md section."""
+    from benchmarks.common import markdown_table
+
+    lines = [
+        "## The aggregator tier: the coordinator's cost per round",
+        "",
+        "Without the tier the coordinator decodes and holds every update; with it, one partial "
+        "aggregate per aggregator (docs/scaling.md). CPU is thread time, the coordinator's "
+        "without the re-checks of its waits (the in-process hub re-checks after every delivery, "
+        "to anyone); the machine is shared, so timings vary by up to 2x between runs; bytes are "
+        "exact. RSS is the whole benchmark process's (coordinator, aggregators, and a stand-in "
+        "fleet that holds only device ids), each configuration in a fresh process: what the "
+        "registration adds is the coordinator's registry, and the peak adds the round's "
+        "updates (held by the coordinator without the tier, by the aggregators with it, in "
+        "float64).",
+        "",
+        *markdown_table(HEADER, [row(r) for r in runs]),
+        "",
+        *sizing(runs),
+        "",
+        f"FedAvg on the synthetic task's model ({params:,} float32 parameters), median of "
+        f"{rounds} rounds, one thread: `{COMMAND} --out docs/benchmarks.md --plot "
+        "docs/aggregator_tier.png` (about 30 minutes on a shared 2-core machine). The devices "
+        "are a stand-in that sends each selected device's update frame (no training); the "
+        "coordinator and aggregators are the real ones on the in-process hub.",
+    ]
+    if plot_path is not None:
+        lines += ["", f"![The coordinator's cost against devices]({plot_path.name})"]
+    return lines
