@@ -124,7 +124,8 @@ def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
         ]
         trained = train_stacked(model, task, members, (BatchPhase(spec),))
         global_state = {
-            k: v + torch.einsum("d,d...->...", weights, torch.stack([t[k] for t, _ in trained]) - v)
+            k: v
+            + torch.einsum("d,d...->...", weights, torch.stack([t.final[k] for t in trained]) - v)
             for k, v in global_state.items()
         }
     model.load_state_dict(global_state)
