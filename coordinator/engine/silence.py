@@ -47,7 +47,9 @@ class SilentDevices:
         def settled(waiting_for: Callable[[], AbstractSet[str]]) -> bool:
             return collector.settled(waiting_for()) or (enough is not None and enough())
 
-        ended = transport.wait_until(lambda: settled(lambda: online() - silent), timeout_s)
+        # without silent devices the registry's own set goes on: `settled` counts it once per change
+        others = online if not silent else (lambda: online() - silent)
+        ended = transport.wait_until(lambda: settled(others), timeout_s)
         if ended and silent:  # everyone else is in: the silent ones get a grace, not a deadline
             transport.wait_until(lambda: settled(online), GRACE_SHARE * timeout_s)
         if not ended:

@@ -64,6 +64,8 @@ class Batched:
 
     def __init__(self) -> None:
         self._waiting: list[_Work] = []
+        self._devices: set[str] = set()
+        """The devices of `_waiting`."""
         self._told: set[str] = set()
         self.stacked_rounds = 0
         """Device rounds trained stacked so far (for tests and the benchmark)."""
@@ -74,9 +76,10 @@ class Batched:
         Work the same device still waits for is trained first: its next round starts from the
         state that one keeps.
         """
-        if any(work.ctx.device_id == ctx.device_id for work in self._waiting):
+        if ctx.device_id in self._devices:
             self.flush()
         self._waiting.append(_Work(update, ctx, done, failed))
+        self._devices.add(ctx.device_id)
 
     def pending(self) -> bool:
         """Whether work waits for a flush."""
@@ -85,6 +88,7 @@ class Batched:
     def flush(self) -> None:
         """Train what waits (stacked where it can), then answer each device in turn."""
         waiting, self._waiting = self._waiting, []
+        self._devices.clear()
         if not waiting:
             return
         groups: dict[str, list[_Work]] = {}
