@@ -10,9 +10,11 @@ alone, in a warm process. Whole process: a fresh `python` doing the same from it
 Runs alternate; medians of the repeats.
 
 `--threshold` instead times `--batched on` against `off` on the digits MLP by hidden width,
-the measurement behind `device_agent.batched.choice.AUTO_MAX_STEP_MACS`.
+the measurement behind `device_agent.batched.choice.AUTO_MAX_STEP_MACS`; `--before-root DIR`
+times the digits MLP's bare loop, `off` and `on` in this checkout and in DIR side by side.
 
-    OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead [--repeats 3] [--threshold]
+    OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead [--repeats 3]
+        [--threshold | --before-root DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pfl_tasks.synthetic import SyntheticTask
 
 MARKER = "<!-- batched-overhead -->"
 THRESHOLD_MARKER = "<!-- batched-threshold -->"
+WIRE_MARKER = "<!-- batched-wire-path -->"
 MODES = ("bare", "stacked", "off", "on")
 WORKLOADS: dict[str, dict[str, Any]] = {
     "digits MLP, 50 devices, 20 rounds": WORKLOAD,
@@ -124,7 +127,8 @@ def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
         ]
         trained = train_stacked(model, task, members, (BatchPhase(spec),))
         global_state = {
-            k: v + torch.einsum("d,d...->...", weights, torch.stack([t[k] for t, _ in trained]) - v)
+            k: v
+            + torch.einsum("d,d...->...", weights, torch.stack([t.final[k] for t in trained]) - v)
             for k, v in global_state.items()
         }
     model.load_state_dict(global_state)
@@ -275,15 +279,85 @@ def threshold_table(repeats: int) -> str:
     )
 
 
+def checkout_seconds(root: Path, mode: str, runs: int) -> float:
+    """Median in-run seconds of `mode` on the digits MLP in a fresh interpreter of `root`'s code.
+
+    One warm-up run first, as in `measure`.
+    """
+    code = (
+        "import statistics, sys; from benchmarks.batched_overhead import in_run, settings; "
+        "s = settings(); in_run(sys.argv[1], s); "
+        "print(statistics.median(in_run(sys.argv[1], s)[0] for _ in range(int(sys.argv[2]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, mode, str(runs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root.resolve())},
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def before_after_table(before: Path, repeats: int) -> str:
+    """`--batched on`/`off` and the bare loop in-run, this checkout against `before`."""
+    load = os.getloadavg()[0]
+    here = Path(__file__).resolve().parent.parent
+    roots = {"before": before, "after": here}
+    modes = ("bare", "off", "on")
+    times: dict[tuple[str, str], list[float]] = {(r, m): [] for r in roots for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            for name, root in roots.items():
+                times[name, mode].append(checkout_seconds(root, mode, 3))
+    median = {key: statistics.median(kept) for key, kept in times.items()}
+    rows = [
+        f"| {name} ({commit_of(root)}) | "
+        + " | ".join(f"{median[name, mode]:.2f}" for mode in modes)
+        + f" | {median[name, 'bare'] / median[name, 'on']:.2f}x |"
+        for name, root in roots.items()
+    ]
+    return "\n".join(
+        [
+            WIRE_MARKER,
+            "### The wire path around the stacked step, before and after",
+            "",
+            "Digits MLP, FedAvg, 50 devices, 20 rounds, one worker, in-run; each cell the median "
+            "of its fresh interpreters (each: one warm-up run, then the median of 3), checkouts "
+            "and modes alternating.",
+            machine(repeats, load),
+            "",
+            "| checkout | bare loop (s) | --batched off (s) | --batched on (s) | "
+            "on against the bare loop |",
+            "|---|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"Command: `OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead "
+            f"--before-root DIR --repeats {repeats}` (DIR: a checkout of the code before).",
+            WIRE_MARKER,
+        ]
+    )
+
+
+def commit_of(root: Path) -> str:
+    """The checkout's short commit."""
+    git = ["git", "-C", str(root), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def main() -> None:
     """Measure and write the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threshold", action="store_true")
+    parser.add_argument("--before-root", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     if args.threshold:
         write_section(args.out, threshold_table(args.repeats), THRESHOLD_MARKER)
+    elif args.before_root is not None:
+        write_section(args.out, before_after_table(args.before_root, args.repeats), WIRE_MARKER)
     else:
         write_section(args.out, overhead_table(args.repeats), MARKER)
 

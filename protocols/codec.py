@@ -30,6 +30,7 @@ from protocols.tensor_blob import (
     WIRE_DTYPES,
     as_tensor,
     read_blob,
+    read_written,
     require_all_finite,
     write_blob,
 )
@@ -117,6 +118,9 @@ def unpack_tensors(
     if hashlib.sha256(blob).hexdigest() != manifest.sha256:
         msg = "tensor blob checksum mismatch: its SHA-256 differs from the manifest's"
         raise ProtocolError(msg)
+    written = read_written(blob, described)  # our writer's layout: no parse needed
+    if written is not None:
+        return written
     parsed = read_blob(blob)
     found = {name: entry[:2] for name, entry in parsed.items()}
     _compare(described, found, "in the manifest", "blob")

@@ -75,6 +75,11 @@ class _Run:
 class _BlobLayout:
     header: bytes
     runs: tuple[_Run, ...]
+    entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
+    """Each tensor's name, safetensors code, shape and first byte in the data."""
+    data_bytes: int
+    aligned: bool
+    """Every tensor starts at a multiple of its item size (numpy can view it in place)."""
 
 
 def write_blob(tensors: Mapping[str, torch.Tensor]) -> bytes:
@@ -122,6 +127,52 @@ def read_blob(blob: bytes) -> dict[str, Entry]:
         )
         for name, item in entries
     }
+
+
+def read_written(
+    blob: bytes, layout: Mapping[str, tuple[DType, tuple[int, ...]]]
+) -> dict[str, torch.Tensor] | None:
+    """The tensors of a blob laid out byte for byte as `write_blob` writes `layout`, else None.
+
+    Such a blob (what every device's writer sends) holds exactly the tensors `read_blob` would
+    find in it, so they are cut from one copy of its data without parsing its header; the
+    finiteness check is the same. Any other blob gets None: read it with `read_blob`.
+
+    Raises:
+        ProtocolError: a floating tensor holds NaN or Inf (the first in `layout`'s order).
+    """
+    if not blob or not layout:
+        return None
+    key = tuple((name, WIRE_DTYPES[dtype][1], shape) for name, (dtype, shape) in layout.items())
+    written = _layout_of(key)
+    header = written.header
+    if not written.aligned or len(blob) != len(header) + written.data_bytes:
+        return None
+    if blob[: len(header)] != header:
+        return None
+    data = memoryview(blob)[len(header) :]
+    for run in written.runs:
+        if not _finite(data[run.begin : run.end], run.code):
+            for name, begin, end in run.members:
+                _refuse_non_finite(name, run.code, data[begin:end])
+    buffer = bytearray(data)
+    return {
+        name: _view(buffer, layout[name][0], shape, begin)
+        for name, _, shape, begin in written.entries
+    }
+
+
+def _view(buffer: bytearray, dtype: DType, shape: tuple[int, ...], begin: int) -> torch.Tensor:
+    """A writable tensor over `buffer` from byte `begin` (what `as_tensor` gives, in place)."""
+    count = math.prod(shape)
+    if count == 0:
+        return torch.empty(shape, dtype=WIRE_DTYPES[dtype][0])
+    numpy_dtype = _NUMPY.get(dtype)
+    if numpy_dtype is None:  # bfloat16
+        wire = WIRE_DTYPES[dtype][0]
+        return torch.frombuffer(buffer, dtype=wire, count=count, offset=begin).reshape(shape)
+    array = np.frombuffer(buffer, dtype=numpy_dtype, count=count, offset=begin)
+    return torch.from_numpy(array.reshape(shape))
 
 
 def as_tensor(data: bytes | bytearray, dtype: DType, shape: tuple[int, ...]) -> torch.Tensor:
@@ -175,9 +226,13 @@ def _layout_of(key: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _BlobLayout
     """The safetensors header of a layout, and its runs of floating tensors by dtype."""
     header: dict[str, object] = {}
     runs: list[_Run] = []
+    entries: list[tuple[str, str, tuple[int, ...], int]] = []
     offset = 0
+    aligned = True
     for name, code, shape in key:
         end = offset + _item_size(code) * math.prod(shape)
+        entries.append((name, code, shape, offset))
+        aligned = aligned and offset % _item_size(code) == 0
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, end]}
         if code in _FLOATING and end > offset:
             last = runs[-1] if runs else None
@@ -188,7 +243,13 @@ def _layout_of(key: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _BlobLayout
         offset = end
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return _BlobLayout(len(text).to_bytes(_HEADER_LENGTH_BYTES, "little") + text, tuple(runs))
+    return _BlobLayout(
+        len(text).to_bytes(_HEADER_LENGTH_BYTES, "little") + text,
+        tuple(runs),
+        tuple(entries),
+        offset,
+        aligned,
+    )
 
 
 def _item_size(code: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, Protocol, TypeVar
 
 import torch
@@ -18,6 +18,7 @@ from device_agent.training import (
     TrainStats,
     combine_stats,
     difference,
+    snapshot,
     squared_distance,
     train,
 )
@@ -87,11 +88,24 @@ class BatchPhase:
     """One phase of a local update as the batched path runs it (`device_agent.batched`).
 
     `spec` is what `train_phase` would get; `proximal_mu` (None: no term) adds
-    mu/2 ||w - w_global||^2 over the received shared parameters at every step (FedProx).
+    mu/2 ||w - w_global||^2 over the received shared parameters at every step (FedProx), or
+    over the phase's trainable parameters toward the whole received model when
+    `proximal_to_received` (Ditto's lam/2 ||theta - w^t||^2).
     """
 
     spec: TrainSpec
     proximal_mu: float | None = None
+    proximal_to_received: bool = False
+    restart: bool = False
+    """The model's parameters start again from the received model (not where the last phase
+    left them)."""
+    from_state: str | None = None
+    """The phase starts from the tensors `ctx.state` keeps under this prefix for each of its
+    trainable parameters (from the received model where any is missing)."""
+    kept_as: str | None = None
+    """The phase's final trainable tensors go into the round's `state` under this prefix."""
+    counted: bool = True
+    """Whether the phase's loss is part of the round's reported train loss."""
 
 
 class BatchableUpdate(LocalUpdate, Protocol):
@@ -226,15 +240,39 @@ def round_result(ctx: LocalContext, stats: TrainStats) -> LocalResult:
 
 def run_phases(ctx: LocalContext, phases: tuple[BatchPhase, ...]) -> LocalResult:
     """Train `phases` in order on one device; the round's result (`BatchableUpdate.run`)."""
-    stats = [train_phase(ctx, p.spec, proximal_loss(ctx, p.proximal_mu)) for p in phases]
-    return round_result(ctx, stats[0] if len(stats) == 1 else combine_stats(*stats))
+    received = {**ctx.global_shared, **ctx.personal}  # what `ctx.model` holds to begin with
+    slots = ctx.slots or ModelSlots(ctx.model)
+    stats: list[TrainStats] = []
+    state: Tensors = {}
+    for phase in phases:
+        names = phase.spec.trainable
+        if phase.restart:
+            slots.load({n: received[n] for n in trainable_parameters(ctx.model, tuple(received))})
+        if phase.from_state is not None:
+            kept = [phase.from_state + name for name in names]
+            if all(key in ctx.state for key in kept):
+                slots.load({name: ctx.state[key] for name, key in zip(names, kept, strict=True)})
+            else:
+                slots.load({name: received[name] for name in names})
+        reference = {n: received[n] for n in names} if phase.proximal_to_received else None
+        trained = train_phase(ctx, phase.spec, proximal_loss(ctx, phase.proximal_mu, reference))
+        if phase.counted:
+            stats.append(trained)
+        if phase.kept_as is not None:
+            live = snapshot(ctx.model, names)
+            state.update({phase.kept_as + name: value for name, value in live.items()})
+    result = round_result(ctx, stats[0] if len(stats) == 1 else combine_stats(*stats))
+    return replace(result, state=state) if state else result
 
 
-def proximal_loss(ctx: LocalContext, mu: float | None) -> ExtraLoss | None:
-    """mu/2 ||w - w_global||^2 over the received shared parameters (None: no term)."""
+def proximal_loss(
+    ctx: LocalContext, mu: float | None, reference: Tensors | None = None
+) -> ExtraLoss | None:
+    """mu/2 ||w - reference||^2, by default over the received shared parameters (None: no term)."""
     if mu is None:
         return None
-    return lambda: 0.5 * mu * squared_distance(ctx.model, ctx.global_shared)
+    pulled_to = ctx.global_shared if reference is None else reference
+    return lambda: 0.5 * mu * squared_distance(ctx.model, pulled_to)
 
 
 def full_model_spec(ctx: LocalContext) -> TrainSpec:

@@ -5,59 +5,48 @@ from __future__ import annotations
 from typing import ClassVar
 
 from device_agent.algorithms.base import (
+    BatchPhase,
     LocalContext,
-    LocalResult,
+    PhasedUpdate,
+    full_model_spec,
     phase_spec,
     require_config,
-    train_phase,
-    train_whole_model,
 )
-from device_agent.algorithms.theta import (
-    THETA,
-    load_into,
-    load_theta,
-    model_parameters,
-    stored,
-    with_prefix,
-)
-from device_agent.training import snapshot, squared_distance
+from device_agent.algorithms.theta import THETA, load_theta, model_parameters
 from protocols.algorithms import DittoConfig
 
 
-class DittoUpdate:
+class DittoUpdate(PhasedUpdate):
     """Ditto (Li et al. 2021, Algorithm 1; pfedbred spec §5).
 
     theta <- theta - gamma_p (grad f(theta) + lam (theta - w^t)) for `personal_epochs` passes
     from the stored theta (the received w the first time), then w trains exactly as FedAvg
-    from w^t. Only w - w^t goes up; theta stays in `LocalResult.state` as "theta.<name>".
+    from w^t. Only w - w^t goes up; theta stays in `LocalResult.state` as "theta.<name>", and
+    the reported loss is w's.
     """
 
     name: ClassVar[str] = "ditto"
 
-    def run(self, ctx: LocalContext) -> LocalResult:
-        """One round: the personal solve, then FedAvg's local update."""
+    def batch_phases(self, ctx: LocalContext) -> tuple[BatchPhase, ...]:
+        """The personal solve for theta, then FedAvg's local update of w from w^t."""
         cfg = require_config(ctx, DittoConfig)
-        names = model_parameters(ctx)
-        received = snapshot(ctx.model, names)  # w^t: global shared + this device's personal part
-        load_into(ctx.model, stored(ctx.state, THETA, names) or received)
-        lam = cfg.lam
-        spec = phase_spec(
+        personal = phase_spec(
             ctx,
-            names,
+            model_parameters(ctx),
             epochs=cfg.local_epochs if cfg.personal_epochs is None else cfg.personal_epochs,
             lr=cfg.lr if cfg.personal_lr is None else cfg.personal_lr,
             max_steps=cfg.max_steps,
         )
-        train_phase(ctx, spec, extra_loss=lambda: 0.5 * lam * squared_distance(ctx.model, received))
-        theta = snapshot(ctx.model, names)
-        load_into(ctx.model, received)
-        result = train_whole_model(ctx)
-        return LocalResult(
-            shared_delta=result.shared_delta,
-            num_samples=result.num_samples,
-            train_loss=result.train_loss,
-            personal=result.personal,
-            state=with_prefix(THETA, theta),
+        return (
+            BatchPhase(
+                personal,
+                proximal_mu=cfg.lam,
+                proximal_to_received=True,
+                from_state=THETA,
+                kept_as=THETA,
+                counted=False,
+            ),
+            BatchPhase(full_model_spec(ctx), restart=True),
         )
 
     def personalize(self, ctx: LocalContext) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from device_agent.algorithms.base import BatchPhase
 from device_agent.batched.flat_sgd import FlatLayout, FlatSgd
 from device_agent.batched.forward import Forward, sample_losses, stacked_forward
 from device_agent.batched.schedule import schedule
-from device_agent.training import TrainStats
+from device_agent.training import TrainSpec, TrainStats
 from pfl_tasks.base import Split, Task
 from protocols.codec import Tensors
 from protocols.errors import TrainingError
@@ -40,6 +40,17 @@ class Member:
     """Every parameter's starting value (received shared + this device's personal part)."""
     reference: Mapping[str, torch.Tensor]
     """The received shared tensors, which proximal terms pull toward."""
+    state: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """The device's kept algorithm state, which a phase may start from (`from_state`)."""
+
+
+@dataclass(frozen=True)
+class Trained:
+    """One member's outcome: final parameters, each phase's stats, the tensors phases kept."""
+
+    final: Tensors
+    stats: list[TrainStats]
+    kept: Tensors
 
 
 def model_problem(model: nn.Module) -> str | None:
@@ -65,10 +76,10 @@ class _Data:
 
 def train_stacked(
     model: nn.Module, task: Task, members: Sequence[Member], phases: Sequence[BatchPhase]
-) -> list[tuple[Tensors, list[TrainStats]]]:
-    """Train every member through `phases` together: final parameters and stats per phase.
+) -> list[Trained]:
+    """Train every member through `phases` together, each as `run_phases` trains one device.
 
-    The returned tensors are views of one stacked copy (copy what is kept).
+    The returned final tensors are views of one stacked copy (copy what is kept).
 
     Raises:
         TrainingError: some device's loss or gradient became non-finite.
@@ -83,12 +94,36 @@ def train_stacked(
         generators=[m.generator for m in members],
     )
     stats: list[list[TrainStats]] = [[] for _ in members]
+    kept: list[Tensors] = [{} for _ in members]
     for phase in phases:
+        if phase.restart:
+            flat.copy_(layout.stack([m.start for m in members]))
+        if phase.from_state is not None:
+            rows = zip(members, layout.rows(flat), strict=True)
+            flat.copy_(
+                layout.stack([_stored(m, row, phase.from_state, phase.spec) for m, row in rows])
+            )
         reference = _proximal_reference(layout, members, phase)
         trained = _phase(forward, task, layout, flat, data, phase, reference)
-        for kept, phase_stats in zip(stats, trained, strict=True):
-            kept.append(phase_stats)
-    return list(zip(layout.rows(flat), stats, strict=True))
+        for member_stats, phase_stats in zip(stats, trained, strict=True):
+            member_stats.append(phase_stats)
+        if phase.kept_as is not None:
+            for member_kept, row in zip(kept, layout.rows(flat), strict=True):
+                member_kept.update({phase.kept_as + n: row[n] for n in phase.spec.trainable})
+    return [
+        Trained(final, member_stats, member_kept)
+        for final, member_stats, member_kept in zip(layout.rows(flat), stats, kept, strict=True)
+    ]
+
+
+def _stored(member: Member, row: Tensors, prefix: str, spec: TrainSpec) -> dict[str, torch.Tensor]:
+    """`row` with the trainable tensors kept under `prefix` (all of them, or else the start's)."""
+    keys = [prefix + name for name in spec.trainable]
+    if all(key in member.state for key in keys):
+        chosen = {name: member.state[key] for name, key in zip(spec.trainable, keys, strict=True)}
+    else:
+        chosen = {name: member.start[name] for name in spec.trainable}
+    return {**row, **chosen}
 
 
 def _phase(
@@ -156,7 +191,11 @@ def _proximal_reference(
     """(mu, [D, P] received values, [1, P] columns the term covers), or None without a term."""
     if phase.proximal_mu is None:
         return None
-    named = [n for n in layout.names if n in members[0].reference]
-    rows = [{**m.start, **m.reference} for m in members]  # columns outside the term unused
+    if phase.proximal_to_received:  # the phase's trainable parameters toward the whole start
+        named = [n for n in layout.names if n in phase.spec.trainable]
+        rows = [m.start for m in members]
+    else:
+        named = [n for n in layout.names if n in members[0].reference]
+        rows = [{**m.start, **m.reference} for m in members]  # columns outside the term unused
     columns = layout.columns(dict.fromkeys(named, 1.0)).unsqueeze(0)
     return phase.proximal_mu, layout.stack(rows), columns

@@ -22,9 +22,8 @@ from device_agent.algorithms.base import (
     LocalUpdate,
     batch_phases,
 )
-from device_agent.batched.stacked import Member, model_problem, train_stacked
-from device_agent.training import ModelSlots, TrainStats, combine_stats, difference
-from protocols.codec import Tensors
+from device_agent.batched.stacked import Member, Trained, model_problem, train_stacked
+from device_agent.training import ModelSlots, combine_stats, difference
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +64,8 @@ class Batched:
 
     def __init__(self) -> None:
         self._waiting: list[_Work] = []
+        self._devices: set[str] = set()
+        """The devices of `_waiting`."""
         self._told: set[str] = set()
         self.stacked_rounds = 0
         """Device rounds trained stacked so far (for tests and the benchmark)."""
@@ -75,9 +76,10 @@ class Batched:
         Work the same device still waits for is trained first: its next round starts from the
         state that one keeps.
         """
-        if any(work.ctx.device_id == ctx.device_id for work in self._waiting):
+        if ctx.device_id in self._devices:
             self.flush()
         self._waiting.append(_Work(update, ctx, done, failed))
+        self._devices.add(ctx.device_id)
 
     def pending(self) -> bool:
         """Whether work waits for a flush."""
@@ -86,11 +88,13 @@ class Batched:
     def flush(self) -> None:
         """Train what waits (stacked where it can), then answer each device in turn."""
         waiting, self._waiting = self._waiting, []
+        self._devices.clear()
         if not waiting:
             return
         groups: dict[str, list[_Work]] = {}
+        problems: dict[int, str | None] = {}  # virtual devices share one workspace model
         for work in waiting:
-            reason = self._reason_apart(work)
+            reason = self._reason_apart(work, problems)
             if reason is not None:
                 self._tell(reason)
                 work.phases = None  # trained through its own `run`
@@ -110,7 +114,8 @@ class Batched:
             except Exception as error:  # the device declines, the others answer
                 work.failed(error)
 
-    def _reason_apart(self, work: _Work) -> str | None:
+    def _reason_apart(self, work: _Work, problems: dict[int, str | None]) -> str | None:
+        """Why `work` cannot train stacked (None: it can); `problems` memoizes each model's."""
         ctx = work.ctx
         try:
             work.phases = batch_phases(work.update, ctx)
@@ -120,7 +125,9 @@ class Batched:
             return f"{work.update.name} trains per device (its update declares no phases)"
         if ctx.budget.micro_batch_size is not None or ctx.budget.meter is not None:
             return "a memory plan or work limits bound the steps of each device"
-        return model_problem(ctx.model)
+        if id(ctx.model) not in problems:
+            problems[id(ctx.model)] = model_problem(ctx.model)
+        return problems[id(ctx.model)]
 
     def _train_group(self, group: list[_Work]) -> dict[int, LocalResult | Exception]:
         """Stacked, even a group of one: a device's result must not depend on its company."""
@@ -142,6 +149,7 @@ class Batched:
                 generator=w.ctx.generator,
                 start={**w.ctx.global_shared, **w.ctx.personal},
                 reference=w.ctx.global_shared,
+                state=w.ctx.state,
             )
             for w in group
         ]
@@ -154,8 +162,8 @@ class Batched:
             raise
         self.stacked_rounds += len(group)
         return {
-            id(work): _result(work.ctx, final, stats)
-            for work, (final, stats) in zip(group, trained, strict=True)
+            id(work): _result(work.ctx, phases, outcome)
+            for work, outcome in zip(group, trained, strict=True)
         }
 
     def _tell(self, reason: str) -> None:
@@ -176,13 +184,15 @@ def _alone(work: _Work) -> LocalResult | Exception:
         return error
 
 
-def _result(ctx: LocalContext, final: Tensors, stats: list[TrainStats]) -> LocalResult:
-    """What `round_result` reports for the trained `final` parameters."""
-    live = {**ctx.global_shared, **ctx.personal, **final}
+def _result(ctx: LocalContext, phases: tuple[BatchPhase, ...], trained: Trained) -> LocalResult:
+    """What `run_phases` reports for the `trained` member."""
+    live = {**ctx.global_shared, **ctx.personal, **trained.final}
+    stats = [s for s, phase in zip(trained.stats, phases, strict=True) if phase.counted]
     combined = stats[0] if len(stats) == 1 else combine_stats(*stats)
     return LocalResult(
         shared_delta=difference(live, ctx.global_shared),
         num_samples=len(ctx.data.train),
         train_loss=combined.mean_loss,
         personal={name: live[name].clone() for name in ctx.split.personal},
+        state={name: value.clone() for name, value in trained.kept.items()},
     )

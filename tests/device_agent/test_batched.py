@@ -44,6 +44,10 @@ FAMILIES: dict[str, dict[str, Any]] = {  # what each family's local update needs
     "fedalt": {"personal": ["output.*"], "local_epochs": 2},  # personal stacked, stateful
     "fedsim": {"personal": ["output.*"], "stateless": True},  # stateless, two step sizes
     "local": {},
+    "ditto": {  # theta from its stored copy in round 2, pulled toward the received w
+        "personal": ["output.*"],
+        "algorithm_options": {"momentum": 0.5, "lam": 0.3, "personal_epochs": 2},
+    },
 }
 
 
@@ -120,14 +124,14 @@ def test_an_update_without_phases_trains_per_device_and_says_why_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Execute
-    per_device, _ = _run("ditto", "off")
+    per_device, _ = _run("pfedme", "off")
     with caplog.at_level(logging.INFO, logger="device_agent.batched.trainer"):
-        batched, trainer = _run("ditto", "on")
+        batched, trainer = _run("pfedme", "on")
     # Assert: nothing stacked, the reason logged once, the run bit-identical
     assert trainer is not None
     assert trainer.stacked_rounds == 0
     reasons = [r.getMessage() for r in caplog.records if "declares no phases" in r.getMessage()]
-    assert reasons == ["batched training: ditto trains per device (its update declares no phases)"]
+    assert reasons == ["batched training: pfedme trains per device (its update declares no phases)"]
     assert _max_difference(per_device.final_shared, batched.final_shared) == 0.0
 
 

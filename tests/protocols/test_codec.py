@@ -33,6 +33,7 @@ from protocols.messages import (
     TensorSpec,
     dump_header,
 )
+from protocols.tensor_blob import read_written
 
 DTYPES = {
     "float32": torch.float32,
@@ -617,3 +618,70 @@ def test_corrupt_blobs_with_a_matching_checksum_raise_only_protocol_errors(
     # Execute / Assert
     with contextlib.suppress(ProtocolError):
         unpack_tensors(lying, damaged)
+
+
+def _reformatted(blob: bytes) -> bytes:
+    """The same tensors under a header safetensors reads alike but our writer never writes."""
+    length = int.from_bytes(blob[:8], "little")
+    header = json.dumps(json.loads(blob[8 : 8 + length]), indent=1).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + blob[8 + length :]
+
+
+def _manifest_of(manifest: TensorManifest, blob: bytes) -> TensorManifest:
+    digest = hashlib.sha256(blob).hexdigest()
+    return manifest.model_copy(update={"byte_length": len(blob), "sha256": digest})
+
+
+def test_written_and_reformatted_blobs_unpack_to_the_same_tensors() -> None:
+    # Prepare: the writer's layout (cut without a parse) and the same tensors parsed
+    tensors = {"a": make_tensor(torch.float32, (3, 4), seed=1), "b": torch.arange(5)}
+    manifest, blob = pack_tensors(tensors)
+    other = _reformatted(blob)
+    layout = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in manifest.tensors}
+
+    # Execute
+    written = unpack_tensors(manifest, blob)
+    parsed = unpack_tensors(_manifest_of(manifest, other), other)
+
+    # Assert
+    assert read_written(blob, layout) is not None
+    assert read_written(other, layout) is None
+    assert written.keys() == parsed.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert torch.equal(written[name], tensor)
+        assert torch.equal(parsed[name], tensor)
+    written["a"].add_(1.0)  # writable, and its neighbour is untouched
+    assert torch.equal(written["b"], tensors["b"])
+
+
+def test_a_non_finite_tensor_is_refused_alike_with_or_without_a_parse() -> None:
+    # Prepare: "b" poisoned in the writer's layout, and the same bytes under another header
+    poisoned = torch.ones(3, 2)
+    poisoned[2, 1] = float("nan")
+    manifest, blob = crafted_manifest({"a": torch.ones(4), "b": poisoned, "c": torch.ones(5)})
+    other = _reformatted(blob)
+    layout = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in manifest.tensors}
+    assert read_written(other, layout) is None
+
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="'b' contains NaN or Inf"):
+        read_written(blob, layout)
+    with pytest.raises(ProtocolError, match="'b' contains NaN or Inf"):
+        unpack_tensors(manifest, blob)
+    with pytest.raises(ProtocolError, match="'b' contains NaN or Inf"):
+        unpack_tensors(_manifest_of(manifest, other), other)
+
+
+def test_a_misaligned_layout_is_parsed_not_cut() -> None:
+    # Prepare: a float32 tensor after 3 bytes of int8 starts off its item size
+    tensors = {"a": torch.ones(3, dtype=torch.int8), "b": make_tensor(torch.float32, (2,), 0)}
+    manifest, blob = pack_tensors(tensors)
+    layout = {spec.name: (spec.dtype, tuple(spec.shape)) for spec in manifest.tensors}
+
+    # Execute
+    unpacked = unpack_tensors(manifest, blob)
+
+    # Assert
+    assert read_written(blob, layout) is None
+    assert torch.equal(unpacked["b"], tensors["b"])
