@@ -14,6 +14,7 @@ equal to the fault-free in-process run. The report goes to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import tempfile
 from pathlib import Path
@@ -66,18 +67,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--pools", type=int, default=0, help="`pfl-agent pool` processes")
+    parser.add_argument("--pool-devices", type=int, default=0, help="devices in each pool")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="keep logs, state and checkpoints here"
+    )
     args = parser.parse_args()
     one_thread()
-    logging.disable(logging.WARNING)
+    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(message)s")
+    logging.getLogger("tests.netlab.soak").setLevel(logging.INFO)  # a line per round
     plan = SoakPlan(
         devices=args.devices,
         rounds=args.rounds,
         links=(LTE, CONGESTED_WIFI, LOOPBACK, NB_IOT_LIKE),
         ceiling_s=1800.0,  # many agent processes start slowly on a small machine
+        pools=args.pools,
+        pool_devices=args.pool_devices,
+        pool_links=(LTE, CONGESTED_WIFI, LOOPBACK),  # see SoakPlan.pool_links
     )
-    with tempfile.TemporaryDirectory() as directory:
-        root = Path(directory)
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        else:
+            root = args.workdir
+            root.mkdir(parents=True, exist_ok=False)
         broker = Mosquitto(mosquitto_binary(), root, free_port())
         broker.start()
         processes = Processes(root)
@@ -88,10 +102,18 @@ def main() -> None:
             broker.stop()
     verdicts = check(report)
     faults = ", ".join(f"{kind} {count}" for kind, count in report.counts().items())
+    links = ", ".join(link.name for link in plan.links)
     rows = [
-        ["devices (agent processes)", str(plan.devices)],
-        ["links", ", ".join(link.name for link in plan.links) + " (device i: i mod 4)"],
+        ["devices", _fleet(plan)],
+        [
+            "links",
+            f"{links} (single agent i: i mod 4); pools: "
+            + ", ".join(plan.link(plan.singles + j).name for j in range(plan.pools))
+            if plan.pools
+            else f"{links} (device i: i mod 4)",
+        ],
         ["duration (s)", f"{report.wall_seconds:.0f}"],
+        ["load average (1 min, as rounds closed)", _load(report.load)],
         ["faults injected", faults],
         *[[name, value] for name, value in verdicts.items()],
         ["bytes through the links (up / down)", f"{report.bytes_up:,} / {report.bytes_down:,}"],
@@ -113,9 +135,28 @@ def main() -> None:
             *markdown_table(["", "result"], rows),
             "",
             f"Command: `python -m benchmarks.soak --devices {plan.devices} "
-            f"--rounds {plan.rounds}`.",
+            f"--rounds {plan.rounds}{_pool_flags(plan)}`.",
         ],
     )
+
+
+def _fleet(plan: SoakPlan) -> str:
+    if not plan.pools:
+        return f"{plan.devices} (agent processes)"
+    return (
+        f"{plan.devices}: {plan.singles} agent processes + {plan.pools} `pfl-agent pool` "
+        f"processes of {plan.pool_devices}"
+    )
+
+
+def _pool_flags(plan: SoakPlan) -> str:
+    return f" --pools {plan.pools} --pool-devices {plan.pool_devices}" if plan.pools else ""
+
+
+def _load(samples: list[float]) -> str:
+    if not samples:
+        return "none sampled"
+    return f"{min(samples):.1f} to {max(samples):.1f}, mean {sum(samples) / len(samples):.1f}"
 
 
 if __name__ == "__main__":
