@@ -22,12 +22,18 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import markdown_table, one_thread, publish_section
-from coordinator.run.settings import SimulationSettings
-from coordinator.run.simulate import run_simulation
+from coordinator.run.simulate import SimulationResult
 from tests.conftest import Mosquitto, free_port, mosquitto_binary
 from tests.e2e.conftest import Processes
 from tests.netlab.profiles import CONGESTED_WIFI, LOOPBACK, LTE, NB_IOT_LIKE
-from tests.netlab.soak import Soak, SoakPlan, SoakReport
+from tests.netlab.soak import (
+    Soak,
+    SoakPlan,
+    SoakReport,
+    evaluations,
+    fault_free,
+    personal_fingerprints,
+)
 
 MARKER = "<!-- soak -->"
 
@@ -40,15 +46,13 @@ def check(report: SoakReport) -> dict[str, str]:
     first = report.killed_coordinator_at + 1
     ids = [r.round_id for r in result.records]
     short = [r.round_id for r in result.records if r.participants != plan.devices]
-    fault_free = run_simulation(
-        SimulationSettings.load(
-            None, **plan.run_options(), devices=plan.devices, rounds=plan.rounds, batched="off"
-        )
-    )
+    reference = fault_free(plan)
     equal = all(
         torch.equal(result.final_shared[name], tensor)
-        for name, tensor in fault_free.final_shared.items()
+        for name, tensor in reference.final_shared.items()
     )
+    own = evaluations(result.reports)
+    same = sum(own.get(d) == e for d, e in evaluations(reference.reports).items())
     return {
         "rounds": f"{report.killed_coordinator_at} before the kill + {len(ids)} resumed "
         f"({'all' if ids == list(range(first, plan.rounds + 1)) else 'NOT all'} of "
@@ -57,9 +61,21 @@ def check(report: SoakReport) -> dict[str, str]:
         "rounds short of a device": ", ".join(map(str, short)) or "none",
         "model equal to the fault-free run": "yes (bit for bit)" if equal else "NO",
         "personalized metrics equal": "yes"
-        if result.summary.metrics == fault_free.summary.metrics
+        if result.summary.metrics == reference.summary.metrics
         else "NO",
+        "each device's last evaluation equal": f"{same} of {plan.devices}",
+        "personal state of the agent processes (sha256)": _states(report, reference),
     }
+
+
+def _states(report: SoakReport, reference: SimulationResult) -> str:
+    if report.state_root is None:
+        return "not kept"
+    prints = personal_fingerprints(report.state_root, reference.agents)
+    differ = [device for device, (held, expected) in prints.items() if held != expected]
+    return f"{len(prints) - len(differ)} of {len(prints)} equal" + (
+        f" (differ: {', '.join(differ)})" if differ else ""
+    )
 
 
 def main() -> None:
@@ -72,6 +88,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep logs, state and checkpoints here"
+    )
+    parser.add_argument(
+        "--states-of",
+        type=Path,
+        default=None,
+        help="only compare the personal states a finished run with these flags left in its "
+        "--workdir with the fault-free run's",
     )
     args = parser.parse_args()
     one_thread()
@@ -86,6 +109,12 @@ def main() -> None:
         pool_devices=args.pool_devices,
         pool_links=(LTE, CONGESTED_WIFI, LOOPBACK),  # see SoakPlan.pool_links
     )
+    if args.states_of is not None:
+        report = SoakReport(plan, state_root=args.states_of / "state")
+        print(
+            f"personal state of the agent processes (sha256): {_states(report, fault_free(plan))}"
+        )
+        return
     with contextlib.ExitStack() as stack:
         if args.workdir is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -100,7 +129,7 @@ def main() -> None:
         finally:
             processes.stop_all()
             broker.stop()
-    verdicts = check(report)
+        verdicts = check(report)  # while the agents' state directories are there
     faults = ", ".join(f"{kind} {count}" for kind, count in report.counts().items())
     links = ", ".join(link.name for link in plan.links)
     rows = [

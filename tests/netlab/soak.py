@@ -29,7 +29,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -37,11 +37,14 @@ from typing import Any, Final, Literal
 from coordinator.engine.rounds import RoundRecord
 from coordinator.run.pipeline import RunResult
 from coordinator.run.serve import run_serve
-from coordinator.run.settings import ServeSettings
+from coordinator.run.settings import ServeSettings, SimulationSettings
+from coordinator.run.simulate import SimulationResult, run_simulation
+from device_agent.agent import DeviceAgent
+from device_agent.state_store import RECORD_FILE, DiskStateStore
 from device_agent.virtual_fleet import device_name
 from protocols import topics
-from protocols.codec import decode_frame
-from protocols.messages import DeviceStatus
+from protocols.codec import Tensors, decode_frame, pack_tensors
+from protocols.messages import DeviceStatus, EvaluationReport
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
 from tests.conftest import Mosquitto
@@ -121,6 +124,8 @@ class SoakReport:
     bytes_down: int = 0
     load: list[float] = field(default_factory=list)
     """The 1-minute load average as each round closed."""
+    state_root: Path | None = None
+    """Where the single agents kept their personal state (a directory each)."""
 
     def counts(self) -> dict[str, int]:
         """How many faults of each kind were injected (the coordinator kill included)."""
@@ -205,6 +210,7 @@ class Soak:
                 self.report.bytes_down += proxy.bytes_down
                 proxy.stop()
         self.report.wall_seconds = time.monotonic() - started
+        self.report.state_root = self.processes.directory / "state"
         return self.report
 
     @property
@@ -324,6 +330,48 @@ class Soak:
         for proxy, before in zip(self._proxies, accepted, strict=True):
             wait_for(_accepted_more(proxy, before), "every device reconnected", self.ceiling)
         return ""
+
+
+def fault_free(plan: SoakPlan) -> SimulationResult:
+    """The in-process simulation of the soak's fleet, with its agents kept for inspection."""
+    return run_simulation(
+        SimulationSettings.load(
+            None,
+            **plan.run_options(),
+            devices=plan.devices,
+            rounds=plan.rounds,
+            batched="off",
+            workers=1,
+        )
+    )
+
+
+def evaluations(reports: Sequence[EvaluationReport]) -> dict[str, tuple[float, float | None]]:
+    """Each device's own last evaluation: its personalized and the global model's metric."""
+    return {r.device_id: (r.personalized, r.global_model) for r in reports}
+
+
+def personal_fingerprints(
+    state_root: Path, reference: Sequence[DeviceAgent]
+) -> dict[str, tuple[str, str]]:
+    """Per agent process: the sha256 of its personal state on disk and of the reference's.
+
+    `state_root` holds a state directory per single agent (`Processes.agent`); `reference` are
+    the fault-free simulation's agents (run in-process). The devices in pools are not here:
+    their state lives in the pool's memory and ends with it.
+    """
+    held = {agent.device_id: agent.store for agent in reference}
+    prints = {}
+    for directory in sorted(state_root.iterdir()):
+        split = json.loads((directory / RECORD_FILE).read_text())["fingerprint"]
+        on_disk = DiskStateStore(directory).load(split) or {}
+        expected = held[directory.name].load(split) or {}
+        prints[directory.name] = (_digest(on_disk), _digest(expected))
+    return prints
+
+
+def _digest(tensors: Tensors) -> str:
+    return pack_tensors(tensors)[0].sha256
 
 
 def _checkpointed(checkpoint: Path) -> int:
