@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 import pytest
+from typer.testing import CliRunner
 
+from coordinator.cli.app import app
 from coordinator.engine.rounds import EngineSettings
 from coordinator.ops.status import FleetView
 from coordinator.run.settings import SimulationSettings
-from protocols.messages import RoundAnnouncement
+from protocols import topics
+from protocols.codec import encode_frame
+from protocols.messages import CoordinatorStatus, FleetDevice, FleetStatus, RoundAnnouncement
 from protocols.transport.base import Transport
 from protocols.transport.inprocess import InProcessBroker
+from protocols.transport.mqtt import MqttTransport
+from protocols.transport.settings import BrokerSettings
+from tests.conftest import Mosquitto
 from tests.hub_fleet import TASK, hub_agents, hub_engine, hub_impostor
 
 DEADLINE_S = 1.0
@@ -72,3 +81,38 @@ def test_a_round_everyone_answered_has_no_straggler() -> None:
     assert status is not None
     assert all(d.missed_deadlines == 0 and d.missed_round is None for d in status.devices)
     assert FleetView("default", fleet=status).stragglers() == []
+
+
+@pytest.mark.mosquitto
+def test_pfl_coord_status_names_the_last_rounds_stragglers(mosquitto: Mosquitto) -> None:
+    # Arrange: round 2's fleet status: one straggler of round 2, one of round 1 only
+    devices = (
+        FleetDevice(device_id="dev-0000", online=True, last_seen=time.time()),
+        FleetDevice(
+            device_id="dev-0001", online=True, last_seen=time.time(), missed_deadlines=2,
+            missed_round=2,
+        ),
+        FleetDevice(
+            device_id="dev-0002", online=True, last_seen=time.time(), missed_deadlines=1,
+            missed_round=1,
+        ),
+    )  # fmt: skip
+    running = CoordinatorStatus(state="running", fleet="default", round_id=2, rounds=5)
+    with MqttTransport(BrokerSettings(url=mosquitto.url), "straggler-publisher") as publisher:
+        publisher.publish(topics.coordinator_status("default"), encode_frame(running), retain=True)
+        status = FleetStatus(fleet="default", round_id=2, devices=devices)
+        publisher.publish(topics.fleet_status("default"), encode_frame(status), retain=True)
+        assert publisher.flush(5)
+    runner = CliRunner()
+
+    # Act
+    table = runner.invoke(app, ["status", "--broker", mosquitto.url, "--listen", "1"])
+    as_json = runner.invoke(app, ["status", "--broker", mosquitto.url, "--listen", "1", "--json"])
+
+    # Assert
+    assert table.exit_code == 0, table.output
+    assert "round 2: 1 straggler(s) missed the deadline while connected: dev-0001" in table.output
+    assert as_json.exit_code == 0, as_json.output
+    view = json.loads(as_json.output)
+    assert view["stragglers"] == ["dev-0001"]
+    assert [row["missed_deadlines"] for row in view["devices"]] == [0, 2, 1]
