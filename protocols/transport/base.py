@@ -118,7 +118,10 @@ def publish_expiring(
 
 
 class TransportWrapper:
-    """A transport that forwards every call to `inner`: subclasses change what they need."""
+    """A transport that forwards every call to `inner`: subclasses change what they need.
+
+    A subclass that changes `publish` changes `publish_expiring` alike (it forwards to `inner`).
+    """
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner

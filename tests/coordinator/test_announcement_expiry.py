@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from coordinator.dashboard.feeds import ViewTap
 from coordinator.engine.round_types import ANNOUNCEMENT_LIFETIME
 from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from pfl_tasks.registry import load_task
 from protocols import topics
-from protocols.transport.base import Transport, TransportWrapper
+from protocols.transport.base import Transport, TransportWrapper, publish_expiring
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import TASK, hub_agents
 
@@ -57,3 +58,17 @@ def test_round_and_evaluation_calls_expire_and_the_final_one_stays() -> None:
     lifetime = int(ANNOUNCEMENT_LIFETIME * DEADLINE_S)
     announcements = topics.round_announcement("default")
     assert logged[0].expiring == [(announcements, lifetime), (announcements, lifetime)]
+
+
+def test_the_dashboards_tap_files_an_expiring_message_as_a_plain_one() -> None:
+    # Arrange: the engine's transport tapped for a board
+    broker = InProcessBroker()
+    filed: list[str] = []
+    status = topics.coordinator_status("default")
+    with ViewTap(
+        broker.connect("pfl-coord-default"), "default", lambda t, _: filed.append(t)
+    ) as tap:
+        # Act
+        publish_expiring(tap, status, b"a view topic", retain=True, expiry_s=5)
+    # Assert: the board got it, as it gets what `publish` sends
+    assert filed == [status]
