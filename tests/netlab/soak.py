@@ -80,8 +80,8 @@ class SoakPlan:
     pool_devices: int = 0
     pool_links: tuple[Link, ...] = ()
     """Pool j's link is pool_links[j % len(pool_links)] (empty: `links`). A pool connects its
-    devices one after another, each a few round trips: over a link of a second's latency
-    that is minutes for a pool of dozens."""
+    devices one after another, each a few round trips: over the NB-IoT-like link about 18 s a
+    device, a quarter of an hour for a pool of 48."""
 
     def __post_init__(self) -> None:
         if self.singles < 1:
