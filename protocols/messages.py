@@ -224,6 +224,10 @@ class FleetDevice(WireModel):
     """Payload bytes sent for this device: the models it downloads, a share of each broadcast."""
     round_seconds: Annotated[float, Field(ge=0, le=MAX_MAGNITUDE)] | None = None
     """From the last training announcement to its update (None: no update yet): stragglers."""
+    missed_deadlines: NonNegativeInt = 0
+    """Rounds it was selected for and let the deadline pass while connected, without an answer."""
+    missed_round: NonNegativeInt | None = None
+    """The last such round: in the fleet status of that round, the device is a straggler."""
 
 
 class FleetStatus(Message):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
 from types import UnionType
-from typing import Any, Final, TypeVar, Union, get_args, get_origin
+from typing import Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -171,10 +171,18 @@ class BrokerAccess(BaseModel):
         False, description="skip the broker host name check", json_schema_extra=panel(BROKER_PANEL)
     )
 
+    mqtt_version: Literal["3.1.1", "5"] = Field(
+        "3.1.1",
+        description="MQTT version: 5 lets the broker drop a closed round's call for work "
+        "(message expiry); the embedded broker speaks 3.1.1 only",
+        json_schema_extra=panel(BROKER_PANEL),
+    )
+
     def broker_settings(self, url: str) -> BrokerSettings:
         """Connection settings for `url` with these credentials."""
         return BrokerSettings(
             url=url,
+            protocol=self.mqtt_version,
             username=self.username,
             password=self.password,
             ca_file=self.ca_file,

@@ -97,6 +97,13 @@ def status(
         Console().print(_run_state_line(coordinator), markup=False)
     if view.rows_left_out():
         Console().print(f"{view.rows_left_out()} more device(s) not shown")
+    if stragglers := view.stragglers():
+        Console().print(
+            f"round {view.fleet.round_id if view.fleet else '?'}: {len(stragglers)} straggler(s) "
+            f"missed the deadline while connected: {', '.join(stragglers[:20])}"
+            + (f" and {len(stragglers) - 20} more" if len(stragglers) > 20 else ""),
+            markup=False,
+        )
     if view.refused:
         Console().print(
             f"[red]ignored {view.refused} message(s) their topic may not carry[/red] "

@@ -86,6 +86,13 @@ class ViewTap(TransportWrapper):
         self.inner.publish(topic, payload, retain=retain)
         self._file(topic, payload)
 
+    def publish_expiring(
+        self, topic: str, payload: bytes, *, retain: bool = False, expiry_s: int
+    ) -> None:
+        """Publish with a message expiry, then file it for the board."""
+        super().publish_expiring(topic, payload, retain=retain, expiry_s=expiry_s)
+        self._file(topic, payload)
+
     def subscribe(self, pattern: str, handler: MessageHandler) -> None:
         """Subscribe: the engine's handler runs first, then the message is filed for the board."""
 

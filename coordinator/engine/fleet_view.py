@@ -49,6 +49,8 @@ def fleet_status(
             bytes_up=usage.get(r.device_id, none).bytes_up,
             bytes_down=usage.get(r.device_id, none).bytes_down,
             round_seconds=usage.get(r.device_id, none).round_seconds,
+            missed_deadlines=usage.get(r.device_id, none).missed_deadlines,
+            missed_round=usage.get(r.device_id, none).missed_round,
         )
         for r in registry.records()
     )

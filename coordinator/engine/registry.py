@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from coordinator.strategies.base import DeviceInfo, FleetSnapshot
@@ -37,6 +37,9 @@ class DeviceUsage:
     bytes_down: int = 0
     round_seconds: float | None = None
     """From the last training announcement to this device's update for it."""
+    missed_deadlines: int = 0
+    """Rounds it was selected for and let the deadline pass while connected."""
+    missed_round: int | None = None
 
 
 class FleetRegistry:
@@ -138,6 +141,14 @@ class FleetRegistry:
         """Training round `round_id` was announced now: answers to it time from here."""
         with self._lock:
             self._asked = (round_id, time.time())
+
+    def missed_deadline(self, round_id: int, device_ids: Iterable[str]) -> None:
+        """`device_ids` were selected for `round_id`, stayed connected, and did not answer."""
+        with self._lock:
+            for device_id in device_ids:
+                usage = self._usage.setdefault(device_id, DeviceUsage())
+                usage.missed_deadlines += 1
+                usage.missed_round = round_id
 
     def count_up(self, device_id: str, size: int) -> None:
         """`size` payload bytes arrived from `device_id` (counted only for a known device)."""

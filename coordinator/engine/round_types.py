@@ -72,6 +72,17 @@ class RoundRecord:
         return {**self.as_json(), "finished_at": time.time()}
 
 
+ANNOUNCEMENT_LIFETIME = 2.0
+"""Of the deadline: how long a round's retained call for work is kept (MQTT 5 message expiry).
+A round's wait lasts at most its deadline plus a grace of a twentieth of it, so by then the round
+has closed, and a device that wakes later has nothing to gain from the call or its queued copy."""
+
+
+def announcement_expiry(round_timeout_s: float) -> int:
+    """Seconds after which the broker may drop a synchronous round's announcement."""
+    return math.ceil(ANNOUNCEMENT_LIFETIME * round_timeout_s)
+
+
 def coordinator_will(fleet: str) -> Will:
     """The retained "offline" status the broker publishes if the coordinator vanishes."""
     return Will(

@@ -24,7 +24,12 @@ from coordinator.engine.metrics import summarize_evaluations
 from coordinator.engine.once import OnceEach
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
-from coordinator.engine.round_types import EngineSettings, RoundRecord, coordinator_will
+from coordinator.engine.round_types import (
+    EngineSettings,
+    RoundRecord,
+    announcement_expiry,
+    coordinator_will,
+)
 from coordinator.engine.run_state import RunState
 from coordinator.engine.silence import SilentDevices
 from coordinator.stages.aggregate_guard import guarded_aggregate
@@ -53,7 +58,7 @@ from protocols.messages import (
     TensorSpec,
 )
 from protocols.offences import Offences
-from protocols.transport.base import Transport
+from protocols.transport.base import Transport, publish_expiring
 
 logger = logging.getLogger(__name__)
 __all__ = ["Coordinator", "EngineSettings", "RoundRecord", "Schedule", "coordinator_will"]
@@ -118,6 +123,7 @@ class Coordinator:
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
         self.run_state = RunState(self._send_status)
         self._announcement: bytes | None = None
+        self._announcement_expiry: int | None = None
         self._specs = describe_tensors(self.shared)
         self._build_model = build_model
         self.relay: RelayHook = relay_for(strategy, self.model, build_model, settings.seed)
@@ -192,7 +198,12 @@ class Coordinator:
         self.run_state.republish()
         self.publish_model()
         if self._announcement is not None:
-            self._broadcast(topics.round_announcement(fleet), self._announcement, retain=True)
+            self._broadcast(
+                topics.round_announcement(fleet),
+                self._announcement,
+                retain=True,
+                expiry_s=self._announcement_expiry,
+            )
         self._broadcast(topics.command(fleet), encode_frame(Command(action="hello")))
 
     def publish_status(self, state: str) -> None:
@@ -443,14 +454,22 @@ class Coordinator:
             asynchronous=asynchronous,
         )
         self._announcement = encode_frame(announcement)
+        self._announcement_expiry = (
+            None if final or asynchronous else announcement_expiry(self.settings.round_timeout_s)
+        )
         self._broadcast(
-            topics.round_announcement(self.settings.fleet), self._announcement, retain=True
+            topics.round_announcement(self.settings.fleet),
+            self._announcement,
+            retain=True,
+            expiry_s=self._announcement_expiry,
         )
         asked = selected or self.registry.online_ids()
         self.traffic.bytes_down += self.registry.count_down(self.models.downloads(asked))
         if phase == "train":
             self.registry.asked(round_id)
 
-    def _broadcast(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        self.transport.publish(topic, payload, retain=retain)
+    def _broadcast(
+        self, topic: str, payload: bytes, *, retain: bool = False, expiry_s: int | None = None
+    ) -> None:
+        publish_expiring(self.transport, topic, payload, retain=retain, expiry_s=expiry_s)
         self.traffic.bytes_down += self.registry.count_broadcast(len(payload))

@@ -124,6 +124,7 @@ class FleetView:
                     "bytes_up": known.bytes_up if known else None,
                     "bytes_down": known.bytes_down if known else None,
                     "round_seconds": known.round_seconds if known else None,
+                    "missed_deadlines": known.missed_deadlines if known else 0,
                     "memory_plan": known.memory_plan.model_dump(mode="json")
                     if known and known.memory_plan
                     else None,
@@ -131,6 +132,13 @@ class FleetView:
                 }
             )
         return rows
+
+    def stragglers(self) -> list[str]:
+        """The devices that let the last round's deadline pass while connected (all, by id)."""
+        if self.fleet is None:
+            return []
+        last = self.fleet.round_id
+        return [d.device_id for d in self.fleet.devices if d.missed_round == last]
 
     def apply(self, message: Message) -> bool:
         """Take in a status message already checked; whether it was kept.
@@ -161,6 +169,7 @@ class FleetView:
             "devices": self.rows(),
             "devices_left_out": self.rows_left_out(),
             "aggregators": self.aggregators.rows(),
+            "stragglers": self.stragglers(),
             "refused": self.refused,
         }
 

@@ -90,7 +90,8 @@ def run_serve(
     end of the run until `linger` returns: e.g. until the operator presses Ctrl-C).
 
     Raises:
-        ValueError: an unknown task, algorithm or option, or a checkpoint of another run.
+        ValueError: an unknown task, algorithm or option, a checkpoint of another run, or MQTT 5
+            asked of the embedded broker.
         RoundError: too few devices joined, or a round missed its quorum on every retry.
         StateError: a checkpoint could not be read or written.
     """
@@ -101,6 +102,9 @@ def run_serve(
     stages = plan_stages(settings, task, workspace)
     embedded: EmbeddedRun | None = None
     if settings.broker is None:
+        if settings.mqtt_version != "3.1.1":
+            msg = "the embedded broker speaks MQTT 3.1.1 only: give --broker for MQTT 5"
+            raise ValueError(msg)
         accounts_dir = (settings.out or settings.checkpoint_dir) / "broker"
         embedded = start_embedded(settings.host, settings.port, settings.fleet, accounts_dir)
         base = settings.broker_settings(embedded.broker.url)

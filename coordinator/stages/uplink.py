@@ -23,6 +23,8 @@ from protocols.errors import RoundError
 from protocols.messages import DevicePrivacy, DeviceUpdate, SecureRound, TensorSpec
 
 logger = logging.getLogger(__name__)
+LISTED = 20
+"""Device ids a log line names; the rest are counted."""
 
 
 class UplinkHost(Protocol):
@@ -126,6 +128,30 @@ class UplinkPath(Collection, Protocol):
         ...
 
 
+def listed(device_ids: list[str]) -> str:
+    """The first LISTED ids, then how many more."""
+    more = len(device_ids) - LISTED
+    return ", ".join(device_ids[:LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def report_stragglers(host: UplinkHost, round_id: int, collector: Collector[Any]) -> None:
+    """Record the selected devices still connected when the wait ended that had not answered.
+
+    They let the deadline pass (or, silent since an earlier round, its grace): a wait that
+    settled leaves nobody online outstanding.
+    """
+    stragglers = sorted(collector.outstanding(host.registry.online_ids()))
+    if stragglers:
+        host.registry.missed_deadline(round_id, stragglers)
+        logger.warning(
+            "round %d: %d straggler(s) missed the %.0f s deadline: %s",
+            round_id,
+            len(stragglers),
+            host.settings.round_timeout_s,
+            listed(stragglers),
+        )
+
+
 class PlainUplink:
     """Each selected device sends its own update; the round waits for them until its deadline."""
 
@@ -147,6 +173,7 @@ class PlainUplink:
         host.announce(round_id, "train", plan, privacy=request.privacy)
         settled = host.wait_for_answers(collector)
         host.open_inbox(None)
+        report_stragglers(host, round_id, collector)
         updates = collector.sorted_answers()
         if len(updates) < request.needed:
             why = "the others declined or went offline" if settled else "by the deadline"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 MessageHandler = Callable[[str, bytes], None]
 ReconnectHook = Callable[[], None]
@@ -86,8 +86,42 @@ class Transport(Protocol):
         ...
 
 
+@runtime_checkable
+class ExpiringPublisher(Protocol):
+    """A transport whose broker can drop a message once it is useless (MQTT 5 message expiry)."""
+
+    def publish_expiring(
+        self, topic: str, payload: bytes, *, retain: bool = False, expiry_s: int
+    ) -> None:
+        """`publish`, but the broker forgets the message after `expiry_s` seconds."""
+        ...
+
+
+def publish_expiring(
+    transport: Transport,
+    topic: str,
+    payload: bytes,
+    *,
+    retain: bool = False,
+    expiry_s: int | None,
+) -> None:
+    """Publish a message useless after `expiry_s` seconds (e.g. the call for a round that closed).
+
+    Where the transport supports it, the broker drops the message then, from the queue it keeps
+    for a device that is away and as the retained message; elsewhere, or with `expiry_s` None,
+    it is a plain `publish`.
+    """
+    if expiry_s is not None and isinstance(transport, ExpiringPublisher):
+        transport.publish_expiring(topic, payload, retain=retain, expiry_s=expiry_s)
+    else:
+        transport.publish(topic, payload, retain=retain)
+
+
 class TransportWrapper:
-    """A transport that forwards every call to `inner`: subclasses change what they need."""
+    """A transport that forwards every call to `inner`: subclasses change what they need.
+
+    A subclass that changes `publish` changes `publish_expiring` alike (it forwards to `inner`).
+    """
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
@@ -106,6 +140,12 @@ class TransportWrapper:
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish through the inner transport."""
         self.inner.publish(topic, payload, retain=retain)
+
+    def publish_expiring(
+        self, topic: str, payload: bytes, *, retain: bool = False, expiry_s: int
+    ) -> None:
+        """Publish an expiring message through the inner transport (plainly, if it cannot)."""
+        publish_expiring(self.inner, topic, payload, retain=retain, expiry_s=expiry_s)
 
     def subscribe(self, pattern: str, handler: MessageHandler) -> None:
         """Subscribe through the inner transport."""

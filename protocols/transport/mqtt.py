@@ -115,6 +115,26 @@ class MqttTransport:
         self._dispatcher.thread.start()
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Send `payload` at QoS 1, in chunks when larger than chunk_size_bytes (`_publish`)."""
+        self._publish(topic, payload, retain, None)
+
+    def publish_expiring(
+        self, topic: str, payload: bytes, *, retain: bool = False, expiry_s: int
+    ) -> None:
+        """`publish` with an MQTT 5 message expiry on every chunk (3.1.1 has none: plain).
+
+        The broker then drops the message after `expiry_s` seconds: from the queue it keeps for
+        a client that is away or slow, and as the retained message of `topic`.
+        """
+        expiry = None
+        if self._v5:
+            expiry = Properties(PacketTypes.PUBLISH)
+            expiry.MessageExpiryInterval = max(1, expiry_s)
+        self._publish(topic, payload, retain, expiry)
+
+    def _publish(
+        self, topic: str, payload: bytes, retain: bool, properties: Properties | None
+    ) -> None:
         """Send `payload` at QoS 1, in chunks when larger than chunk_size_bytes.
 
         Returns once paho has queued every message; while disconnected they wait in the client
@@ -146,7 +166,7 @@ class MqttTransport:
                 )
                 raise ProtocolError(msg, topic=topic)
             for message_topic, data in messages:
-                self._send(message_topic, data, retain)
+                self._send(message_topic, data, retain, properties)
             if retain:
                 self._retained_chunks[topic] = chunking.chunk_count(size, chunk_size)
             self.stats.bytes_sent += size
@@ -245,9 +265,11 @@ class MqttTransport:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _send(self, topic: str, data: bytes, retain: bool) -> None:
+    def _send(
+        self, topic: str, data: bytes, retain: bool, properties: Properties | None = None
+    ) -> None:
         try:
-            info = self._client.publish(topic, data, qos=_QOS, retain=retain)
+            info = self._client.publish(topic, data, qos=_QOS, retain=retain, properties=properties)
         except ValueError as error:
             msg = f"cannot publish: {error}"
             raise ProtocolError(msg, topic=topic) from error

@@ -5,12 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.run.settings import SimulationSettings
-from coordinator.run.simulate import run_simulation
 from tests.conftest import Mosquitto
 from tests.e2e.conftest import Processes
 from tests.netlab.profiles import CONGESTED_WIFI, LOOPBACK, LTE
-from tests.netlab.soak import FAULTS, Soak, SoakPlan
+from tests.netlab.soak import (
+    FAULTS,
+    Soak,
+    SoakPlan,
+    evaluations,
+    fault_free,
+    personal_fingerprints,
+)
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,12 +37,13 @@ def test_a_short_soak_loses_and_doubles_nothing(
     run = result.records
     assert [r.round_id for r in run] == list(range(report.killed_coordinator_at + 1, 7))
     assert all(r.participants == PLAN.devices for r in run), [r.participants for r in run]
-    # the model and every device's personalized metrics are those of the fault-free run
-    fault_free = run_simulation(
-        SimulationSettings.load(
-            None, **PLAN.run_options(), devices=PLAN.devices, rounds=PLAN.rounds, batched="off"
-        )
-    )
-    for name, tensor in fault_free.final_shared.items():
+    # the model, every device's evaluation and personal state are those of the fault-free run
+    reference = fault_free(PLAN)
+    for name, tensor in reference.final_shared.items():
         assert torch.equal(result.final_shared[name], tensor), name
-    assert result.summary.metrics == fault_free.summary.metrics
+    assert result.summary.metrics == reference.summary.metrics
+    assert evaluations(result.reports) == evaluations(reference.reports)
+    assert report.state_root is not None
+    prints = personal_fingerprints(report.state_root, reference.agents)
+    assert len(prints) == PLAN.devices
+    assert all(held == expected for held, expected in prints.values()), prints
