@@ -15,12 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from coordinator.engine.announcement import round_announcement
 from coordinator.engine.device_messages import DeviceIntake, IntakeParts, Traffic
 from coordinator.engine.downlink import ModelPublisher
+from coordinator.engine.evaluation_round import evaluate_fleet
 from coordinator.engine.flapping import FlapWatch
 from coordinator.engine.fleet_view import fleet_status
 from coordinator.engine.intake import Collector
-from coordinator.engine.metrics import summarize_evaluations
 from coordinator.engine.once import OnceEach
 from coordinator.engine.quarantine import Quarantine
 from coordinator.engine.registry import FleetRegistry
@@ -49,11 +50,9 @@ from protocols.errors import RoundError
 from protocols.messages import (
     Command,
     CoordinatorStatus,
-    DeviceAssignment,
     DevicePrivacy,
     EvaluationReport,
     FleetStatus,
-    RoundAnnouncement,
     SecureRound,
     TensorSpec,
 )
@@ -360,7 +359,7 @@ class Coordinator:
         """Collect training updates into `inbox` until closed with None."""
         self.intake.train = inbox
         if inbox is not None:
-            self._pass_over_quarantined(inbox)
+            self.pass_over_quarantined(inbox)
 
     def wait_for_answers(self, collector: Collector[Any]) -> bool:
         """Wait until `collector` settles or the round's deadline: whether it settled."""
@@ -384,31 +383,10 @@ class Coordinator:
     def evaluate(
         self, *, final: bool = False
     ) -> tuple[list[EvaluationReport], dict[str, float | None]]:
-        """Ask every online device to evaluate its personalized and the global model.
+        """Ask every online device to evaluate its personalized and the global model."""
+        return evaluate_fleet(self, final=final)
 
-        A device quarantined this round is not waited for: everything it sends is ignored
-        until the next round starts, its report too.
-        """
-        devices = {info.device_id for info in self.registry.snapshot().devices if info.online}
-        collector: Collector[EvaluationReport] = Collector(self.round_id, "evaluate", devices)
-        self.intake.evaluation = collector
-        self._pass_over_quarantined(collector)
-        self.announce(self.round_id, "evaluate", None, final=final)
-        self.transport.wait_until(
-            lambda: collector.settled(self.registry.online_ids()), self.settings.round_timeout_s
-        )
-        self.intake.evaluation = None
-        reports = collector.sorted_answers()
-        if len(reports) < len(devices):
-            logger.warning(
-                "evaluation of round %d: %d of %d devices answered",
-                self.round_id,
-                len(reports),
-                len(devices),
-            )
-        return reports, summarize_evaluations(reports)
-
-    def _pass_over_quarantined(self, collector: Collector[Any]) -> None:
+    def pass_over_quarantined(self, collector: Collector[Any]) -> None:
         """Stop `collector` waiting for the devices quarantined now.
 
         Called once the engine holds `collector`: the message intake declines in it any device
@@ -429,26 +407,18 @@ class Coordinator:
         asynchronous: bool = False,
     ) -> None:
         """Publish (retained) a call for work: `plan`'s devices, or every device without one."""
-        selected = () if plan is None else tuple(sorted(plan.devices))
-        assignments = {  # scalars only for the devices that have any: every device reads this
-            d: DeviceAssignment(scalars=dict(plan.scalars[d]))
-            for d in selected
-            if plan is not None and plan.scalars.get(d)
-        }
-        announcement = RoundAnnouncement(
+        announcement = round_announcement(
             run_id=self.run_id,
             round_id=round_id,
-            phase=phase,  # type: ignore[arg-type]
-            algorithm=self.strategy.name,
-            config=self.strategy.config.model_dump(mode="json"),
+            phase=phase,
+            plan=plan,
+            strategy=self.strategy,
+            settings=self.settings,
+            relay=self.relay,
+            registry=self.registry,
             model_sha256=self.models.sha,
-            deadline_s=self.settings.round_timeout_s,
-            selected=selected,
-            assignments=assignments,
-            final=final,
-            peers=self.relay.peers(self.registry.snapshot()),
-            uplink=self.settings.uplink,
             delta_base_sha256=self.models.delta_base,
+            final=final,
             privacy=privacy,
             secure=secure,
             asynchronous=asynchronous,
@@ -463,7 +433,7 @@ class Coordinator:
             retain=True,
             expiry_s=self._announcement_expiry,
         )
-        asked = selected or self.registry.online_ids()
+        asked = announcement.selected or self.registry.online_ids()
         self.traffic.bytes_down += self.registry.count_down(self.models.downloads(asked))
         if phase == "train":
             self.registry.asked(round_id)
