@@ -7,8 +7,8 @@ defaults, and compares each with the cached cell of the same (workload, algorith
 personalized mean, global model and worst 10%, exact or not. The table goes between the
 `<!-- matrix-recheck -->` markers of docs/results.md.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.matrix_recheck --tasks digits,synthetic
-        --settings many --seeds 1 --scratch /tmp/matrix-recheck [--algorithms fedavg,ditto]
+    OMP_NUM_THREADS=1 python -m benchmarks.matrix_recheck --workloads digits-many,synthetic-many
+        --seeds 1 --scratch /tmp/matrix-recheck [--algorithms fedavg,ditto]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any, Final
 from benchmarks.common import choose, publish_section
 from benchmarks.results_matrix import (
     REPO,
-    SETTINGS,
     WORKLOADS,
     Workload,
     cell_path,
@@ -106,8 +105,7 @@ def section_lines(rows: Sequence[Sequence[str]], command: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     """Re-run the selected cells into the scratch cache, then publish the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", help="comma-separated (default: every built-in task)")
-    parser.add_argument("--settings", help="few, many or both (default: both)")
+    parser.add_argument("--workloads", help="comma-separated <task>-<setting> (default: all)")
     parser.add_argument("--algorithms", help="comma-separated (default: every algorithm)")
     parser.add_argument("--seeds", default="1", help="a count N (0..N-1) or a list like 0,1,2")
     parser.add_argument("--scratch", type=Path, required=True, help="cache of the fresh runs")
@@ -119,9 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("coordinator", "device_agent", "protocols"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    tasks = choose(args.tasks, sorted({w.task for w in WORKLOADS}), "task")
-    settings = choose(args.settings, SETTINGS, "setting")
-    workloads = [w for w in WORKLOADS if w.task in tasks and w.setting in settings]
+    by_key = {w.key: w for w in WORKLOADS}
+    workloads = [by_key[key] for key in choose(args.workloads, list(by_key), "workload")]
     algorithms = choose(args.algorithms, matrix_algorithms(), "algorithm")
     seeds = parse_seeds(args.seeds)
     compute(workloads, algorithms, seeds, args.scratch)
@@ -129,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = "OMP_NUM_THREADS=1 python -m benchmarks.matrix_recheck " + " ".join(
         f"--{name} {value}"
         for name, value in (
-            ("tasks", args.tasks),
-            ("settings", args.settings),
+            ("workloads", args.workloads),
             ("algorithms", args.algorithms),
             ("seeds", args.seeds),
             ("scratch", args.scratch),
