@@ -8,18 +8,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks import matrix_recheck
-from benchmarks.results_matrix import Workload, cell_path, compute
+from benchmarks.results_matrix import cell_path, compute
+from tests.benchmarks.test_results_matrix import ALGORITHMS, TINY
 
 pytestmark = pytest.mark.slow
-
-TINY = Workload(
-    "digits",
-    "few",
-    "3 devices",
-    {"devices": 3, "rounds": 2, "partition": "iid", "local_epochs": 1, "lr": 0.1,
-     "batch_size": 10},
-)  # fmt: skip
-ALGORITHMS = ("local", "fedavg")
 
 
 def test_a_fresh_run_matches_its_cache_and_a_changed_cell_is_named(tmp_path: Path) -> None:
