@@ -9,10 +9,13 @@ every round:
 
 Rows: Local, FedAvg, FedAvg-FT, FedAlt and FedSim with the output layer personal, FedAlt with
 the input convolution and every GroupNorm personal (the FedBN idea with the norms this model
-has), and Ditto. FedAlt/FedSim spend the first half of the rounds on FedAvg pretraining, as in
-benchmarks/results_matrix.py. Each finished cell (workload, row, seed) is cached as JSON under
-benchmarks/results/mnist1d/, so a rerun computes only missing cells, and several invocations
-with different `--seeds` can run side by side; `--from-cache` only rewrites the doc section.
+has), Ditto, and on the same CNN with BatchNorm (`--model cnn-bn`): FedBN (FedAvg with every
+BatchNorm layer, affine weights and running statistics, personal: the `fedbn` preset) and plain
+FedAvg, which averages the BatchNorm layers too. FedAlt/FedSim spend the first half of the
+rounds on FedAvg pretraining, as in benchmarks/results_matrix.py. Each finished cell
+(workload, row, seed) is cached as JSON under benchmarks/results/mnist1d/, so a rerun computes
+only missing cells, and several invocations with different `--seeds` or `--rows` can run side
+by side; `--from-cache` only rewrites the doc section.
 
     OMP_NUM_THREADS=1 nice -n 5 python -m benchmarks.mnist1d_results [--seeds 0,1,2]
         [--workloads label-skew,feature-shift] [--rows fedavg,ditto] [--from-cache]
@@ -52,16 +55,18 @@ WORKLOADS: Final[dict[str, dict[str, Any]]] = {
     "feature-shift": {"partition": "iid", "task_options": {"shift": "feature"}},
 }
 INPUT_AND_NORMS: Final = ["input.*", "norm*"]
+BN_CNN: Final[dict[str, Any]] = {"model": "cnn-bn"}
+FEDBN: Final[dict[str, Any]] = {"personal_preset": "fedbn"}
 
 
 @dataclass(frozen=True)
 class Row:
-    """One table row: an algorithm and how its personal part is chosen."""
+    """One table row: an algorithm and its settings (personal part, model)."""
 
     key: str
     label: str
     algorithm: str
-    personal: dict[str, Any]
+    options: dict[str, Any]
     pretrain: bool = False
 
 
@@ -79,6 +84,8 @@ ROWS: Final = (
         True,
     ),
     Row("ditto", "Ditto", "ditto", {}),
+    Row("fedbn", "FedBN (BatchNorm CNN, norms personal)", "fedavg", {**BN_CNN, **FEDBN}),
+    Row("fedavg-bn", "FedAvg (BatchNorm CNN)", "fedavg", BN_CNN),
 )
 COLUMNS: Final = (
     ("personalized_mean", "personalized mean"),
@@ -89,7 +96,7 @@ COLUMNS: Final = (
 
 def request(workload: str, row: Row, seed: int) -> dict[str, Any]:
     """Simulate's settings of one cell (pretraining takes half the rounds where the row says)."""
-    values: dict[str, Any] = {**COMMON, **WORKLOADS[workload], **row.personal}
+    values: dict[str, Any] = {**COMMON, **WORKLOADS[workload], **row.options}
     if row.pretrain:
         half = values["rounds"] // 2
         values.update(rounds=values["rounds"] - half, pretrain_rounds=half)

@@ -79,6 +79,9 @@ class Task(Protocol):
 
     `personal_patterns` are fnmatch patterns over `model.state_dict()` keys naming the parameters
     that personalization algorithms keep on the device by default (e.g. the output layer).
+    A task that offers a choice of model also declares the class attribute `models` (the values
+    its `model` option takes, e.g. ("cnn", "gru")); it is optional, so not a protocol member,
+    and `--model` is refused for a task without it (`pfl_tasks.registry.options_with_model`).
     """
 
     name: ClassVar[str]

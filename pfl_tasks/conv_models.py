@@ -14,18 +14,18 @@ from typing import Final, Literal
 import torch
 from torch import nn
 
-SignalNorm = Literal["group", "none"]
+SignalNorm = Literal["group", "batch", "none"]
 ImageNorm = Literal["batch", "group", "none"]
 NORM_GROUPS: Final = 4
 """GroupNorm's groups (or the largest divisor of the channel count below it)."""
 
 
 def _norm(kind: str, channels: int, dims: int) -> nn.Module:
-    """The normalization after a convolution: GroupNorm, BatchNorm (2-D only) or none."""
+    """The normalization after a convolution: GroupNorm, BatchNorm (1-D or 2-D) or none."""
     if kind == "group":
         return nn.GroupNorm(math.gcd(NORM_GROUPS, channels), channels)
-    if kind == "batch" and dims == 2:
-        return nn.BatchNorm2d(channels)
+    if kind == "batch" and dims in (1, 2):
+        return nn.BatchNorm1d(channels) if dims == 1 else nn.BatchNorm2d(channels)
     if kind == "none":
         return nn.Identity()
     msg = f"unknown norm {kind!r} for a {dims}-D CNN"

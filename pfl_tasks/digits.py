@@ -56,6 +56,7 @@ class DigitsTask(Classification):
     """
 
     name: ClassVar[str] = "digits"
+    models: ClassVar[tuple[str, ...]] = MODELS
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("pixels",)
     input_preprocessing: ClassVar[str] = "pixels / 16: the 0-16 grey levels scaled to [0, 1]"

@@ -14,7 +14,7 @@ import functools
 import random
 import threading
 from collections import OrderedDict
-from typing import ClassVar, Final, Literal
+from typing import ClassVar, Final, Literal, get_args
 
 import numpy as np
 import torch
@@ -28,8 +28,9 @@ from pfl_tasks.signal_shift import device_sensor
 
 SIGNAL_LENGTH: Final = 40
 NUM_CLASSES: Final = 10
-MODELS: Final = ("cnn", "gru", "mlp", "linear")
+MODELS: Final = ("cnn", "cnn-bn", "gru", "mlp", "linear")
 SHIFTS: Final = ("none", "feature")
+NORMS: Final = get_args(SignalNorm)
 DEFAULT_HIDDEN: Final = {"gru": 6, "mlp": 100}
 """Hidden widths of the paper's GRU (6 per direction) and MLP (100)."""
 
@@ -88,17 +89,20 @@ class Mnist1dTask(Classification):
     truth records its sensor's draws.
 
     Args:
-        model: "cnn" (`signal_cnn`, 17k parameters), "gru" (`SignalGru`, 5k), "mlp"
-            (40 -> hidden -> 10, the paper's MLP at hidden 100) or "linear" (the paper's
+        model: "cnn" (`signal_cnn`, 17k parameters), "cnn-bn" (the same CNN with BatchNorm,
+            whose running statistics FedBN keeps on each device), "gru" (`SignalGru`, 5k),
+            "mlp" (40 -> hidden -> 10, the paper's MLP at hidden 100) or "linear" (the paper's
             logistic regression, one Linear(40, 10) named `output`).
         shift: "none", or "feature": a sensor per device.
         shift_scale: Widens (> 1) or narrows (< 1) the sensors' ranges; 0 is no shift.
         channels: Convolution channels of the "cnn".
-        norm: Normalization after each convolution of the "cnn": "group" or "none".
+        norm: Normalization after each convolution: "group", "batch" or "none" (default:
+            "group" for the "cnn", "batch" for the "cnn-bn", which takes no other).
         hidden: GRU state size per direction ("gru", default 6) or hidden width ("mlp", 100).
     """
 
     name: ClassVar[str] = "mnist1d"
+    models: ClassVar[tuple[str, ...]] = MODELS
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("signal",)
     input_preprocessing: ClassVar[str] = (
@@ -108,25 +112,28 @@ class Mnist1dTask(Classification):
 
     def __init__(
         self,
-        model: Literal["cnn", "gru", "mlp", "linear"] = "cnn",
+        model: Literal["cnn", "cnn-bn", "gru", "mlp", "linear"] = "cnn",
         shift: Literal["none", "feature"] = "none",
         shift_scale: float = 1.0,
         channels: int = 48,
-        norm: SignalNorm = "group",
+        norm: SignalNorm | None = None,
         hidden: int | None = None,
     ) -> None:
         for option, value, choices in (("model", model, MODELS), ("shift", shift, SHIFTS)):
             if value not in choices:
                 msg = f"unknown {option} {value!r}; valid choices: {', '.join(choices)}"
                 raise ValueError(msg)
-        if norm not in ("group", "none"):
-            msg = f"unknown norm {norm!r}; valid choices: group, none"
+        if norm is not None and norm not in NORMS:
+            msg = f"unknown norm {norm!r}; valid choices: {', '.join(NORMS)}"
+            raise ValueError(msg)
+        if model == "cnn-bn" and norm not in (None, "batch"):
+            msg = f"model 'cnn-bn' is the CNN with BatchNorm; norm {norm!r} contradicts it"
             raise ValueError(msg)
         self.model = model
         self.shift = shift
         self.shift_scale = check_real("shift_scale", shift_scale, bound="non-negative")
         self.channels = check_int("channels", channels)
-        self.norm = norm
+        self.norm: SignalNorm = norm or ("batch" if model == "cnn-bn" else "group")
         self.hidden = check_int(
             "hidden", DEFAULT_HIDDEN.get(model, 1) if hidden is None else hidden
         )

@@ -74,6 +74,56 @@ def load_task(name: str, options: Mapping[str, object] | None = None) -> Task:
     return target
 
 
+def offered_models(name: str) -> tuple[str, ...]:
+    """The models task `name` offers through its `model` option: its `models` declaration.
+
+    Empty for a task whose model is fixed (it declares no `models`).
+
+    Raises:
+        ValueError: For an unknown task name or one that cannot be imported.
+    """
+    if name in BUILTIN_TASKS:
+        target: object = BUILTIN_TASKS[name]
+    elif ":" in name:
+        target = _import_attribute(name)
+    else:
+        load_task(name)  # raises the unknown-task error, naming the built-ins
+        return ()
+    return tuple(getattr(target, "models", ()))
+
+
+def options_with_model(
+    name: str, options: Mapping[str, object], model: str | None
+) -> dict[str, object]:
+    """Task `name`'s options with `model` (the `--model` setting) added, once checked.
+
+    Raises:
+        ValueError: The task offers no choice of model, `model` is not one it offers (the
+            message lists them), or the options already name another model.
+    """
+    merged = dict(options)
+    if model is None:
+        return merged
+    offered = offered_models(name)
+    if not offered:
+        msg = (
+            f"task {name!r} offers no choice of model: its model is fixed (the task declares "
+            f"no `models`); drop --model"
+        )
+        raise ValueError(msg)
+    if model not in offered:
+        msg = f"unknown model {model!r} for task {name!r}; valid models: {', '.join(offered)}"
+        raise ValueError(msg)
+    if merged.get("model", model) != model:
+        msg = (
+            f"--model {model} contradicts task option model = {merged['model']!r}: give the "
+            f"model once"
+        )
+        raise ValueError(msg)
+    merged["model"] = model
+    return merged
+
+
 def task_fingerprint(task: Task, model: nn.Module) -> str:
     """SHA-256 of the task name and the model's state layout, to refuse mismatched saved state.
 

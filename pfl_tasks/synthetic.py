@@ -55,6 +55,7 @@ class SyntheticTask(Classification):
     """
 
     name: ClassVar[str] = "synthetic"
+    models: ClassVar[tuple[str, ...]] = MODELS
     personal_patterns: tuple[str, ...] = ("output.*",)
     input_names: tuple[str, ...] = ("features",)
     output_names: tuple[str, ...] = ("logits",)

@@ -28,6 +28,18 @@ from protocols.secure_aggregation import SecureAggregationSettings
 from protocols.settings_sections import Section, flat_name
 
 
+def model_help() -> str:
+    """`--model`'s help: each built-in task that offers a choice of model, with its models."""
+    from pfl_tasks.registry import BUILTIN_TASKS  # the tasks import torch: only when asked
+
+    declared = {name: getattr(task, "models", ()) for name, task in BUILTIN_TASKS.items()}
+    offers = [f"{name}: {', '.join(models)}" for name, models in declared.items() if models]
+    return (
+        "the task's model, one it offers (" + "; ".join(offers) + "); default: the task's "
+        "own; refused for a task with a fixed model"
+    )
+
+
 class DpOptions(Section):
     """Differential privacy: `--dp-*` flags, `[dp]` table."""
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from coordinator.dashboard.settings import DashboardSettings
 from coordinator.engine.round_types import EngineSettings
@@ -26,6 +26,7 @@ from coordinator.run.sections import (
     GuardOptions,
     SecaggOptions,
     SimOptions,
+    model_help,
 )
 from coordinator.scheduling.async_settings import AsyncSettings
 from coordinator.scheduling.availability import SimulatedClock
@@ -33,6 +34,7 @@ from coordinator.stages.aggregate_guard import GuardSettings
 from coordinator.tier.settings import TierOptions, TierSettings
 from pfl_tasks.base import Task
 from pfl_tasks.partition_settings import PartitionSettings
+from pfl_tasks.registry import options_with_model
 from protocols.algorithms import (
     AlgorithmConfig,
     NormStats,
@@ -60,6 +62,7 @@ class RunSettings(TomlSettings):
         "digits",
         description="digits, synthetic, gaussian, sine, mnist1d, digits-image or module:attribute",
     )
+    model: str | None = Field(None, description=model_help())
     algorithm: str = Field("fedavg", description=", ".join(algorithm_names()))
     rounds: int = Field(10, ge=1, description="training rounds")
     seed: int = Field(0, ge=0, description="seed of data, init, sampling, training")
@@ -105,6 +108,12 @@ class RunSettings(TomlSettings):
     out: Path | None = Field(None, description="run directory for metrics.jsonl and summary.json")
     algorithm_options: dict[str, Any] = Field(default_factory=dict)
     task_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _model_into_task_options(self) -> RunSettings:
+        """`--model` becomes the task's `model` option, checked against the models it offers."""
+        self.task_options = options_with_model(self.task, self.task_options, self.model)
+        return self
 
     def async_settings(self) -> AsyncSettings | None:
         """Buffered asynchronous aggregation's settings (None for synchronous rounds)."""

@@ -55,3 +55,13 @@ def test_the_cache_is_used_only_for_the_same_request(
     assert lines[3] == "| Local | - | - | - | 0 |"
     path.write_text(json.dumps({"request": {"rounds": 1}, "values": values}))
     assert cached("label-skew", row, 0) is None
+
+
+def test_the_fedbn_rows_train_the_batchnorm_cnn_with_or_without_its_norms_personal() -> None:
+    for key, preset in (("fedbn", "fedbn"), ("fedavg-bn", None)):
+        wanted = request("feature-shift", BY_KEY[key], 2)
+        overrides = {k: v for k, v in wanted.items() if k not in ("algorithm", "seed")}
+        (spec,) = plan_runs(["fedavg"], [2], Path("."), overrides=overrides)
+        assert spec.settings.task_options == {"shift": "feature", "model": "cnn-bn"}
+        assert spec.settings.personal_preset == preset
+        assert "pretrain_rounds" not in wanted

@@ -105,3 +105,38 @@ def test_the_gru_under_feature_shift_runs_from_a_config_file(tmp_path: Path) -> 
     assert summary["task"] == "mnist1d"
     assert summary["algorithm"] == "fedalt"
     assert summary["rounds"] == 2
+
+
+def test_the_batchnorm_cnn_is_chosen_with_the_model_flag_and_trains_as_fedbn(
+    tmp_path: Path,
+) -> None:
+    # Execute: the command docs/tasks.md shows, with fewer devices
+    done = _offline(
+        tmp_path,
+        *shlex.split("simulate --task mnist1d --model cnn-bn --personal-preset fedbn"),
+        *shlex.split("--devices 3 --rounds 2 --partition iid --out runs/bn"),
+    )
+
+    # Assert: the run recorded the model as the task option a config table would give
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = json.loads((tmp_path / "runs" / "bn" / "run.json").read_text())
+    assert (recorded["model"], recorded["task_options"]) == ("cnn-bn", {"model": "cnn-bn"})
+    summary = json.loads((tmp_path / "runs" / "bn" / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    assert summary["config"]["personal_preset"] == "fedbn"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("--task mnist1d --model lstm", "valid models: cnn, cnn-bn, gru, mlp, linear"),
+        ("--task sine --model cnn", "task 'sine' offers no choice of model"),
+    ],
+)
+def test_the_model_flag_refuses_what_the_task_does_not_offer(
+    tmp_path: Path, argv: str, message: str
+) -> None:
+    done = _offline(tmp_path, "simulate", *shlex.split(argv), "--rounds", "1")
+    assert done.returncode != 0
+    assert message in " ".join((done.stdout + done.stderr).split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["offline.py"]

@@ -74,9 +74,10 @@ def test_the_registry_builds_each_model_with_its_options() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"model": "lstm"}, "valid choices: cnn, gru, mlp, linear"),
+        ({"model": "lstm"}, "valid choices: cnn, cnn-bn, gru, mlp, linear"),
         ({"shift": "label"}, "valid choices: none, feature"),
-        ({"norm": "batch"}, "valid choices: group, none"),
+        ({"norm": "layer"}, "valid choices: group, batch, none"),
+        ({"model": "cnn-bn", "norm": "group"}, "contradicts"),
         ({"shift_scale": -1.0}, "shift_scale"),
         ({"hidden": 0}, "hidden"),
         ({"kernel": 3}, "unknown options"),
