@@ -45,12 +45,19 @@ class _Generic(TomlSettings):
 
 def test_generic_aliases_are_settings_not_sections() -> None:
     # On Python 3.10 `isinstance(list[str], type)` is true and issubclass() on it raises.
-    assert not is_class(list[str]) and not is_class(tuple[int, int])
-    assert is_class(_Limits) and is_class(int)
+    assert not is_class(list[str])
+    assert not is_class(tuple[int, int])
+    assert is_class(_Limits)
+    assert is_class(int)
 
     flats = [(s.flat, s.section) for s in settings_of(_Generic)]
 
-    assert flats == [("tags", None), ("pair", None), ("limit_steps", "limits"), ("limits", "limits")]
+    assert flats == [
+        ("tags", None),
+        ("pair", None),
+        ("limit_steps", "limits"),
+        ("limits", "limits"),
+    ]
 
 
 @pytest.mark.parametrize(
