@@ -33,7 +33,7 @@ from pydantic_settings import (
 )
 
 from protocols.settings_errors import SettingsError, describe_settings_error
-from protocols.settings_sections import env_names, flag_locations, flatten, fold, panel
+from protocols.settings_sections import env_names, flag_locations, flatten, fold, is_class, panel
 from protocols.transport.settings import BrokerSettings
 
 SettingsT = TypeVar("SettingsT", bound="TomlSettings")
@@ -57,7 +57,7 @@ def _structured(annotation: Any) -> bool:
         return any(_structured(member) for member in members if member is not type(None))
     if get_origin(annotation) in (dict, list):
         return True
-    return isinstance(annotation, type) and issubclass(annotation, (BaseModel, dict, list))
+    return is_class(annotation) and issubclass(annotation, (BaseModel, dict, list))
 
 
 def _environment(model: type[BaseModel]) -> dict[str, Any]:

@@ -10,8 +10,9 @@ nested spellings, the TOML table `[dp] clip = 1.0` and `PFL_DP__CLIP`, mean the 
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeGuard
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
@@ -61,10 +62,18 @@ class Setting(NamedTuple):
     panel: str | None
 
 
+def is_class(annotation: Any) -> TypeGuard[type[Any]]:
+    """Whether an annotation is a plain class, one `issubclass` accepts.
+
+    On Python 3.10 `isinstance(list[str], type)` is also true, and `issubclass` then raises.
+    """
+    return isinstance(annotation, type) and not isinstance(annotation, types.GenericAlias)
+
+
 def section_type(field: FieldInfo) -> type[Section] | None:
     """The `Section` class a program field holds, if it holds one."""
     annotation = field.annotation
-    if isinstance(annotation, type) and issubclass(annotation, Section):
+    if is_class(annotation) and issubclass(annotation, Section):
         return annotation
     return None
 

@@ -96,7 +96,9 @@ def resolve(url: str) -> BrokerSettings | InProcessBroker:
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
         expected = "mqtt://host[:port], mqtts://host[:port] or inproc://<hub name>"
-        msg = f"transport url {url!r}: unknown scheme {parts.scheme!r}; expected {expected}"
+        # Without "://" there is no scheme (Python 3.10's urlsplit reads "host:port"'s host as one).
+        scheme = parts.scheme if "://" in url else ""
+        msg = f"transport url {url!r}: unknown scheme {scheme!r}; expected {expected}"
         raise ValueError(msg)
     if parts.scheme == "inproc":
         name = parts.netloc

@@ -36,6 +36,7 @@ from protocols.messages import (
     TensorManifest,
     WireModel,
 )
+from protocols.settings_sections import is_class
 from protocols.topics import DeviceTopicKind
 from protocols.transport.inprocess import InProcessBroker
 
@@ -44,7 +45,7 @@ RUN = "0" * 32
 
 def _nested_models(annotation: Any) -> Iterator[type[BaseModel]]:
     """The pydantic models an annotation holds (in unions, tuples, dicts, Annotated)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if is_class(annotation) and issubclass(annotation, BaseModel):
         yield annotation
         return
     for argument in get_args(annotation):

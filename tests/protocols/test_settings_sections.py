@@ -9,7 +9,7 @@ from pydantic import Field
 
 from protocols.program_settings import TomlSettings
 from protocols.settings_errors import SettingsError
-from protocols.settings_sections import Section, flat_name, flatten, fold, settings_of
+from protocols.settings_sections import Section, flat_name, flatten, fold, is_class, settings_of
 
 
 class _Limits(Section):
@@ -34,6 +34,29 @@ def test_each_setting_has_one_flat_name_in_declaration_order() -> None:
         ("name", None, "name"),
         ("limit_steps", "limits", "steps"),
         ("limits", "limits", "on"),
+    ]
+
+
+class _Generic(TomlSettings):
+    tags: list[str] = Field(default_factory=list, description="a generic alias")
+    pair: tuple[int, int] = Field(default=(1, 2), description="another")
+    limits: _Limits = Field(default_factory=_Limits)
+
+
+def test_generic_aliases_are_settings_not_sections() -> None:
+    # On Python 3.10 `isinstance(list[str], type)` is true and issubclass() on it raises.
+    assert not is_class(list[str])
+    assert not is_class(tuple[int, int])
+    assert is_class(_Limits)
+    assert is_class(int)
+
+    flats = [(s.flat, s.section) for s in settings_of(_Generic)]
+
+    assert flats == [
+        ("tags", None),
+        ("pair", None),
+        ("limit_steps", "limits"),
+        ("limits", "limits"),
     ]
 
 
