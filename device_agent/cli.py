@@ -34,7 +34,7 @@ ConfigOption = Annotated[
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")]
 EXPORT_FLAGS: Final = (
-    *("state_dir", "device_id", "broker", "fleet", "task", "data_shard", "num_shards"),
+    *("state_dir", "device_id", "broker", "fleet", "task", "model", "data_shard", "num_shards"),
     *("partition", "alpha", "labels_per_device", "groups", "fraction", "seed", "data"),
     "stateless",
 )

@@ -16,6 +16,23 @@ from protocols import topics
 from protocols.program_settings import BROKER_PANEL, BrokerAccess, TomlSettings
 from protocols.settings_sections import Section, panel
 
+MODEL_HELP = (
+    "the task's model, one it offers (as the coordinator's --model; `pfl-coord simulate --help` "
+    "lists them); default: the task's own"
+)
+
+
+def task_options_with_model(
+    task: str, options: dict[str, Any], model: str | None
+) -> dict[str, Any]:
+    """`--model` folded into the task's options, checked against the models the task offers."""
+    if model is None:
+        return options
+    from pfl_tasks.registry import options_with_model  # the tasks' modules: only when asked
+
+    return dict(options_with_model(task, options, model))
+
+
 _ELIGIBILITY = "Round eligibility"
 
 
@@ -74,6 +91,7 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
         "default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="fleet name"
     )
     task: str = Field("digits", description="task name or module:attribute")
+    model: str | None = Field(None, description=MODEL_HELP)
     task_options: dict[str, Any] = Field(default_factory=dict)
     data_shard: int | None = Field(
         None, ge=0, description="index of this device's shard of the task's data"
@@ -130,6 +148,11 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
         return device_id
 
     @model_validator(mode="after")
+    def _model_into_task_options(self) -> AgentSettings:
+        self.task_options = task_options_with_model(self.task, self.task_options, self.model)
+        return self
+
+    @model_validator(mode="after")
     def _check_data_source(self) -> AgentSettings:
         if self.data is None and self.data_shard is None:
             msg = "give --data-shard (a shard of the task's data) or --data DIR (your own data)"
@@ -162,9 +185,15 @@ class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSetting
         "default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="fleet name"
     )
     task: str = Field("digits", description="task name or module:attribute")
+    model: str | None = Field(None, description=MODEL_HELP)
     task_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0, description="the run's seed")
     stateless: bool = Field(False, description="keep no personal state")
+
+    @model_validator(mode="after")
+    def _model_into_task_options(self) -> PoolSettings:
+        self.task_options = task_options_with_model(self.task, self.task_options, self.model)
+        return self
 
     @model_validator(mode="after")
     def _check_range(self) -> PoolSettings:
