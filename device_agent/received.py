@@ -36,6 +36,10 @@ MODEL_FILE: Final = "shared-model.frame"
 ROUND_FILE: Final = "round.frame"
 RELAYED_FILE: Final = "relayed.safetensors"
 RECORD_FILE: Final = "received.json"
+MODEL_MISMATCH_HINT: Final = (
+    " (the coordinator's model is not the one this agent builds: start it with the "
+    "coordinator's --task and --model)"
+)
 
 
 @dataclass
@@ -87,8 +91,12 @@ class DecodedModelCache:
         if model.decoded is None:
             key = (model.header.manifest.sha256, expected)
             if key != self._key:
-                self._tensors = unpack_tensors(model.header.manifest, model.blob, expected=expected)
-                self._key = key
+                try:
+                    tensors = unpack_tensors(model.header.manifest, model.blob, expected=expected)
+                except ProtocolError as error:
+                    msg = f"{error}{MODEL_MISMATCH_HINT}"
+                    raise ProtocolError(msg) from error
+                self._tensors, self._key = tensors, key
             model.decoded = self._tensors
         return model.decoded
 

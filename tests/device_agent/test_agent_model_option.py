@@ -8,8 +8,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from device_agent.cli import app
+from device_agent.received import DecodedModelCache, ReceivedModel
 from device_agent.settings import AgentSettings, PoolSettings
 from pfl_tasks.registry import load_task
+from protocols.codec import describe_tensors, pack_tensors
+from protocols.errors import ProtocolError
+from protocols.messages import SharedModel
 
 
 def test_start_builds_the_named_model() -> None:
@@ -59,3 +63,14 @@ def test_pfl_agent_start_refuses_an_unknown_model_in_one_line(tmp_path) -> None:
     assert result.exit_code == 2, result.output
     assert "valid models" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_model_of_another_layout_is_refused_with_the_flags_to_check() -> None:
+    # Prepare: the coordinator's GRU arrives at an agent that builds the CNN
+    gru = load_task("mnist1d", {"model": "gru"}).build_model(0)
+    cnn = load_task("mnist1d", {"model": "cnn"}).build_model(0)
+    manifest, blob = pack_tensors(gru.state_dict())
+    received = ReceivedModel(SharedModel(round_id=0, manifest=manifest), blob)
+    # Execute / Assert
+    with pytest.raises(ProtocolError, match="start it with the coordinator's --task and --model"):
+        DecodedModelCache().decode(received, describe_tensors(cnn.state_dict()))
