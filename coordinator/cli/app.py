@@ -48,7 +48,7 @@ SIMULATE_TOML_ONLY: Final = ("fleet",)
 """Settings `simulate` takes from PFL_* variables and --config only."""
 SERVE_TOML_ONLY: Final = ("host", "round_retries")
 COMPARE_FLAGS: Final = (
-    *("task", "devices", "rounds", "participation", "local_epochs", "batch_size", "lr"),
+    *("task", "model", "devices", "rounds", "participation", "local_epochs", "batch_size", "lr"),
     *("partition", "alpha", "labels_per_device", "groups", "fraction"),
     *("personal", "personal_preset", "pretrain_rounds", "stateless", "eval_every"),
 )

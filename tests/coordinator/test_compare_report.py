@@ -133,6 +133,27 @@ def test_unknown_algorithm_fails_fast_with_the_valid_names(tmp_path: Path) -> No
     assert not (tmp_path / "x").exists()
 
 
+def test_compare_takes_the_model_as_simulate_does(tmp_path: Path) -> None:
+    # Execute: a model the task offers, then one it does not
+    ran = CliRunner().invoke(
+        app,
+        ["compare", "--algorithms", "fedavg", "--seeds", "1", *TINY, "--model", "linear",
+         "--out", str(tmp_path / "ok")],
+    )  # fmt: skip
+    refused = CliRunner().invoke(
+        app,
+        ["compare", "--algorithms", "fedavg", *TINY, "--model", "cnn",
+         "--out", str(tmp_path / "x")],
+    )  # fmt: skip
+    # Assert: the runs used the linear model; the unknown one named the valid models, ran nothing
+    assert ran.exit_code == 0, ran.output
+    settings = json.loads((tmp_path / "ok" / "fedavg" / "seed-0" / "run.json").read_text())
+    assert settings["task_options"] == {"model": "linear"}
+    assert refused.exit_code == 2
+    assert "valid models: mlp, split-input, linear" in refused.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_seeds_and_eval_every_defaults(tmp_path: Path) -> None:
     assert parse_seeds("3") == [0, 1, 2]
     assert parse_seeds("4,7") == [4, 7]
