@@ -30,6 +30,7 @@ from coordinator.ops.site_brokers import parse_site
 from coordinator.ops.status import collect_fleet_view
 from protocols.access import DEFAULT_MAX_UPLOAD_BYTES
 from protocols.errors import PflError
+from protocols.id_list import listed
 from protocols.messages import CoordinatorStatus, ExportArguments
 from protocols.program_options import exit_with_error, wait_for_interrupt
 from protocols.program_settings import BrokerAccess
@@ -100,8 +101,7 @@ def status(
     if stragglers := view.stragglers():
         Console().print(
             f"round {view.fleet.round_id if view.fleet else '?'}: {len(stragglers)} straggler(s) "
-            f"missed the deadline while connected: {', '.join(stragglers[:20])}"
-            + (f" and {len(stragglers) - 20} more" if len(stragglers) > 20 else ""),
+            f"missed the deadline while connected: {listed(stragglers)}",
             markup=False,
         )
     if view.refused:

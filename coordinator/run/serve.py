@@ -36,6 +36,7 @@ from coordinator.scheduling.asynchronous import BufferedRounds
 from coordinator.stages.privacy import privacy_engine
 from pfl_tasks.registry import load_task
 from protocols.errors import PflError, RoundError
+from protocols.id_list import listed
 from protocols.messages import EvaluationReport
 from protocols.offences import Offences
 from protocols.start_line import start_line
@@ -49,6 +50,8 @@ RETRY_BACKOFF_S: Final = 5.0
 """The least a first failed round attempt lasts before the retry; doubled for each further one."""
 """How often a coordinator waiting for devices says who is there."""
 Notify = Callable[[str], None]
+WAITING_SHOWN: Final = 8
+"""Device ids a waiting line names in each of its groups; the rest are counted."""
 
 _SAME_RUN_KEYS: Final = (
     "task",
@@ -322,19 +325,15 @@ def waiting_line(coordinator: Coordinator, needed: int, left_s: float) -> str:
     known_offline = sorted(r.device_id for r in records if not r.online and r.hello is not None)
     parts = [f"waiting for {needed} device(s): {len(online)} online"]
     if online:
-        parts[0] += f" ({_names(online)})"
+        parts[0] += f" ({listed(online, WAITING_SHOWN)})"
     if known_offline:
-        parts.append(f"not back yet: {_names(known_offline)}")
+        parts.append(f"not back yet: {listed(known_offline, WAITING_SHOWN)}")
     flapping = sorted(coordinator.flaps.flapping())
     if flapping:
-        parts.append(f"rejoining every few seconds (one id on two devices?): {_names(flapping)}")
+        ids = listed(flapping, WAITING_SHOWN)
+        parts.append(f"rejoining every few seconds (one id on two devices?): {ids}")
     parts.append(f"{left_s:.0f} s until the join timeout")
     return "; ".join(parts)
-
-
-def _names(ids: list[str], shown: int = 8) -> str:
-    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
-    return ", ".join(ids[:shown]) + more
 
 
 def retry_pause_s(attempt: int, elapsed_s: float, round_timeout_s: float) -> float:

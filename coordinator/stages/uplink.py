@@ -20,11 +20,10 @@ from coordinator.engine.round_types import EngineSettings
 from coordinator.stages.base import Collected, RoundStage, Skipped
 from coordinator.strategies.base import ReceivedUpdate, RoundPlan, Strategy
 from protocols.errors import RoundError
+from protocols.id_list import listed
 from protocols.messages import DevicePrivacy, DeviceUpdate, SecureRound, TensorSpec
 
 logger = logging.getLogger(__name__)
-LISTED = 20
-"""Device ids a log line names; the rest are counted."""
 
 
 class UplinkHost(Protocol):
@@ -126,12 +125,6 @@ class UplinkPath(Collection, Protocol):
             RoundError: the path has no protocol of its own.
         """
         ...
-
-
-def listed(device_ids: list[str]) -> str:
-    """The first LISTED ids, then how many more."""
-    more = len(device_ids) - LISTED
-    return ", ".join(device_ids[:LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
 def report_stragglers(host: UplinkHost, round_id: int, collector: Collector[Any]) -> None:
