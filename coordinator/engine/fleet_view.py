@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
-from coordinator.engine.registry import DeviceUsage, FleetRegistry
+from coordinator.engine.registry import DeviceRecord, DeviceUsage, FleetRegistry
 from protocols import topics
 from protocols.messages import Eligibility, FleetDevice, FleetStatus
 from protocols.offences import Offences
@@ -30,28 +30,7 @@ def fleet_status(
     usage = registry.usage()
     none = DeviceUsage()
     devices = tuple(
-        FleetDevice(
-            device_id=r.device_id,
-            online=r.online,
-            last_seen=r.last_seen,
-            round_id=r.round_id,
-            last_loss=r.last_loss,
-            num_train_samples=r.num_train_samples,
-            memory_plan=r.hello.memory_plan if r.hello is not None else None,
-            eligibility=r.hello.eligibility if r.hello is not None else Eligibility(),
-            detail=r.detail,
-            dropped=dropped.get(r.device_id, 0),
-            quarantined=r.device_id in held,
-            flapping=r.device_id in flapping,
-            rounds_taken=r.rounds_taken,
-            declines=r.declines,
-            last_decline=r.last_decline,
-            bytes_up=usage.get(r.device_id, none).bytes_up,
-            bytes_down=usage.get(r.device_id, none).bytes_down,
-            round_seconds=usage.get(r.device_id, none).round_seconds,
-            missed_deadlines=usage.get(r.device_id, none).missed_deadlines,
-            missed_round=usage.get(r.device_id, none).missed_round,
-        )
+        _row(r, usage.get(r.device_id, none), dropped, held=held, flapping=flapping)
         for r in registry.records()
     )
     known = {d.device_id for d in devices}
@@ -68,4 +47,37 @@ def fleet_status(
         round_id=round_id,
         devices=devices,
         scalars={k: v for k, v in scalars.items() if math.isfinite(v)},
+    )
+
+
+def _row(
+    r: DeviceRecord,
+    use: DeviceUsage,
+    dropped: Mapping[str, int],
+    *,
+    held: AbstractSet[str],
+    flapping: AbstractSet[str],
+) -> FleetDevice:
+    """One device's row: its record, its usage, and what the coordinator holds against it."""
+    return FleetDevice(
+        device_id=r.device_id,
+        online=r.online,
+        last_seen=r.last_seen,
+        round_id=r.round_id,
+        last_loss=r.last_loss,
+        num_train_samples=r.num_train_samples,
+        memory_plan=r.hello.memory_plan if r.hello is not None else None,
+        eligibility=r.hello.eligibility if r.hello is not None else Eligibility(),
+        detail=r.detail,
+        dropped=dropped.get(r.device_id, 0),
+        quarantined=r.device_id in held,
+        flapping=r.device_id in flapping,
+        rounds_taken=r.rounds_taken,
+        declines=r.declines,
+        last_decline=r.last_decline,
+        bytes_up=use.bytes_up,
+        bytes_down=use.bytes_down,
+        round_seconds=use.round_seconds,
+        missed_deadlines=use.missed_deadlines,
+        missed_round=use.missed_round,
     )
