@@ -26,7 +26,14 @@ from safetensors.torch import save as save_safetensors
 
 from device_agent.state_store import DiskStateStore, StateStore
 from protocols.atomic import write_atomically
-from protocols.codec import Tensors, decode_frame, join_owners, split_owners, unpack_tensors
+from protocols.codec import (
+    Tensors,
+    decode_frame,
+    join_owners,
+    require_layout,
+    split_owners,
+    unpack_tensors,
+)
 from protocols.errors import PflError, ProtocolError, StateError
 from protocols.messages import AnyMessage, RoundAnnouncement, SharedModel, TensorSpec
 
@@ -92,11 +99,12 @@ class DecodedModelCache:
             key = (model.header.manifest.sha256, expected)
             if key != self._key:
                 try:
-                    tensors = unpack_tensors(model.header.manifest, model.blob, expected=expected)
-                except ProtocolError as error:
+                    require_layout(model.header.manifest, expected)
+                except ProtocolError as error:  # another model, not a damaged one
                     msg = f"{error}{MODEL_MISMATCH_HINT}"
                     raise ProtocolError(msg) from error
-                self._tensors, self._key = tensors, key
+                self._tensors = unpack_tensors(model.header.manifest, model.blob)
+                self._key = key
             model.decoded = self._tensors
         return model.decoded
 

@@ -109,9 +109,9 @@ def unpack_tensors(
             from the manifest, the blob is not safetensors, its tensors differ from the
             manifest, or a floating tensor holds NaN/Inf.
     """
-    described = _layout(manifest.tensors, "manifest")
     if expected is not None:
-        _compare(_layout(expected, "expected"), described, "expected", "manifest")
+        require_layout(manifest, expected)
+    described = _layout(manifest.tensors, "manifest")
     if len(blob) != manifest.byte_length:
         msg = f"tensor blob has {len(blob)} bytes, the manifest says {manifest.byte_length}"
         raise ProtocolError(msg)
@@ -131,6 +131,17 @@ def unpack_tensors(
         name: as_tensor(parsed[name][2], dtype_name, shape)
         for name, (dtype_name, shape) in described.items()
     }
+
+
+def require_layout(manifest: TensorManifest, expected: Sequence[TensorSpec]) -> None:
+    """Require `manifest` to list exactly `expected`'s names, dtypes and shapes.
+
+    Raises:
+        ProtocolError: naming the first tensor missing, unknown or of another dtype or shape.
+    """
+    _compare(
+        _layout(expected, "expected"), _layout(manifest.tensors, "manifest"), "expected", "manifest"
+    )
 
 
 def encode_frame(header: Message, blob: bytes = b"") -> bytes:

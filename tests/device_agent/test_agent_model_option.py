@@ -74,3 +74,17 @@ def test_a_model_of_another_layout_is_refused_with_the_flags_to_check() -> None:
     # Execute / Assert
     with pytest.raises(ProtocolError, match="start it with the coordinator's --task and --model"):
         DecodedModelCache().decode(received, describe_tensors(cnn.state_dict()))
+
+
+def test_a_damaged_model_of_the_right_layout_is_refused_without_that_hint() -> None:
+    # Prepare: the agent's own model, one byte of its blob flipped
+    cnn = load_task("mnist1d", {"model": "cnn"}).build_model(0)
+    manifest, blob = pack_tensors(cnn.state_dict())
+    damaged = bytearray(blob)
+    damaged[-1] ^= 0xFF
+    received = ReceivedModel(SharedModel(round_id=0, manifest=manifest), bytes(damaged))
+    # Execute
+    with pytest.raises(ProtocolError, match="checksum") as caught:
+        DecodedModelCache().decode(received, describe_tensors(cnn.state_dict()))
+    # Assert: a damaged model is not blamed on the agent's flags
+    assert "--model" not in str(caught.value)
