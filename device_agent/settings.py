@@ -12,6 +12,7 @@ from device_agent.identity import default_device_id
 from device_agent.virtual_fleet import parse_device_range
 from device_agent.work_limits import WorkLimits
 from pfl_tasks.partition_settings import PartitionSettings
+from pfl_tasks.registry import options_with_model
 from protocols import topics
 from protocols.program_settings import BROKER_PANEL, BrokerAccess, TomlSettings
 from protocols.settings_sections import Section, panel
@@ -20,17 +21,6 @@ MODEL_HELP = (
     "the task's model, one it offers (as the coordinator's --model; `pfl-coord simulate --help` "
     "lists them); default: the task's own"
 )
-
-
-def task_options_with_model(
-    task: str, options: dict[str, Any], model: str | None
-) -> dict[str, Any]:
-    """`--model` folded into the task's options, checked against the models the task offers."""
-    if model is None:
-        return options
-    from pfl_tasks.registry import options_with_model  # the tasks' modules: only when asked
-
-    return dict(options_with_model(task, options, model))
 
 
 _ELIGIBILITY = "Round eligibility"
@@ -149,7 +139,7 @@ class AgentSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSettin
 
     @model_validator(mode="after")
     def _model_into_task_options(self) -> AgentSettings:
-        self.task_options = task_options_with_model(self.task, self.task_options, self.model)
+        self.task_options = options_with_model(self.task, self.task_options, self.model)
         return self
 
     @model_validator(mode="after")
@@ -192,7 +182,7 @@ class PoolSettings(TomlSettings, BrokerAccess, PartitionSettings, ComputeSetting
 
     @model_validator(mode="after")
     def _model_into_task_options(self) -> PoolSettings:
-        self.task_options = task_options_with_model(self.task, self.task_options, self.model)
+        self.task_options = options_with_model(self.task, self.task_options, self.model)
         return self
 
     @model_validator(mode="after")
