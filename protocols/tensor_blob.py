@@ -75,8 +75,8 @@ class _Run:
 class _BlobLayout:
     header: bytes
     runs: tuple[_Run, ...]
-    entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
-    """Each tensor's name, safetensors code, shape and first byte in the data."""
+    entries: tuple[tuple[str, tuple[int, ...], int], ...]
+    """Each tensor's name, shape and first byte in the data."""
     data_bytes: int
     aligned: bool
     """Every tensor starts at a multiple of its item size (numpy can view it in place)."""
@@ -157,8 +157,7 @@ def read_written(
                 _refuse_non_finite(name, run.code, data[begin:end])
     buffer = bytearray(data)
     return {
-        name: _view(buffer, layout[name][0], shape, begin)
-        for name, _, shape, begin in written.entries
+        name: _view(buffer, layout[name][0], shape, begin) for name, shape, begin in written.entries
     }
 
 
@@ -226,12 +225,12 @@ def _layout_of(key: tuple[tuple[str, str, tuple[int, ...]], ...]) -> _BlobLayout
     """The safetensors header of a layout, and its runs of floating tensors by dtype."""
     header: dict[str, object] = {}
     runs: list[_Run] = []
-    entries: list[tuple[str, str, tuple[int, ...], int]] = []
+    entries: list[tuple[str, tuple[int, ...], int]] = []
     offset = 0
     aligned = True
     for name, code, shape in key:
         end = offset + _item_size(code) * math.prod(shape)
-        entries.append((name, code, shape, offset))
+        entries.append((name, shape, offset))
         aligned = aligned and offset % _item_size(code) == 0
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, end]}
         if code in _FLOATING and end > offset:
