@@ -11,19 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import ssl
 import threading
 from collections.abc import Callable
-from typing import Final, Literal
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from protocols.errors import PflError, ProtocolError
+from protocols.errors import ProtocolError
 from protocols.offences import Offences
 from protocols.topics import chunk_subscription
 from protocols.transport import chunking
@@ -34,33 +30,22 @@ from protocols.transport.dispatch import (
     Reconnected,
     Replay,
 )
+from protocols.transport.paho_client import (
+    QOS,
+    BrokerConnectionError,
+    new_client,
+    open_client,
+    paho_severity,
+    report_puback,
+    subscriptions,
+)
 from protocols.transport.settings import BrokerSettings
 from protocols.transport.subscriptions import SessionFilters
 from protocols.transport.takeover import TakeoverWatch
 
 logger = logging.getLogger(__name__)
 _paho_logger = logging.getLogger(f"{__name__}.paho")
-_PAHO_LOG_LEVELS: Final[dict[int, int]] = {int(k): v for k, v in paho.LOGGING_LEVEL.items()}
-_PAHO_RETRYING: Final = "Client is not connected"
-
-_QOS = 1
 _PUBLISH_OVERHEAD = 16  # fixed header, topic length and packet id of a PUBLISH, upper bound
-
-
-def paho_severity(level: int, text: str, *, closed: bool) -> int:
-    """The logging level for one of paho's log lines.
-
-    paho logs "Client is not connected" as an error each time its loop runs between reconnect
-    attempts, and its loop may trip over a socket `close()` just closed; neither is news: the
-    transport says once that it lost the connection and is reconnecting, and says when it is back.
-    """
-    if closed or text.startswith(_PAHO_RETRYING):
-        return logging.DEBUG
-    return _PAHO_LOG_LEVELS.get(level, logging.DEBUG)
-
-
-class BrokerConnectionError(PflError, ConnectionError):
-    """The broker cannot be reached, refused the connection, or the transport is closed."""
 
 
 class MqttTransport:
@@ -110,7 +95,8 @@ class MqttTransport:
         self._v5 = settings.protocol == "5"
         if clean_start and not self._v5:
             self._discard_session()
-        self._client = self._new_client(clean_session=False, will=will)
+        self._client = new_client(settings, client_id, clean_session=False, will=will)
+        self._client.on_log = self._on_log
         self._connect(clean_start)
         self._dispatcher.thread.start()
 
@@ -269,7 +255,7 @@ class MqttTransport:
         self, topic: str, data: bytes, retain: bool, properties: Properties | None = None
     ) -> None:
         try:
-            info = self._client.publish(topic, data, qos=_QOS, retain=retain, properties=properties)
+            info = self._client.publish(topic, data, qos=QOS, retain=retain, properties=properties)
         except ValueError as error:
             msg = f"cannot publish: {error}"
             raise ProtocolError(msg, topic=topic) from error
@@ -282,11 +268,11 @@ class MqttTransport:
             if code is None:
                 self._unacked[info.mid] = (topic, len(data))
         if code is not None:
-            _report_puback(code, topic, len(data))
+            report_puback(code, topic, len(data))
 
     def _subscribe_filters(self, pattern: str, filters: list[str]) -> None:
         try:
-            result, mid = self._client.subscribe(self._subscriptions(filters))
+            result, mid = self._client.subscribe(subscriptions(filters, v5=self._v5))
         except ValueError as error:
             msg = f"invalid subscription pattern: {error}"
             raise ProtocolError(msg, topic=pattern) from error
@@ -304,39 +290,6 @@ class MqttTransport:
             raise ProtocolError(msg, topic=pattern)
         self._filters.confirmed(filters)
 
-    def _subscriptions(
-        self, filters: list[str]
-    ) -> list[tuple[str, SubscribeOptions]] | list[tuple[str, int]]:
-        if self._v5:  # MQTT 5 can skip re-sending retained messages a kept session had
-            return [(f, SubscribeOptions(qos=_QOS, retainHandling=1)) for f in filters]
-        return [(f, _QOS) for f in filters]
-
-    def _new_client(self, *, clean_session: bool, will: Will | None) -> paho.Client:
-        settings = self.settings
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=paho.MQTTv5 if self._v5 else paho.MQTTv311,
-            clean_session=None if self._v5 else clean_session,
-        )
-        client.connect_timeout = settings.connect_timeout_s
-        # paho annotates whole seconds but sleeps for any float; tests reconnect within 0.1 s
-        client.reconnect_delay_set(
-            settings.reconnect_min_delay_s,  # type: ignore[arg-type]
-            settings.reconnect_max_delay_s,  # type: ignore[arg-type]
-        )
-        client.on_log = self._on_log
-        if settings.username is not None:
-            client.username_pw_set(settings.username, settings.password)
-        if settings.tls:
-            client.tls_set(
-                settings.ca_file, settings.cert_file, settings.key_file, cert_reqs=ssl.CERT_REQUIRED
-            )
-            client.tls_insecure_set(settings.tls_insecure)
-        if will is not None:
-            client.will_set(will.topic, will.payload, qos=_QOS, retain=will.retain)
-        return client
-
     def _connect(self, clean_start: bool) -> None:
         client, settings = self._client, self.settings
         client.on_connect = self._on_connect
@@ -349,9 +302,9 @@ class MqttTransport:
             properties = Properties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = settings.session_expiry_s
             start = paho.MQTT_CLEAN_START_FIRST_ONLY if clean_start else False
-            self._open(client, clean_start=start, properties=properties)
+            open_client(client, settings, clean_start=start, properties=properties)
         else:
-            self._open(client)
+            open_client(client, settings)
         answered = self._connack.wait(settings.connect_timeout_s)
         if answered and self._refusal is None:
             return
@@ -366,33 +319,13 @@ class MqttTransport:
 
     def _discard_session(self) -> None:
         """MQTT 3.1.1 has no clean-start-once: connect with a clean session once to drop it."""
-        client = self._new_client(clean_session=True, will=None)
+        client = new_client(self.settings, self.client_id, clean_session=True, will=None)
         client.on_connect = lambda *_: self._connack.set()
-        self._open(client)
+        open_client(client, self.settings)
         self._connack.wait(self.settings.connect_timeout_s)
         client.disconnect()
         client.loop_stop()
         self._connack.clear()
-
-    def _open(
-        self,
-        client: paho.Client,
-        clean_start: bool | Literal[3] = paho.MQTT_CLEAN_START_FIRST_ONLY,
-        properties: Properties | None = None,
-    ) -> None:
-        settings = self.settings
-        try:
-            client.connect(
-                settings.host,
-                settings.port,
-                settings.keepalive_s,
-                clean_start=clean_start,
-                properties=properties,
-            )
-        except (OSError, ValueError) as error:
-            msg = f"cannot reach the MQTT broker at {settings.url}: {error}"
-            raise BrokerConnectionError(msg) from error
-        client.loop_start()
 
     # paho callbacks run on its network thread and must not raise: paho lets it escape.
 
@@ -420,7 +353,7 @@ class MqttTransport:
             )
             filters = self._filters.to_resubscribe(bool(flags.session_present))
             if filters:  # all of them if the broker lost the session (restart, expiry)
-                result, mid = client.subscribe(self._subscriptions(filters))
+                result, mid = client.subscribe(subscriptions(filters, v5=self._v5))
                 if result == paho.MQTT_ERR_SUCCESS and mid is not None:
                     self._filters.resubscribing(mid, filters)
             hook = self._reconnect_hook
@@ -490,7 +423,7 @@ class MqttTransport:
                     self._early_acks[mid] = reason
                 self._acks.notify_all()
             if sent is not None:
-                _report_puback(reason, *sent)
+                report_puback(reason, *sent)
         except Exception:
             logger.exception("%s: on_publish failed", self.client_id)
 
@@ -507,8 +440,3 @@ class MqttTransport:
                 self._acks.notify_all()
         except Exception:
             logger.exception("%s: on_subscribe failed", self.client_id)
-
-
-def _report_puback(reason: ReasonCode, topic: str, size: int) -> None:
-    if reason.is_failure:  # only MQTT 5 brokers say so; 3.1.1 brokers drop silently
-        logger.error("broker refused a %d-byte message on %s: %s", size, topic, reason)
