@@ -11,6 +11,7 @@ aggregation's) go to the engine's path too, so the message intake names no featu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -133,15 +134,19 @@ def report_stragglers(host: UplinkHost, round_id: int, collector: Collector[Any]
     They let the deadline pass (or, silent since an earlier round, its grace): a wait that
     settled leaves nobody online outstanding.
     """
-    stragglers = sorted(collector.outstanding(host.registry.online_ids()))
-    if stragglers:
-        host.registry.missed_deadline(round_id, stragglers)
+    deadline = f"the {host.settings.round_timeout_s:.0f} s deadline"
+    record_stragglers(host, round_id, collector.outstanding(host.registry.online_ids()), deadline)
+
+
+def record_stragglers(
+    host: UplinkHost, round_id: int, stragglers: Iterable[str], deadline: str
+) -> None:
+    """Count a round's stragglers in the fleet status and say who they were."""
+    late = sorted(stragglers)
+    if late:
+        host.registry.missed_deadline(round_id, late)
         logger.warning(
-            "round %d: %d straggler(s) missed the %.0f s deadline: %s",
-            round_id,
-            len(stragglers),
-            host.settings.round_timeout_s,
-            listed(stragglers),
+            "round %d: %d straggler(s) missed %s: %s", round_id, len(late), deadline, listed(late)
         )
 
 

@@ -80,6 +80,7 @@ class GroupSecureRound:
         opened = threading.Event()
 
         def run() -> None:
+            self.protocol.late.clear()  # the group's stragglers are not reported upstream yet
             try:
                 total = self.protocol.run(
                     announcement.run_id,

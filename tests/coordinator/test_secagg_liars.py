@@ -339,3 +339,23 @@ def test_a_device_silent_after_its_keys_costs_one_deadline_then_only_a_grace() -
     assert (first.participants, second.participants) == (3, 3)
     assert (deadline, False) not in run.waits  # not again: no short phase waits its deadline
     assert (deadline * GRACE_SHARE, False) in run.waits  # only the grace, once others were in
+
+
+def test_a_device_connected_and_silent_through_a_phase_is_a_straggler_of_each_round() -> None:
+    run = fleet(Liar(silent=True))
+    for _ in range(2):  # its deadline, then only a grace: a straggler of each round
+        run.coordinator.run_round()
+    status = run.coordinator.last_fleet_status
+    assert status is not None
+    devices = {d.device_id: d for d in status.devices}
+    assert (devices[LIAR].missed_deadlines, devices[LIAR].missed_round) == (2, 2)
+    assert all(devices[d].missed_deadlines == 0 for d in run.honest)
+
+
+def test_a_device_that_declines_or_drops_out_inside_a_secure_round_is_no_straggler() -> None:
+    for after_keys in (decline_after_keys, vanish_after_keys):
+        run = fleet(Liar(after_keys=after_keys))
+        run.coordinator.run_round()
+        status = run.coordinator.last_fleet_status
+        assert status is not None
+        assert all(d.missed_deadlines == 0 for d in status.devices), after_keys

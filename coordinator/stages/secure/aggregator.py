@@ -102,6 +102,9 @@ class SecureAggregator:
         self._silent = SilentDevices()
         """Devices that stayed connected and silent through a short phase's deadline, and have
         not been in a sum since: short phases wait for them only a grace once others are in."""
+        self.late: set[str] = set()
+        """Devices still connected when a phase's wait ended without their answer (stragglers),
+        since the last time it was cleared; a phase that ended on `enough` leaves none."""
 
     # -- the phases ---------------------------------------------------------------------------
 
@@ -240,6 +243,8 @@ class SecureAggregator:
                 timeout_s,
             )
         self._phase = None
+        if enough is None or not enough():
+            self.late |= collector.outstanding(online())
         return {d: collector.answers[d] for d in sorted(collector.answers)}
 
     def _send_inboxes(self, state: RoundState, shares: dict[str, SecAggShares]) -> None:

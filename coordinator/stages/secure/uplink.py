@@ -14,7 +14,7 @@ from coordinator.stages.base import Collected, Skipped
 from coordinator.stages.secure.aggregator import SecureAggregator
 from coordinator.stages.secure.bounds import plan_round, weight_bound
 from coordinator.stages.secure.retry import SecureRequest, SkippedRound, secure_round
-from coordinator.stages.uplink import UplinkHost, UplinkRound
+from coordinator.stages.uplink import UplinkHost, UplinkRound, record_stragglers
 from coordinator.strategies.base import RoundPlan
 from protocols import secure_aggregation as sa
 from protocols.messages import DeviceUpdate, SecureRound
@@ -76,10 +76,12 @@ class SecureUplink:
             host.hold,
         )
         sent_before = secure.bytes_down
+        secure.late.clear()
         try:
             outcome = secure_round(secure, secure_request)
         finally:
             host.count_down(secure.bytes_down - sent_before)
+            record_stragglers(host, request.round_id, secure.late, "a secure phase's deadline")
         if isinstance(outcome, SkippedRound):
             return Skipped(
                 len(plan.devices), request.population, outcome.unmasked, outcome.scalars()
