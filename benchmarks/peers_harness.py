@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -229,7 +229,7 @@ def run_once(
 
 def measure(
     directory: Path,
-    runners: Sequence[str],
+    runners: Mapping[str, Runner],
     pythons: dict[str, Path],
     repeats: int,
     threads: int,
@@ -244,7 +244,7 @@ def measure(
                 continue
             log = directory / f"{name}.log"
             try:
-                run = run_once(pythons[name], RUNNERS[name], directory, threads, log, timeout_s)
+                run = run_once(pythons[name], runners[name], directory, threads, log, timeout_s)
             except RuntimeError as error:
                 kept.failure = str(error)
                 logger.warning("%s failed: %s", name, error)
@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         directory = args.venvs / "workloads" / name
         simulation = workload_settings(name, args.devices, args.rounds)
         write_workload(directory, simulation)
-        ready = [runner for runner in runners if runner in pythons]
+        ready = {runner: RUNNERS[runner] for runner in runners if runner in pythons}
         title = (
             f"{WORKLOADS[name][0]}, {simulation['devices']:,} devices, "
             f"{simulation['rounds']} rounds"
