@@ -407,7 +407,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         for runner, reason in unavailable.items():
             results[title][runner] = Timings(failure=reason)
     given = list(argv) if argv is not None else sys.argv[1:]
-    command = " ".join(["python -m benchmarks.peers", *given])
+    threads = os.environ.get("OMP_NUM_THREADS")
+    prefix = [f"OMP_NUM_THREADS={threads}"] if threads else []
+    prefix += ["nice"] if os.nice(0) > 0 else []
+    command = " ".join([*prefix, "python -m benchmarks.peers", *given])
     text = section(results, (loads_start, os.getloadavg()[0]), command)
     write_section(args.out, text, MARKER)
     print(text)

@@ -62,9 +62,7 @@ def main() -> None:
     from pfl.metrics import Metrics
     from pfl.model.pytorch import PyTorchModel
 
-    arguments = common.runner_arguments(__doc__ or "")
-    workload = common.load_workload(arguments.workload)
-    common.warm_up(workload)
+    arguments, workload = common.start_run(__doc__ or "")
     devices = len(workload.devices)
     clock = common.RoundClock()
     sampled = [0] * devices

@@ -36,9 +36,7 @@ def fedavg(workload: common.Workload, clock: common.RoundClock) -> torch.nn.Modu
 
 def main() -> None:
     """Run the workload and write the result."""
-    arguments = common.runner_arguments(__doc__ or "")
-    workload = common.load_workload(arguments.workload)
-    common.warm_up(workload)
+    arguments, workload = common.start_run(__doc__ or "")
     clock = common.RoundClock()
     model = fedavg(workload, clock)
     accuracy = common.mean_accuracy(model, workload.devices)

@@ -192,6 +192,19 @@ def runner_arguments(description: str) -> argparse.Namespace:
     return arguments
 
 
+def ready_workload(directory: Path) -> Workload:
+    """The workload read and torch warmed up on it (`warm_up`): what a run starts from."""
+    workload = load_workload(directory)
+    warm_up(workload)
+    return workload
+
+
+def start_run(description: str) -> tuple[argparse.Namespace, Workload]:
+    """A runner's start: its command line (`runner_arguments`) and its `ready_workload`."""
+    arguments = runner_arguments(description)
+    return arguments, ready_workload(arguments.workload)
+
+
 def write_result(
     path: Path, seconds: float, accuracy: float, packages: Sequence[str], **extra: Any
 ) -> None:

@@ -21,9 +21,7 @@ from coordinator.run.simulate import run_simulation
 
 def main() -> None:
     """Run the workload in `run_simulation` and write the result."""
-    arguments = common.runner_arguments(__doc__ or "")
-    workload = common.load_workload(arguments.workload)
-    common.warm_up(workload)
+    arguments, workload = common.start_run(__doc__ or "")
     options = dict(option.split("=", 1) for option in arguments.option)
     settings = SimulationSettings.load(None, **{**workload.settings["simulation"], **options})
     ends: list[tuple[float, RoundRecord]] = []

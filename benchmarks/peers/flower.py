@@ -9,6 +9,7 @@ when the strategy configures round 1 and stops when it has aggregated the last r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,22 +31,27 @@ def weights_of(model: torch.nn.Module) -> list[np.ndarray]:
     return [value.detach().numpy().copy() for value in model.state_dict().values()]
 
 
-def client_factory(directory: Path, threads: int) -> Callable[[Any], Any]:
-    """Flower's `client_fn`: a client that trains device `partition-id` (data loaded once)."""
-    from flwr.client import NumPyClient
+@functools.cache
+def actor_workload(directory: Path, threads: int) -> common.Workload:
+    """The workload in a Ray actor, read (and torch warmed up) once per actor process.
 
-    loaded: list[common.Workload] = []
+    Module-level, so it outlives the client objects Flower makes for every fit; a cache in the
+    client's closure would be unpickled anew with each task and re-read the files every time.
+    """
+    torch.set_num_threads(threads)
+    return common.ready_workload(directory)
+
+
+def client_factory(directory: Path, threads: int) -> Callable[[Any], Any]:
+    """Flower's `client_fn`: a client that trains device `partition-id`."""
+    from flwr.client import NumPyClient
 
     class DeviceClient(NumPyClient):  # type: ignore[misc]
         def __init__(self, device: int) -> None:
             self.device = device
 
         def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> Any:
-            if not loaded:
-                torch.set_num_threads(threads)
-                loaded.append(common.load_workload(directory))
-                common.warm_up(loaded[0])
-            workload = loaded[0]
+            workload = actor_workload(directory, threads)
             model = workload.build_model()
             set_weights(model, parameters)
             common.local_sgd(model, workload, self.device, int(config["round"]) - 1)
@@ -65,9 +71,7 @@ def main() -> None:
     from flwr.server.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    arguments = common.runner_arguments(__doc__ or "")
-    workload = common.load_workload(arguments.workload)
-    common.warm_up(workload)
+    arguments, workload = common.start_run(__doc__ or "")
     devices = len(workload.devices)
     clock = common.RoundClock()
     final: list[list[np.ndarray]] = []
@@ -95,9 +99,15 @@ def main() -> None:
         )
         return ServerAppComponents(strategy=strategy, config=ServerConfig(workload.rounds))
 
+    # Ray's actors unpickle the client by module name: run as __main__, it would travel by
+    # value, and with it a fresh copy of the actor's cache on every fit
+    from benchmarks.peers import flower as imported
+
     run_simulation(
         server_app=ServerApp(server_fn=server_fn),
-        client_app=ClientApp(client_fn=client_factory(arguments.workload, arguments.threads)),
+        client_app=ClientApp(
+            client_fn=imported.client_factory(arguments.workload, arguments.threads)
+        ),
         num_supernodes=devices,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )

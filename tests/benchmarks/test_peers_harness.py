@@ -52,7 +52,7 @@ def test_command_writes_the_table_with_versions_and_both_timings(tmp_path: Path)
     assert "Reference: bare PyTorch loop." in table
     flower = next(line for line in table.splitlines() if line.startswith("| Flower"))
     assert f"failed: no virtual environment for flower at {venvs / 'flower'}" in flower
-    assert "Command: `python -m benchmarks.peers --workloads digits-mlp" in text
+    assert "python -m benchmarks.peers --workloads digits-mlp --devices 3" in text
 
 
 def test_a_runner_that_fails_is_a_row_with_its_error(tmp_path: Path) -> None:
