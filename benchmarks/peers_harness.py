@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -211,17 +212,21 @@ def run_once(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
     with log.open("ab") as sink:
+        # a session of its own: a run out of time is stopped with every process it started
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=sink, stderr=sink, start_new_session=True
+        )
         try:
-            done = subprocess.run(
-                command, cwd=ROOT, env=env, stdout=sink, stderr=sink, timeout=timeout_s
-            )
+            status = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            msg = f"did not finish within {timeout_s:.0f} s"
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            msg = f"did not finish within {timeout_s:g} s"
             raise RuntimeError(msg) from None
     whole = time.perf_counter() - started
-    if done.returncode != 0 or not result.exists():
+    if status != 0 or not result.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        msg = f"exit status {done.returncode}: " + " / ".join(tail)
+        msg = f"exit status {status}: " + " / ".join(tail)
         raise RuntimeError(msg)
     document: dict[str, Any] = json.loads(result.read_text())
     return {**document, "whole_s": whole}

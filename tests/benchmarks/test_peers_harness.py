@@ -68,6 +68,19 @@ def test_a_runner_that_fails_is_a_row_with_its_error(tmp_path: Path) -> None:
     assert timings["broken"].in_run_s == []
 
 
+def test_a_run_out_of_time_is_stopped_and_reported(tmp_path: Path) -> None:
+    directory = tmp_path / "workload"
+    write_workload(directory, {"task": "digits", "algorithm": "fedavg", "devices": 2, "rounds": 1})
+    bare = {"bare": Runner("bare", "benchmarks.peers.bare")}
+
+    # starting python and importing torch alone takes longer than this
+    timings = measure(directory, bare, {"bare": Path(sys.executable)}, 2, 1, 0.05)
+
+    assert timings["bare"].failure == "did not finish within 0.05 s"
+    assert timings["bare"].in_run_s == []
+    assert not list(directory.glob("result-*.json"))
+
+
 def test_the_standalone_cnn_computes_what_the_tasks_cnn_computes(tmp_path: Path) -> None:
     simulation = {"task": "mnist1d", "algorithm": "fedavg", "devices": 3, "rounds": 1}
     workload = write_workload(tmp_path, simulation)
