@@ -32,12 +32,14 @@ from protocols.transport.dispatch import (
 )
 from protocols.transport.paho_client import (
     QOS,
-    BrokerConnectionError,
     new_client,
     open_client,
     paho_severity,
     report_puback,
     subscriptions,
+)
+from protocols.transport.paho_client import (
+    BrokerConnectionError as BrokerConnectionError,  # raised by the transport: its public name
 )
 from protocols.transport.settings import BrokerSettings
 from protocols.transport.subscriptions import SessionFilters
