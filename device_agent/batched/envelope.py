@@ -147,9 +147,12 @@ class StackedSolver:
 
     def _losses(self, rows: torch.Tensor, batch: StackedBatch) -> torch.Tensor:
         """[D] each device's mean task loss on its batch, rows in the order its step shuffles."""
-        index = batch.index.clone()
-        for d, (size, generator) in enumerate(zip(batch.sizes, self.generators, strict=True)):
-            index[d, :size] = batch.index[d, torch.randperm(size, generator=generator)]
+        positions = torch.arange(batch.index.shape[1])
+        shuffles = [
+            torch.cat([torch.randperm(size, generator=generator), positions[size:]])
+            for size, generator in zip(batch.sizes, self.generators, strict=True)
+        ]
+        index = batch.index.gather(1, torch.stack(shuffles))
         outputs = self.forward(self.layout.views(rows), self.inputs[index])
         per_sample = sample_losses(self.ctx.task, outputs, self.targets[index])
         return torch.where(batch.mask, per_sample, 0.0).sum(dim=1) / batch.counts

@@ -52,10 +52,16 @@ def test_stacked_rounds_equal_the_per_device_path(variant: str) -> None:
     _assert_same_run(per_device, batched)
 
 
-def _contexts(sizes: list[int], seed: int) -> list[LocalContext]:
+MODELS = {  # batched matrix products; anything else runs under vmap
+    "mlp": lambda: nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)),
+    "vmap": lambda: nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2)),
+}
+
+
+def _contexts(sizes: list[int], seed: int, kind: str) -> list[LocalContext]:
     """Devices of `sizes` samples sharing one workspace model, with their own generators."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    model = MODELS[kind]()
     shared = {name: value.detach().clone() for name, value in model.state_dict().items()}
     config = PFedBreDConfig(prior="mh", batch_size=4, local_steps=3, prox_steps=2)
     contexts = []
@@ -77,16 +83,17 @@ def _contexts(sizes: list[int], seed: int) -> list[LocalContext]:
     return contexts
 
 
-def test_a_device_without_data_and_devices_of_every_size_match_their_own_runs() -> None:
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_a_device_without_data_and_devices_of_every_size_match_their_own_runs(kind: str) -> None:
     # Arrange: 0 samples (no iteration), fewer than a batch, uneven epochs
     sizes = [5, 0, 2, 9, 4]
     update = PFedBreDUpdate()
     alone = []
-    for ctx in _contexts(sizes, seed=1):
+    for ctx in _contexts(sizes, seed=1, kind=kind):
         ctx.model.load_state_dict(ctx.global_shared)
         alone.append((update.run(ctx), ctx.generator.get_state()))
     # Execute
-    contexts = _contexts(sizes, seed=1)
+    contexts = _contexts(sizes, seed=1, kind=kind)
     stacked = update.run_stacked(contexts)
     # Assert: results, kept theta and memory, and each generator's state afterwards
     for (one, generator), other, ctx in zip(alone, stacked, contexts, strict=True):
@@ -99,6 +106,7 @@ def test_a_device_without_data_and_devices_of_every_size_match_their_own_runs() 
         assert one.num_samples == other.num_samples
         assert one.train_loss == pytest.approx(other.train_loss, rel=TOLERANCE)
         assert torch.equal(generator, ctx.generator.get_state())
+    assert all(r.train_loss > 0 for r, size in zip(stacked, sizes, strict=True) if size)
     assert stacked[1].train_loss == 0.0
     assert all(float(t.abs().max()) == 0.0 for t in stacked[1].shared_delta.values())
 
