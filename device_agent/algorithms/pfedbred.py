@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -39,6 +39,8 @@ MEMORY = "memory."
 """State-name prefix of w_{i,R}^{(t-1)}, the local model at the end of the last round."""
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+BatchT = TypeVar("BatchT")
+StatsT = TypeVar("StatsT", covariant=True)
 
 
 def axpy(x: Mapping[str, torch.Tensor], a: float, y: Mapping[str, torch.Tensor]) -> Tensors:
@@ -95,10 +97,11 @@ class PFedBreDUpdate:
         memory = stored(ctx.state, MEMORY, names) or dict(w)
         draws = cfg.local_steps * (2 if cfg.prior_rule() == "mh" else 1)
         batches = minibatches(ctx.data.train, cfg.batch_size, draws, ctx.generator)
+        solver = _DeviceSolver(ctx, cfg, batches)
         phases: list[TrainStats] = []
         if len(ctx.data.train):
             for _ in range(cfg.local_steps):
-                w, theta, stats = _iteration(ctx, cfg, w, theta, memory, batches)
+                w, theta, stats = iteration(solver, cfg, w, theta, memory)
                 phases.append(stats)
             load_into(ctx.model, w)
         result = round_result(ctx, combine_stats(*phases))
@@ -124,6 +127,16 @@ class PFedBreDUpdate:
             )
             train_phase(ctx, spec)
 
+    def run_stacked(self, contexts: Sequence[LocalContext]) -> list[LocalResult]:
+        """Many devices' rounds at once, each what `run` returns to float rounding.
+
+        The batched trainer asks for this capability (`device_agent.batched.envelope`): the
+        same `iteration` over every device's tensors stacked along a device dimension.
+        """
+        from device_agent.batched.envelope import run_envelope_rounds  # torch.func when batching
+
+        return run_envelope_rounds(contexts)
+
 
 class PFedMeUpdate(PFedBreDUpdate):
     """pFedMe: the same code path with mu = w (spec §5)."""
@@ -131,35 +144,79 @@ class PFedMeUpdate(PFedBreDUpdate):
     name: ClassVar[str] = "pfedme"
 
 
-def _iteration(
-    ctx: LocalContext,
+class Solver(Protocol[BatchT, StatsT]):
+    """The training steps of an iteration, on one device's tensors or many devices' at once.
+
+    `iteration` writes the algorithm once over these and the elementwise tensor arithmetic
+    above, so the per-device round and the stacked one (`device_agent.batched.envelope`)
+    share its equations.
+    """
+
+    def next_batch(self) -> BatchT:
+        """The round's next minibatch (each device's own draw)."""
+        ...
+
+    def gradient_step(self, point: Tensors, batch: BatchT, lr: float) -> Tensors:
+        """One full-batch SGD step of the training loop: point - lr grad f(point; batch)."""
+        ...
+
+    def prox_solve(self, start: Tensors, mu: Tensors, batch: BatchT) -> tuple[Tensors, StatsT]:
+        """Theta approximately minimizing f(theta; B) + lam/2 ||theta - mu||^2, from `start`."""
+        ...
+
+
+def iteration(
+    solver: Solver[BatchT, StatsT],
     cfg: ProximalPriorConfig,
     w: Tensors,
     theta: Tensors,
     memory: Tensors,
-    batches: Batches,
-) -> tuple[Tensors, Tensors, TrainStats]:
+) -> tuple[Tensors, Tensors, StatsT]:
     """One local iteration r: returns (w_r, theta_r, the prox solve's stats). Spec §2.2."""
-    batch = next(batches)
+    batch = solver.next_batch()
     if not isinstance(cfg, PFedBreDConfig) or cfg.prior == "identity":
-        theta_next, stats = _prox_solve(ctx, cfg, _warm_start(cfg, w, w, w, theta), w, batch)
+        theta_next, stats = solver.prox_solve(_warm_start(cfg, w, w, w, theta), w, batch)
         return envelope_step(w, w, theta_next, cfg.lr, cfg.lam), theta_next, stats
     rule, eta, eta_alpha = cfg.prior, cfg.eta, cfg.eta_alpha
     if rule == "lg":  # mu = w - eta_alpha grad f(w; B); the solve starts at mu
-        mu = _gradient_step(ctx, w, batch, eta_alpha)
+        mu = solver.gradient_step(w, batch, eta_alpha)
         start = mu
     elif rule == "meg":
         mu, start = memory_prior_mean(w, memory, theta, eta), w
     else:  # mh (Eq. 22, two batches) or mh_simple (Eq. 14)
-        ahead = _gradient_step(ctx, w, batch, eta_alpha)
+        ahead = solver.gradient_step(w, batch, eta_alpha)
         if rule == "mh":  # w - eta_alpha grad f(w - eta_alpha grad f(w; B1); B2)
-            batch = next(batches)
-            ahead = axpy(w, 1.0, axpy(_gradient_step(ctx, ahead, batch, eta_alpha), -1.0, ahead))
+            batch = solver.next_batch()
+            outer = solver.gradient_step(ahead, batch, eta_alpha)
+            ahead = axpy(w, 1.0, axpy(outer, -1.0, ahead))
         if cfg.meta_step_updates_w:  # §6 A1, the code's behaviour
             w = ahead
         mu, start = memory_prior_mean(ahead, memory, theta, eta), w
-    theta_next, stats = _prox_solve(ctx, cfg, _warm_start(cfg, start, w, mu, theta), mu, batch)
+    theta_next, stats = solver.prox_solve(_warm_start(cfg, start, w, mu, theta), mu, batch)
     return envelope_step(w, mu, theta_next, cfg.lr, cfg.lam), theta_next, stats
+
+
+class _DeviceSolver:
+    """`Solver` on one device: its minibatch iterator and the one training loop on its model."""
+
+    def __init__(self, ctx: LocalContext, cfg: ProximalPriorConfig, batches: Batches) -> None:
+        self.ctx, self.cfg, self.batches = ctx, cfg, batches
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The iterator's next minibatch (its shuffle drawn lazily, as the loop draws it)."""
+        return next(self.batches)
+
+    def gradient_step(
+        self, point: Tensors, batch: tuple[torch.Tensor, torch.Tensor], lr: float
+    ) -> Tensors:
+        """`_gradient_step` on this device."""
+        return _gradient_step(self.ctx, point, batch, lr)
+
+    def prox_solve(
+        self, start: Tensors, mu: Tensors, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[Tensors, TrainStats]:
+        """`_prox_solve` on this device."""
+        return _prox_solve(self.ctx, self.cfg, start, mu, batch)
 
 
 def _warm_start(

@@ -11,7 +11,7 @@ came; whatever cannot batch runs per device, its reason logged once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,6 +57,23 @@ class _Work:
     done: Done
     failed: Failed
     phases: tuple[BatchPhase, ...] | None = None
+    rounds: RunStacked | None = None
+    """The update's own stacked rounds (`StackedUpdate`), when it has no phases."""
+
+
+RunStacked = Callable[[Sequence[LocalContext]], list[LocalResult]]
+
+
+class StackedUpdate(LocalUpdate, Protocol):
+    """A device half that trains many devices' rounds at once itself (pFedMe, pFedBreD).
+
+    Each of `run_stacked`'s results is what `run` returns on its context, to float rounding;
+    it draws from each context's generator what `run` draws.
+    """
+
+    def run_stacked(self, contexts: Sequence[LocalContext]) -> list[LocalResult]:
+        """`run` of every context (one config), as one stacked computation."""
+        ...
 
 
 class Batched:
@@ -97,8 +114,11 @@ class Batched:
             reason = self._reason_apart(work, problems)
             if reason is not None:
                 self._tell(reason)
-                work.phases = None  # trained through its own `run`
+                work.phases = work.rounds = None  # trained through its own `run`
                 groups.setdefault(f"alone-{id(work)}", []).append(work)
+            elif work.rounds is not None:  # its rounds stack only with the same settings
+                key = (work.update.name, work.ctx.config, work.ctx.split)
+                groups.setdefault(repr(key), []).append(work)
             else:
                 groups.setdefault(repr((work.update.name, work.phases)), []).append(work)
         results: dict[int, LocalResult | Exception] = {}
@@ -122,6 +142,8 @@ class Batched:
         except Exception as error:  # the device's own run will say it, per device
             return f"{work.update.name}: its phases could not be planned ({error})"
         if work.phases is None:
+            work.rounds = getattr(work.update, "run_stacked", None)
+        if work.phases is None and work.rounds is None:
             return f"{work.update.name} trains per device (its update declares no phases)"
         if ctx.budget.micro_batch_size is not None or ctx.budget.meter is not None:
             return "a memory plan or work limits bound the steps of each device"
@@ -131,7 +153,12 @@ class Batched:
 
     def _train_group(self, group: list[_Work]) -> dict[int, LocalResult | Exception]:
         """Stacked, even a group of one: a device's result must not depend on its company."""
-        if group[0].phases is not None:
+        if group[0].rounds is not None:
+            try:
+                return self._rounds(group, group[0].rounds)
+            except Exception as error:
+                self._tell(f"stacked training failed, trained per device instead: {error}")
+        elif group[0].phases is not None:
             try:
                 return self._stacked(group)
             except Exception as error:
@@ -165,6 +192,18 @@ class Batched:
             id(work): _result(work.ctx, phases, outcome)
             for work, outcome in zip(group, trained, strict=True)
         }
+
+    def _rounds(self, group: list[_Work], run: RunStacked) -> dict[int, LocalResult | Exception]:
+        """The group's rounds through the update's own `run_stacked`."""
+        generators = [w.ctx.generator.get_state() for w in group]
+        try:
+            results = run([w.ctx for w in group])
+        except Exception:  # the per-device fallback draws the same minibatches again
+            for work, generator in zip(group, generators, strict=True):
+                work.ctx.generator.set_state(generator)
+            raise
+        self.stacked_rounds += len(group)
+        return {id(work): result for work, result in zip(group, results, strict=True)}
 
     def _tell(self, reason: str) -> None:
         if reason not in self._told:

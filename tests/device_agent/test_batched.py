@@ -124,14 +124,14 @@ def test_an_update_without_phases_trains_per_device_and_says_why_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Execute
-    per_device, _ = _run("pfedme", "off")
+    per_device, _ = _run("selffl", "off")
     with caplog.at_level(logging.INFO, logger="device_agent.batched.trainer"):
-        batched, trainer = _run("pfedme", "on")
+        batched, trainer = _run("selffl", "on")
     # Assert: nothing stacked, the reason logged once, the run bit-identical
     assert trainer is not None
     assert trainer.stacked_rounds == 0
     reasons = [r.getMessage() for r in caplog.records if "declares no phases" in r.getMessage()]
-    assert reasons == ["batched training: pfedme trains per device (its update declares no phases)"]
+    assert reasons == ["batched training: selffl trains per device (its update declares no phases)"]
     assert _max_difference(per_device.final_shared, batched.final_shared) == 0.0
 
 
