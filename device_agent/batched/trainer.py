@@ -11,6 +11,7 @@ came; whatever cannot batch runs per device, its reason logged once.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,6 +70,8 @@ class Batched:
         self._told: set[str] = set()
         self.stacked_rounds = 0
         """Device rounds trained stacked so far (for tests and the benchmark)."""
+        self.stacked_seconds = 0.0
+        """Time spent in `train_stacked` so far: what the benchmark tells apart from the rest."""
 
     def submit(self, update: LocalUpdate, ctx: LocalContext, done: Done, failed: Failed) -> None:
         """Keep the work until `flush`.
@@ -154,12 +157,15 @@ class Batched:
             for w in group
         ]
         generators = [w.ctx.generator.get_state() for w in group]
+        started = time.perf_counter()
         try:
             trained = train_stacked(ctx0.model, ctx0.task, members, phases)
         except Exception:  # the per-device fallback draws the same minibatches again
             for work, generator in zip(group, generators, strict=True):
                 work.ctx.generator.set_state(generator)
             raise
+        finally:
+            self.stacked_seconds += time.perf_counter() - started
         self.stacked_rounds += len(group)
         return {
             id(work): _result(work.ctx, phases, outcome)
