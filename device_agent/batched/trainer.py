@@ -11,9 +11,9 @@ came; whatever cannot batch runs per device, its reason logged once.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Protocol
 
 from device_agent.algorithms.base import (
@@ -157,7 +157,7 @@ class Batched:
             for w in group
         ]
         generators = [w.ctx.generator.get_state() for w in group]
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             trained = train_stacked(ctx0.model, ctx0.task, members, phases)
         except Exception:  # the per-device fallback draws the same minibatches again
@@ -165,7 +165,7 @@ class Batched:
                 work.ctx.generator.set_state(generator)
             raise
         finally:
-            self.stacked_seconds += time.perf_counter() - started
+            self.stacked_seconds += perf_counter() - started
         self.stacked_rounds += len(group)
         return {
             id(work): _result(work.ctx, phases, outcome)
