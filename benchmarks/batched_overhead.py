@@ -5,7 +5,8 @@ small 1-D CNN over the same digits (each 8x8 image read as a 64-step sequence; 5
 rounds) and an MLP over 1,000 synthetic devices (2 rounds). One worker, so every device trains
 in one process. Paths: `pfl-coord simulate --batched on` (each round's local updates as one
 stacked computation), `--batched off` (each device in turn), the bare loop, and the bare loop
-with its local SGD stacked (`train_stacked`, no coordinator, codec or hub). In-run: the run
+with its local SGD stacked (`train_stacked`, no coordinator, codec or hub), alone and with
+each device's update encoded and decoded under the receiver's checks. In-run: the run
 alone, in a warm process. Whole process: a fresh `python` doing the same from its first import.
 Runs alternate; medians of the repeats.
 
@@ -20,6 +21,7 @@ times the digits MLP's bare loop, `off` and `on` in this checkout and in DIR sid
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +41,23 @@ from benchmarks.simulation_overhead import WORKLOAD, bare_loop, mean_test_metric
 from coordinator.run.settings import SimulationSettings
 from coordinator.run.simulate import run_simulation
 from device_agent.algorithms.base import BatchPhase
-from device_agent.batched.stacked import Member, train_stacked
+from device_agent.batched.stacked import Member, Trained, train_stacked
+from device_agent.batched.trainer import Batched
 from device_agent.compute_threads import available_cores, largest_step_macs
-from device_agent.training import TrainSpec
+from device_agent.training import TrainSpec, difference
 from pfl_tasks.digits import DigitsTask
 from pfl_tasks.models import build_seeded
 from pfl_tasks.registry import load_task
 from pfl_tasks.synthetic import SyntheticTask
+from protocols.codec import Tensors, describe_tensors, pack_tensors, unpack_tensors
+from protocols.messages import TensorSpec
+from protocols.privacy import update_norm
+from protocols.transport.inprocess import InProcessBroker
 
 MARKER = "<!-- batched-overhead -->"
 THRESHOLD_MARKER = "<!-- batched-threshold -->"
 WIRE_MARKER = "<!-- batched-wire-path -->"
-MODES = ("bare", "stacked", "off", "on")
+MODES = ("bare", "stacked", "wire", "off", "on")
 WORKLOADS: dict[str, dict[str, Any]] = {
     "digits MLP, 50 devices, 20 rounds": WORKLOAD,
     "digits 1-D CNN, 50 devices, 5 rounds": {
@@ -96,19 +104,39 @@ class SmallSynthetic(SyntheticTask):
 
 def in_run(mode: str, settings: SimulationSettings) -> tuple[float, float]:
     """(seconds, mean accuracy) of one run of `mode` in this (warm) process."""
+    seconds, accuracy, _ = timed_run(mode, settings)
+    return seconds, accuracy
+
+
+def timed_run(mode: str, settings: SimulationSettings) -> tuple[float, float, float]:
+    """`in_run`, and the seconds of it spent in `train_stacked` (`on`; NaN: not measured).
+
+    What `on` spends outside `train_stacked` is the wire path and the engine around it: with
+    none of it, `on` would take no less than the stacked bare loop.
+    """
     if mode == "bare":
-        return bare_loop(settings)
+        return (*bare_loop(settings), math.nan)
     if mode == "stacked":
-        return stacked_loop(settings)
+        return (*stacked_loop(settings), math.nan)
+    if mode == "wire":
+        return (*stacked_loop(settings, wire=True), math.nan)
+    hub = InProcessBroker()
     started = time.perf_counter()
-    result = run_simulation(settings.model_copy(update={"workers": 1, "batched": mode}))
-    return time.perf_counter() - started, float(result.summary["metrics"]["personalized_mean"])
+    result = run_simulation(settings.model_copy(update={"workers": 1, "batched": mode}), broker=hub)
+    seconds = time.perf_counter() - started
+    trainers = [getattr(hook, "__self__", None) for hook in hub.idle]
+    training = next((t.stacked_seconds for t in trainers if isinstance(t, Batched)), math.nan)
+    return seconds, float(result.summary["metrics"]["personalized_mean"]), training
 
 
-def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
+def stacked_loop(workload: SimulationSettings, *, wire: bool = False) -> tuple[float, float]:
     """The bare loop's FedAvg with each round's local SGD as one stacked computation.
 
-    What batching can gain with no framework around it: (seconds, mean test accuracy).
+    What batching can gain with no framework around it: (seconds, mean test accuracy). With
+    `wire`, each device's delta is also encoded (`pack_tensors`) and decoded under the
+    receiver's checks (`unpack_tensors`: layout, checksum, finiteness) and its norm taken, as
+    the guard does, before the same weighted mean: the least a path that keeps every device's
+    update its own encoded, checked message can take.
     """
     task = load_task(workload.task)
     config = workload.algorithm_config()
@@ -126,6 +154,9 @@ def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
             for d in fleet
         ]
         trained = train_stacked(model, task, members, (BatchPhase(spec),))
+        if wire:  # the manifest entries the coordinator expects of each update
+            expected = describe_tensors(global_state)
+            trained = [_over_the_wire(t, global_state, expected) for t in trained]
         global_state = {
             k: v
             + torch.einsum("d,d...->...", weights, torch.stack([t.final[k] for t in trained]) - v)
@@ -133,6 +164,15 @@ def stacked_loop(workload: SimulationSettings) -> tuple[float, float]:
         }
     model.load_state_dict(global_state)
     return time.perf_counter() - started, mean_test_metric(model, task, fleet)
+
+
+def _over_the_wire(trained: Trained, received: Tensors, expected: Sequence[TensorSpec]) -> Trained:
+    """`trained` with its final tensors rebuilt from its delta as encoded, decoded and checked."""
+    manifest, blob = pack_tensors(difference(trained.final, received))
+    delta = unpack_tensors(manifest, blob, expected=expected)
+    update_norm(delta)
+    final = {name: received[name] + delta[name] for name in received}
+    return Trained(final, trained.stats, trained.kept)
 
 
 def whole_process(mode: str, workload: str) -> float:
@@ -157,16 +197,19 @@ def measure(workload: str, repeats: int) -> dict[str, dict[str, float]]:
     for mode in MODES:  # warm-up: imports, data set, allocator
         in_run(mode, chosen)
     runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+    training: dict[str, list[float]] = {mode: [] for mode in MODES}
     whole: dict[str, list[float]] = {mode: [] for mode in MODES}
     accuracy: dict[str, float] = {}
     for _ in range(repeats):
         for mode in MODES:
-            seconds, accuracy[mode] = in_run(mode, chosen)
+            seconds, accuracy[mode], stacked = timed_run(mode, chosen)
             runs[mode].append(seconds)
+            training[mode].append(stacked)
             whole[mode].append(whole_process(mode, workload))
     return {
         mode: {
             "in_run": statistics.median(runs[mode]),
+            "training": statistics.median(training[mode]),
             "whole": statistics.median(whole[mode]),
             "accuracy": accuracy[mode],
         }
@@ -196,6 +239,7 @@ def machine(repeats: int, load: float) -> str:
 NAMES = {
     "bare": "bare PyTorch loop",
     "stacked": "bare loop, local SGD stacked (`train_stacked`)",
+    "wire": "the same, each update encoded and checked (`pack_tensors`, `unpack_tensors`)",
     "off": "simulate --batched off",
     "on": "simulate --batched on",
 }
@@ -211,8 +255,8 @@ def overhead_table(repeats: int) -> str:
         macs = step_macs(settings(name))
         rows += [
             f"| {name} ({macs:,} multiply-adds a step) | {NAMES[mode]} | {r['in_run']:.2f} | "
-            f"{bare['in_run'] / r['in_run']:.2f}x | {r['whole']:.2f} | "
-            f"{bare['whole'] / r['whole']:.2f}x | {r['accuracy']:.3f} |"
+            f"{_seconds(r['training'])} | {bare['in_run'] / r['in_run']:.2f}x | "
+            f"{r['whole']:.2f} | {bare['whole'] / r['whole']:.2f}x | {r['accuracy']:.3f} |"
             for mode, r in result.items()
         ]
         print("\n".join(rows[-len(MODES) :]), flush=True)
@@ -226,12 +270,14 @@ def overhead_table(repeats: int) -> str:
             "read-out, 20,426 parameters), the 1,000 devices `SmallSynthetic` (the synthetic "
             "task's MLP, at most 60 samples a device). One worker (every device in one process). "
             "In-run: the run alone in a warm process; whole process: a fresh `python` from its "
-            "first import. Speed-up is against the bare loop of the same workload.",
+            "first import. Speed-up is against the bare loop of the same workload. In "
+            "`train_stacked`: the part of `--batched on`'s in-run time spent in the stacked "
+            "step; the rest is the per-device wire path and the engine around it.",
             machine(repeats, load),
             "",
-            "| workload | path | in-run (s) | speed-up | whole process (s) | speed-up | "
-            "mean accuracy |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| workload | path | in-run (s) | in `train_stacked` (s) | speed-up | "
+            "whole process (s) | speed-up | mean accuracy |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             f"Command: `OMP_NUM_THREADS=1 nice python -m benchmarks.batched_overhead "
@@ -239,6 +285,11 @@ def overhead_table(repeats: int) -> str:
             MARKER,
         ]
     )
+
+
+def _seconds(value: float) -> str:
+    """A cell of seconds ("-" where not measured)."""
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def threshold_table(repeats: int) -> str:

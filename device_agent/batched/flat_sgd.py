@@ -34,10 +34,18 @@ class FlatLayout:
         self.width = sum(self.sizes)
 
     def stack(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> torch.Tensor:
-        """[D, P]: each device's tensors of `self.names`, flattened side by side."""
+        """[D, P]: each device's tensors of `self.names`, flattened side by side.
+
+        A tensor every row shares (the received model, where nothing of it is personal) is
+        broadcast instead of stacked from D references to it: the copy is made once, by `cat`.
+        """
         parts = []
         for name in self.names:
-            part = torch.stack([row[name].detach() for row in rows])
+            if len(rows) > 1 and all(row[name] is rows[0][name] for row in rows):
+                first = rows[0][name].detach()
+                part = first.unsqueeze(0).expand(len(rows), *first.shape)
+            else:
+                part = torch.stack([row[name].detach() for row in rows])
             if name in self.transposed:
                 part = part.transpose(1, 2)
             parts.append(part.reshape(len(rows), -1))

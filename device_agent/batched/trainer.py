@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Protocol
 
 from device_agent.algorithms.base import (
@@ -86,6 +87,8 @@ class Batched:
         self._told: set[str] = set()
         self.stacked_rounds = 0
         """Device rounds trained stacked so far (for tests and the benchmark)."""
+        self.stacked_seconds = 0.0
+        """Time spent in `train_stacked` so far: what the benchmark tells apart from the rest."""
 
     def submit(self, update: LocalUpdate, ctx: LocalContext, done: Done, failed: Failed) -> None:
         """Keep the work until `flush`.
@@ -181,12 +184,15 @@ class Batched:
             for w in group
         ]
         generators = [w.ctx.generator.get_state() for w in group]
+        started = perf_counter()
         try:
             trained = train_stacked(ctx0.model, ctx0.task, members, phases)
         except Exception:  # the per-device fallback draws the same minibatches again
             for work, generator in zip(group, generators, strict=True):
                 work.ctx.generator.set_state(generator)
             raise
+        finally:
+            self.stacked_seconds += perf_counter() - started
         self.stacked_rounds += len(group)
         return {
             id(work): _result(work.ctx, phases, outcome)

@@ -119,3 +119,19 @@ def test_a_phase_naming_a_tensor_that_is_no_parameter_is_refused() -> None:
     with pytest.raises(ValueError, match="not parameters"):
         train_stacked(model, load_task("digits"), [member], (phase,))
     assert torch.equal(member.generator.get_state(), torch.Generator().get_state())
+
+
+def test_rows_sharing_the_received_tensors_stack_as_copies_of_them_do() -> None:
+    # Arrange: an MLP (its weights stored transposed); rows 0-2 share one tensor of each name
+    model = nn.Sequential(OrderedDict(hidden=nn.Linear(3, 4), act=nn.ReLU(), out=nn.Linear(4, 2)))
+    layout = FlatLayout(model, stacked_forward(model)[1])
+    received = {k: v.detach().clone() for k, v in model.named_parameters()}
+    personal = {**received, "out.bias": torch.tensor([5.0, 6.0])}
+    rows = [received, received, received, personal]
+    copies = [{k: v.clone() for k, v in row.items()} for row in rows]
+    # Execute
+    stacked = layout.stack(rows)
+    # Assert: the same values, in a tensor of its own (training it leaves the received alone)
+    assert torch.equal(stacked, layout.stack(copies))
+    stacked.add_(1.0)
+    assert all(torch.equal(received[k], copies[0][k]) for k in received)
