@@ -64,6 +64,7 @@ class FleetRegistry:
         self._broadcast = 0  # bytes broadcast to every online device so far
         self._marks: dict[str, int] = {}  # online id -> `_broadcast` its bytes_down counts up to
         self._missed: tuple[int, int] = (-1, 0)  # the last round with stragglers, how many
+        self._snapshot: FleetSnapshot | None = None  # the planning view; None: a change since
         self._asked: tuple[int, float] = (-1, 0.0)  # the last training round announced, when
 
     def on_hello(self, hello: DeviceHello) -> bool:
@@ -268,8 +269,11 @@ class FleetRegistry:
     def _store(self, record: DeviceRecord) -> None:
         """Keep `record` (under the lock), the online set and the broadcast marks with it."""
         device_id = record.device_id
+        previous = self._devices.get(device_id)
         self._devices[device_id] = record
         self._changed.add(device_id)
+        if previous is None or _planned(previous) != _planned(record):
+            self._snapshot = None
         if record.online != (device_id in self._online):
             if record.online:
                 self._online.add(device_id)
@@ -295,11 +299,27 @@ class FleetRegistry:
             return [self._devices[key] for key in sorted(self._devices)]
 
     def snapshot(self) -> FleetSnapshot:
-        """The planning view of the fleet."""
-        return FleetSnapshot(
-            tuple(
-                DeviceInfo(r.device_id, r.num_train_samples, r.online)
-                for r in self.records()
-                if r.hello is not None
-            )
-        )
+        """The planning view of the fleet, rebuilt only after a change to what planning reads.
+
+        A round's updates change records (round, loss, last seen) but not this: a round in a
+        steady fleet plans from the same snapshot instead of copying the fleet again.
+        """
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None:
+            with self._lock:
+                records = [self._devices[key] for key in sorted(self._devices)]
+                snapshot = FleetSnapshot(
+                    tuple(
+                        DeviceInfo(r.device_id, r.num_train_samples, r.online)
+                        for r in records
+                        if r.hello is not None
+                    )
+                )
+                self._snapshot = snapshot
+        return snapshot
+
+
+def _planned(record: DeviceRecord) -> tuple[int, bool, bool]:
+    """What of a record the planning view reads."""
+    return record.num_train_samples, record.online, record.hello is not None
