@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+import threading
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 
@@ -120,6 +121,7 @@ class FleetPages:
         self._held: AbstractSet[str] = frozenset()
         self._flapping: AbstractSet[str] = frozenset()
         self.rows_published = 0
+        self._lock = threading.Lock()  # the round and a quarantine (a handler) may publish at once
         """Rows (and clearings) sent so far: what the paging saves is visible in tests."""
 
     def publish(
@@ -131,7 +133,22 @@ class FleetPages:
         flapping: AbstractSet[str],
         scalars: Mapping[str, float],
     ) -> FleetSummary:
-        """Retain the rows that changed since the last call and this round's summary."""
+        """Retain the rows that changed since the last call and this round's summary.
+
+        One call at a time: two interleaved could leave an older row retained after a newer one.
+        """
+        with self._lock:
+            return self._publish(round_id, offences, held=held, flapping=flapping, scalars=scalars)
+
+    def _publish(
+        self,
+        round_id: int,
+        offences: Offences,
+        *,
+        held: AbstractSet[str],
+        flapping: AbstractSet[str],
+        scalars: Mapping[str, float],
+    ) -> FleetSummary:
         dropped = offences.counts()  # per sender that ever had a message dropped: few
         changed = self.registry.drain_changed()
         changed |= {s for s, n in dropped.items() if self._dropped.get(s) != n}
