@@ -120,8 +120,8 @@ class FleetPages:
         self._dropped: dict[str, int] = {}
         self._held: AbstractSet[str] = frozenset()
         self._flapping: AbstractSet[str] = frozenset()
-        self.rows_published = 0
         self._lock = threading.Lock()  # the round and a quarantine (a handler) may publish at once
+        self.rows_published = 0
         """Rows (and clearings) sent so far: what the paging saves is visible in tests."""
 
     def publish(
@@ -138,42 +138,37 @@ class FleetPages:
         One call at a time: two interleaved could leave an older row retained after a newer one.
         """
         with self._lock:
-            return self._publish(round_id, offences, held=held, flapping=flapping, scalars=scalars)
-
-    def _publish(
-        self,
-        round_id: int,
-        offences: Offences,
-        *,
-        held: AbstractSet[str],
-        flapping: AbstractSet[str],
-        scalars: Mapping[str, float],
-    ) -> FleetSummary:
-        dropped = offences.counts()  # per sender that ever had a message dropped: few
-        changed = self.registry.drain_changed()
-        changed |= {s for s, n in dropped.items() if self._dropped.get(s) != n}
-        changed |= set(held) ^ set(self._held)
-        changed |= set(flapping) ^ set(self._flapping)
-        self._dropped, self._held, self._flapping = dropped, frozenset(held), frozenset(flapping)
-        strangers = set(_strangers(dropped, self.registry.has))
-        for device_id in sorted(changed | strangers | self._strangers):
-            self._refresh(device_id, dropped, strangers, held=held, flapping=flapping)
-        self._strangers = strangers
-        summary = FleetSummary(
-            fleet=self.fleet,
-            epoch=self.epoch,
-            round_id=round_id,
-            registered=self.registry.count(),
-            online=self.registry.online_count(),
-            quarantined=len(held),
-            flapping=len(flapping),
-            stragglers=self.registry.stragglers(round_id),
-            strangers=len(strangers),
-            broadcast_bytes=self.registry.broadcast_bytes(),
-            scalars={k: v for k, v in scalars.items() if math.isfinite(v)},
-        )
-        self.transport.publish(topics.fleet_status(self.fleet), encode_frame(summary), retain=True)
-        return summary
+            dropped = offences.counts()  # per sender that ever had a message dropped: few
+            changed = self.registry.drain_changed()
+            changed |= {s for s, n in dropped.items() if self._dropped.get(s) != n}
+            changed |= set(held) ^ set(self._held)
+            changed |= set(flapping) ^ set(self._flapping)
+            self._dropped, self._held, self._flapping = (
+                dropped,
+                frozenset(held),
+                frozenset(flapping),
+            )
+            strangers = set(_strangers(dropped, self.registry.has))
+            for device_id in sorted(changed | strangers | self._strangers):
+                self._refresh(device_id, dropped, strangers, held=held, flapping=flapping)
+            self._strangers = strangers
+            summary = FleetSummary(
+                fleet=self.fleet,
+                epoch=self.epoch,
+                round_id=round_id,
+                registered=self.registry.count(),
+                online=self.registry.online_count(),
+                quarantined=len(held),
+                flapping=len(flapping),
+                stragglers=self.registry.stragglers(round_id),
+                strangers=len(strangers),
+                broadcast_bytes=self.registry.broadcast_bytes(),
+                scalars={k: v for k, v in scalars.items() if math.isfinite(v)},
+            )
+            self.transport.publish(
+                topics.fleet_status(self.fleet), encode_frame(summary), retain=True
+            )
+            return summary
 
     def _refresh(
         self,
