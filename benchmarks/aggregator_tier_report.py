@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -183,7 +183,7 @@ def plot(runs: Sequence[Run], path: Path) -> None:
         rows.append((f"{same[0]['updates']:,.0f} updates a round", same))
     figure = Figure(figsize=(10, 3.0 * len(rows)), dpi=80, layout="constrained")
     FigureCanvasAgg(figure)
-    panels = (
+    panels: tuple[tuple[str, Callable[[Run], float]], ...] = (
         ("coordinator CPU / round (s)", lambda r: r["coordinator_s"]),
         ("coordinator inbound / round (MiB)", lambda r: r["inbound"] / 2**20),
         (
