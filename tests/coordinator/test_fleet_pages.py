@@ -13,7 +13,14 @@ from coordinator.ops.status import FleetView, collect_fleet_view
 from coordinator.ops.status_pages import PagedFleet
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
-from protocols.messages import Capabilities, DeviceHello, FleetDevice, FleetRow, FleetSummary
+from protocols.messages import (
+    Capabilities,
+    DeviceHello,
+    DeviceStatus,
+    FleetDevice,
+    FleetRow,
+    FleetSummary,
+)
 from protocols.offences import Offences
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
@@ -183,3 +190,41 @@ def test_a_reader_refuses_forged_rows_and_ignores_an_earlier_runs() -> None:
     assert view.refused == 2
     assert view.fleet is not None
     assert [d.device_id for d in view.fleet.devices] == ["d1"]
+
+
+def test_broadcasts_count_for_the_devices_online_then_settled_without_a_write_per_device() -> None:
+    # Arrange
+    registry = FleetRegistry()
+    registry.on_hello(_hello("d1"))
+    registry.on_hello(_hello("d2"))
+    registry.drain_changed()
+    # Act: d1 is offline for the second broadcast only
+    assert registry.count_broadcast(10) == 20
+    registry.on_status(DeviceStatus(device_id="d1", state="offline"))
+    assert registry.count_broadcast(5) == 5
+    registry.on_hello(_hello("d1"))
+    registry.count_broadcast(3)
+    # Assert: each device's total as before; a broadcast changes no device's row
+    usage = registry.usage()
+    assert (usage["d1"].bytes_down, usage["d2"].bytes_down) == (13, 18)
+    assert registry.drain_changed() == {"d1"}  # its leave and rejoin, not the broadcasts
+    settled, mark = registry.row_usage("d1")
+    assert settled.bytes_down + registry.broadcast_bytes() - (mark or 0) == 13
+    assert registry.row_usage("d2")[1] == 0  # online since before the first broadcast
+
+
+def test_the_planning_snapshot_is_rebuilt_only_when_planning_would_see_a_change() -> None:
+    # Arrange
+    registry = FleetRegistry()
+    for device_id in ("d1", "d2"):
+        registry.on_hello(_hello(device_id))
+    first = registry.snapshot()
+    # Act: a round's update and a loss change nothing planning reads
+    registry.on_update("d1", 1, 0.5)
+    same = registry.snapshot()
+    registry.on_status(DeviceStatus(device_id="d2", state="offline"))
+    after = registry.snapshot()
+    # Assert
+    assert same is first
+    assert after is not first
+    assert [(d.device_id, d.online) for d in after.devices] == [("d1", True), ("d2", False)]
