@@ -101,6 +101,15 @@ class _TimedCoordinatorClient:
         self.inner = inner
         self.handlers = _Clock()
         self.waiting = 0.0
+        self.status_bytes = 0
+        self.status_messages = 0
+
+    def publish(self, topic: str, payload: bytes, **options: Any) -> None:
+        """Publish, counting what goes to the fleet status's topics (summary and rows)."""
+        if topic.startswith(topics.fleet_status(topic.split("/")[1])):
+            self.status_bytes += len(payload)
+            self.status_messages += 1
+        self.inner.publish(topic, payload, **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -232,6 +241,7 @@ def measure(devices: int, participation: float, groups: int, rounds: int) -> dic
     rows: list[dict[str, float]] = []
     for _ in range(rounds):
         fleet.clock.seconds = status.seconds = client.handlers.seconds = client.waiting = 0.0
+        client.status_bytes = client.status_messages = 0
         for clock in clocks:
             clock.seconds = 0.0
         inbound = coordinator.traffic.bytes_up + (tier.bytes_in if tier else 0)
@@ -239,13 +249,13 @@ def measure(devices: int, participation: float, groups: int, rounds: int) -> dic
         record = coordinator.run_round()
         total = time.thread_time() - started
         own = total - client.waiting + client.handlers.seconds
-        status_frame = coordinator.last_fleet_status
         rows.append(
             {
                 "updates": float(record.participants),
                 "coordinator_s": own,
                 "status_s": status.seconds,
-                "status_bytes": float(len(encode_frame(status_frame))) if status_frame else 0.0,
+                "status_bytes": float(client.status_bytes),
+                "status_messages": float(client.status_messages),
                 "aggregator_s": max((c.seconds for c in clocks), default=0.0),
                 "aggregators_s": sum(clock.seconds for clock in clocks),
                 "inbound": float(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,6 +49,7 @@ HEADER = (
     "aggregators",
     "coordinator CPU/round",
     "of which fleet status",
+    "fleet status sent/round",
     "coordinator inbound/round",
     "held at aggregation",
     "RSS registered",
@@ -69,6 +70,7 @@ def row(run: Run) -> list[str]:
         str(groups) if groups else "none",
         f"{run['coordinator_s'] * 1e3:,.0f} ms",
         f"{run['status_s'] * 1e3:,.0f} ms",
+        f"{size(run['status_bytes'])} in {run.result.get('status_messages', 1):,.0f}",
         size(run["inbound"]),
         size(run["held"]),
         size(run["rss_registered"]),
@@ -87,15 +89,20 @@ def sizing(runs: Sequence[Run]) -> list[str]:
     flat = [r for r in full if not r.groups]
     tiered = [r for r in full if r.groups]
     registry = max((r["rss_registered"] - r["rss_built"]) / r.devices for r in big)
-    status_s = statistics.median(r["status_s"] / r.devices for r in big)
-    status_bytes = max(r["status_bytes"] / r.devices for r in big)
+    sent = [(r, r.result.get("status_messages", 1.0)) for r in big]
+    per_row_s = statistics.median(r["status_s"] / n for r, n in sent)
+    per_row = max(r["status_bytes"] / n for r, n in sent)
     lines = [
         f"Per-device and per-aggregator costs, from the {largest:,}-device rows:",
         "",
         f"- every registered device: {registry:,.0f} B of coordinator memory (RSS after the "
-        f"hellos minus before), and each round {status_bytes:,.0f} B of the retained fleet "
-        f"status (it lists every device, tier or not) and {status_s * 1e6:.0f} us of coordinator "
-        "CPU to make it (median);",
+        "hellos minus before); the fleet status costs a round nothing for a device whose row did "
+        f"not change: each round sends the rows that changed (here the round's updates) at "
+        f"{per_row:,.0f} B and {per_row_s * 1e6:.0f} us of coordinator CPU each (median), and a "
+        "summary of fixed size; the first round after the devices joined sends every row once, "
+        f"and the broker then retains one row per device ({size(per_row * largest)} at "
+        f"{largest:,} devices: in this benchmark the in-process hub, whose memory counts in the "
+        "process's peak RSS, with the coordinator's 8-byte digest per row);",
     ]
 
     def besides_status(run: Run) -> float:
@@ -122,51 +129,89 @@ def sizing(runs: Sequence[Run]) -> list[str]:
     sparse = sorted((r for r in big if r.participation < busiest), key=lambda r: r.groups)
     if sparse:
         spent = ", ".join(
-            f"{(r['coordinator_s'] - r['status_s']):.1f} s "
+            f"{(r['coordinator_s'] - r['status_s']) * 1e3:,.0f} ms "
             + (f"with {r.groups} aggregators" if r.groups else "without the tier")
             for r in sparse
         )
         lines.append(
             f"- at participation {sparse[0].participation:g} ({sparse[0]['updates']:,.0f} "
-            f"updates), the coordinator's CPU a round besides the fleet status: {spent}: what "
-            "is left is the round engine's work that grows with the fleet, not the updates."
+            f"updates), the coordinator's CPU a round besides the fleet status: {spent}."
+        )
+    same = _same_cohort(runs)
+    if same:
+        lines.append(
+            "- the same cohort in a larger fleet (the coordinator's CPU, of which fleet status, "
+            "inbound and peak RSS minus RSS registered, a round): "
+            + "; ".join(
+                f"{r.devices:,} devices at {r.participation:g}"
+                + (f" with {r.groups} aggregators" if r.groups else " without the tier")
+                + f": {r['coordinator_s'] * 1e3:,.0f} ms, {r['status_s'] * 1e3:,.0f} ms, "
+                f"{size(r['inbound'])}, {size(r['rss_peak'] - r['rss_registered'])}"
+                for r in same
+            )
+            + "."
         )
     return lines
 
 
+def _same_cohort(runs: Sequence[Run]) -> list[Run]:
+    """Runs with as many updates a round as the sparse largest fleet's, by tier and devices."""
+    largest = max(r.devices for r in runs)
+    sparse = [r for r in runs if r.devices == largest and r.participation < 1.0]
+    if not sparse:
+        return []
+    cohort = min(r["updates"] for r in sparse)
+    tiers = {r.groups for r in sparse if r["updates"] == cohort}
+    same = [r for r in runs if r["updates"] == cohort and r.groups in tiers]
+    return sorted(same, key=lambda r: (r.groups, r.devices))
+
+
 def plot(runs: Sequence[Run], path: Path) -> None:
-    """Coordinator CPU, inbound bytes and peak RSS per round against devices, one line a tier."""
+    """Coordinator CPU, inbound bytes and memory a round against devices, one line a tier.
+
+    Top: at the highest participation (the cohort grows with the fleet). Bottom: one cohort
+    size in fleets of different sizes (`_same_cohort`): what the fleet alone adds.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 3.0), dpi=80, layout="constrained")
-    FigureCanvasAgg(figure)
-    panels = (
-        ("coordinator_s", "coordinator CPU / round (s)", 1.0),
-        ("inbound", "coordinator inbound / round (MiB)", 2**-20),
-        ("rss_peak", "process peak RSS (MiB)", 2**-20),
-    )
     participation = max(r.participation for r in runs)
     shown = [r for r in runs if r.participation == participation]
-    for index, (key, label, scale) in enumerate(panels):
-        axes = figure.add_subplot(1, len(panels), index + 1)
-        for groups in sorted({r.groups for r in shown}):
-            line = sorted((r for r in shown if r.groups == groups), key=lambda r: r.devices)
-            axes.plot(
-                [r.devices for r in line],
-                [r[key] * scale for r in line],
-                marker="o",
-                label=f"{groups} aggregators" if groups else "no tier",
-            )
-        axes.set_xscale("log")
-        if key != "rss_peak":
+    same = _same_cohort(runs)
+    rows = [(f"participation {participation:g}", shown)]
+    if same:
+        rows.append((f"{same[0]['updates']:,.0f} updates a round", same))
+    figure = Figure(figsize=(10, 3.0 * len(rows)), dpi=80, layout="constrained")
+    FigureCanvasAgg(figure)
+    panels: tuple[tuple[str, Callable[[Run], float]], ...] = (
+        ("coordinator CPU / round (s)", lambda r: r["coordinator_s"]),
+        ("coordinator inbound / round (MiB)", lambda r: r["inbound"] / 2**20),
+        (
+            "peak RSS - RSS registered (MiB)",
+            lambda r: (r["rss_peak"] - r["rss_registered"]) / 2**20,
+        ),
+    )
+    for row_index, (title, chosen) in enumerate(rows):
+        for index, (label, value) in enumerate(panels):
+            axes = figure.add_subplot(len(rows), len(panels), row_index * len(panels) + index + 1)
+            for groups in sorted({r.groups for r in chosen}):
+                line = sorted((r for r in chosen if r.groups == groups), key=lambda r: r.devices)
+                axes.plot(
+                    [r.devices for r in line],
+                    [value(r) for r in line],
+                    marker="o",
+                    label=f"{groups} aggregators" if groups else "no tier",
+                )
+            axes.set_xscale("log")
             axes.set_yscale("log")
-        axes.set_xlabel("devices")
-        axes.set_title(label, fontsize="medium")
-        axes.grid(alpha=0.3)
-        if index == 0:
-            axes.legend(fontsize="small")
-    figure.suptitle(f"participation {participation:g}, FedAvg, synthetic model", fontsize="small")
+            axes.set_xlabel("devices")
+            axes.set_title(label, fontsize="small")
+            if index == 0:
+                axes.set_ylabel(title)
+            axes.grid(alpha=0.3)
+            if index == 0:
+                axes.legend(fontsize="small")
+    figure.suptitle("FedAvg, synthetic model", fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
 
@@ -194,7 +239,7 @@ def section(runs: Sequence[Run], rounds: int, params: int, plot_path: Path | Non
         "",
         f"FedAvg on the synthetic task's model ({params:,} float32 parameters), median of "
         f"{rounds} rounds, one thread: `{COMMAND} --out docs/benchmarks.md --plot "
-        "docs/aggregator_tier.png` (about 30 minutes on a shared 2-core machine). The devices "
+        "docs/aggregator_tier.png` (about 6 minutes on a shared 2-core machine). The devices "
         "are a stand-in that sends each selected device's update frame (no training); the "
         "coordinator and aggregators are the real ones on the in-process hub.",
     ]

@@ -25,6 +25,7 @@ from benchmarks.common import markdown_table, write_section
 from coordinator.dashboard.board import Board
 from coordinator.dashboard.history import RunHistoryLog
 from coordinator.engine.round_types import RoundRecord
+from coordinator.ops.status_pages import retained_pages
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import (
@@ -78,14 +79,15 @@ def median_seconds(action: Callable[[], object], repeats: int) -> float:
 def measure(devices: int, repeats: int) -> dict[str, float]:
     """Bytes and seconds of the history, the board's intake and one pushed snapshot."""
     history, fleet, statuses = fleet_of(devices)
-    frame, fleet_frame = encode_frame(history.message(RUN_ID)), encode_frame(fleet)
+    frame, pages = encode_frame(history.message(RUN_ID)), retained_pages(fleet)
     board = Board("benchmark")
     for status in statuses:
         board.offer(topics.device("default", status.device_id, "status"), encode_frame(status))
 
     def take_in() -> None:
         board.offer(topics.run_history("default"), frame)
-        board.offer(topics.fleet_status("default"), fleet_frame)
+        for topic, payload in pages:  # the fleet status as retained: a summary and its rows
+            board.offer(topic, payload)
 
     take_in()
     snapshot = json.dumps(board.snapshot())

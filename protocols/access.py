@@ -64,6 +64,7 @@ def viewer_grants(fleet: str) -> tuple[Grant, ...]:
     reads = [
         topics.coordinator_status(fleet),
         topics.fleet_status(fleet),
+        topics.fleet_row(fleet),
         topics.run_history(fleet),
         topics.device_subscription(fleet, "status"),
         topics.aggregator_status(fleet),

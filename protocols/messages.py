@@ -231,8 +231,10 @@ class FleetDevice(WireModel):
 
 
 class FleetStatus(Message):
-    """The coordinator's view of the fleet after each round; retained, for `pfl-coord status`.
+    """The coordinator's whole view of the fleet: every device's row, the round and its scalars.
 
+    Not sent as one message: the broker retains it paged (a `FleetSummary` and a `FleetRow` per
+    device), which readers join into this; a run directory's `fleet.json` holds it whole.
     Devices need not publish a status every round: their round and loss come from here.
     """
 
@@ -242,6 +244,51 @@ class FleetStatus(Message):
     devices: tuple[FleetDevice, ...] = ()
     scalars: Scalars = Field(default_factory=dict)
     """The last round's fleet scalars (e.g. Self-FL's sigma_0^2), as in metrics.jsonl."""
+
+
+FLEET_EPOCH_PATTERN = r"^[0-9a-f]{1,32}$"
+
+
+class FleetSummary(Message):
+    """The fleet's counts after each round, retained beside one `FleetRow` per device.
+
+    Small and of fixed size: what a round costs the coordinator does not grow with the fleet.
+    """
+
+    kind: Literal["fleet-summary"] = "fleet-summary"
+    fleet: DeviceId
+    epoch: Annotated[str, Field(pattern=FLEET_EPOCH_PATTERN)]
+    """The publishing coordinator's incarnation: rows of another (an earlier run's) are stale."""
+    round_id: NonNegativeInt
+    registered: Count = 0
+    online: Count = 0
+    quarantined: Count = 0
+    flapping: Count = 0
+    stragglers: Count = 0
+    """Devices that let round `round_id`'s deadline pass while connected."""
+    strangers: Count = 0
+    """Senders listed (rows) although they never joined."""
+    broadcast_bytes: NonNegativeInt = 0
+    """Bytes broadcast to every online device so far; a row's `broadcast_mark` is subtracted."""
+    scalars: Scalars = Field(default_factory=dict)
+    """The last round's fleet scalars (e.g. Self-FL's sigma_0^2), as in metrics.jsonl."""
+
+
+class FleetRow(Message):
+    """One device's row of the fleet status, retained on its own topic; republished on change.
+
+    Its `bytes_down` counts broadcasts up to `broadcast_mark`; while the device stays online,
+    each later broadcast also reached it: the summary's `broadcast_bytes` minus the mark.
+    """
+
+    kind: Literal["fleet-row"] = "fleet-row"
+    fleet: DeviceId
+    epoch: Annotated[str, Field(pattern=FLEET_EPOCH_PATTERN)]
+    device: FleetDevice
+    broadcast_mark: NonNegativeInt | None = None
+    """The summary's `broadcast_bytes` when this row's count was settled (None: offline)."""
+    stranger: bool = False
+    """A sender that never joined, listed for the messages it had dropped."""
 
 
 RUN_HISTORY_ROUNDS = 1000
@@ -716,6 +763,8 @@ AnyMessage = Annotated[
     | DeviceStatus
     | CoordinatorStatus
     | FleetStatus
+    | FleetSummary
+    | FleetRow
     | RunHistory
     | SharedModel
     | ModelDelta
@@ -740,6 +789,8 @@ ALL_MESSAGE_TYPES: tuple[type[Message], ...] = (
     DeviceStatus,
     CoordinatorStatus,
     FleetStatus,
+    FleetSummary,
+    FleetRow,
     RunHistory,
     SharedModel,
     ModelDelta,

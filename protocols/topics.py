@@ -1,7 +1,8 @@
 """The topic layout, written down once: builders for every topic and one parser for inbound ones.
 
     pfl/<fleet>/coordinator/status          retained, last-will "offline"     coordinator -> all
-    pfl/<fleet>/coordinator/fleet           retained FleetStatus, every round  coordinator -> all
+    pfl/<fleet>/coordinator/fleet           retained FleetSummary, every round coordinator -> all
+    pfl/<fleet>/coordinator/fleet/<device>  retained FleetRow, when it changed coordinator -> ops
     pfl/<fleet>/coordinator/history         retained RunHistory, every round   coordinator -> ops
     pfl/<fleet>/round                       retained RoundAnnouncement         coordinator -> all
     pfl/<fleet>/model                       retained SharedModel + tensors     coordinator -> asked
@@ -42,6 +43,7 @@ DeviceTopicKind = Literal[
 FleetTopicKind = Literal[
     "coordinator-status",
     "fleet-status",
+    "fleet-row",
     "run-history",
     "round",
     "model",
@@ -96,8 +98,14 @@ def coordinator_status(fleet: str) -> str:
 
 
 def fleet_status(fleet: str) -> str:
-    """Retained summary of every device, refreshed after each round."""
+    """Retained summary of the fleet (counts), refreshed after each round."""
     return f"{ROOT}/{_segment(fleet, 'fleet')}/coordinator/fleet"
+
+
+def fleet_row(fleet: str, device_id: str | None = None) -> str:
+    """One device's retained row of the fleet status (None: the filter matching every row)."""
+    device = "+" if device_id is None else _device_segment(device_id)
+    return f"{fleet_status(fleet)}/{device}"
 
 
 def run_history(fleet: str) -> str:
@@ -195,6 +203,7 @@ def operator_readable(fleet: str) -> tuple[str, ...]:
     return (
         coordinator_status(fleet),
         fleet_status(fleet),
+        fleet_row(fleet),
         run_history(fleet),
         device_subscription(fleet, "status"),
         device_subscription(fleet, "export-report"),
@@ -247,6 +256,8 @@ def parse_topic(topic: str) -> TopicRef:
         return TopicRef(fleet, "coordinator-status")
     if rest == ["coordinator", "fleet"]:
         return TopicRef(fleet, "fleet-status")
+    if len(rest) == 3 and rest[:2] == ["coordinator", "fleet"]:
+        return TopicRef(fleet, "fleet-row", _device_segment(rest[2]))
     if rest == ["coordinator", "history"]:
         return TopicRef(fleet, "run-history")
     if rest in (["round"], ["model"], ["model-delta"]):

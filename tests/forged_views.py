@@ -18,7 +18,9 @@ from protocols.messages import (
     DeviceResult,
     DeviceStatus,
     FleetDevice,
+    FleetRow,
     FleetStatus,
+    FleetSummary,
     Message,
     RoundSummary,
     RunHistory,
@@ -55,6 +57,13 @@ def forged_views(
             round_id=20,
             devices=(*shown_down, FleetDevice(device_id="ghost-1", online=True, last_seen=1.0)),
         ),
+        FleetSummary(fleet=fleet, epoch="0", round_id=20, registered=999),
+        FleetRow(
+            fleet=fleet,
+            epoch="0",
+            device=FleetDevice(device_id="ghost-3", online=True, last_seen=1.0),
+        ),
+        FleetRow(fleet=fleet, epoch="0", device=shown_down[0]),
         RunHistory(
             fleet=fleet,
             run_id=run_id,

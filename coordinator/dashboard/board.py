@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from coordinator.ops.status import MAX_TRACKED_STATUSES, FleetView
+from coordinator.ops.status_pages import PagedFleet
 from protocols.messages import CoordinatorStatus, FleetStatus, Message, RunHistory
 
 MAX_BOARD_ROWS = MAX_TRACKED_STATUSES
@@ -71,7 +72,7 @@ class Board:
         """
         with self._lock:
             self._view.history = history
-            self._view.fleet = fleet
+            self._view.paged = PagedFleet.of(fleet)
             self._view.coordinator = coordinator
             self._finished = finished
             self._summary = summary

@@ -41,6 +41,7 @@ class FlapWatch:
         self._joins: dict[str, deque[float]] = {}
         self._last: dict[str, tuple[str, float]] = {}  # per id: the last counted instance, when
         self._clashes: dict[str, float] = {}
+        self._suspects: set[str] = set()  # ids that may be flapping: a clash or enough joins
         self._lock = threading.Lock()
 
     def note(self, device_id: str, clash: bool = False, instance: str = "") -> bool:
@@ -55,9 +56,12 @@ class FlapWatch:
                 return False  # the same reconnect saying hello once more
             self._last[device_id] = (instance, now)
             was = self._is_flapping(device_id, now)
-            self._joins.setdefault(device_id, deque(maxlen=self.threshold)).append(now)
+            joins = self._joins.setdefault(device_id, deque(maxlen=self.threshold))
+            joins.append(now)
             if clash:
                 self._clashes[device_id] = now
+            if clash or len(joins) >= self.threshold:
+                self._suspects.add(device_id)
             started = not was and self._is_flapping(device_id, now)
         if started:
             logger.warning(
@@ -73,8 +77,10 @@ class FlapWatch:
     def flapping(self) -> frozenset[str]:
         """The device ids that rejoined `threshold` times within the last `window_s`."""
         now = self._clock()
-        with self._lock:
-            return frozenset(d for d in self._joins if self._is_flapping(d, now))
+        with self._lock:  # the suspects only, not every id that ever joined: read each round
+            flapping = frozenset(d for d in self._suspects if self._is_flapping(d, now))
+            self._suspects &= flapping  # a suspect again at its next join
+            return flapping
 
     def _is_flapping(self, device_id: str, now: float) -> bool:
         if now - self._clashes.get(device_id, -math.inf) <= self.window_s:

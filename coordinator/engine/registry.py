@@ -60,6 +60,11 @@ class FleetRegistry:
         """Copies of the online set made for readers: one per change that is read, not per hello
         (copying on every hello made registering n devices O(n^2))."""
         self._usage: dict[str, DeviceUsage] = {}
+        self._changed: set[str] = set()  # ids whose record or usage changed since last drained
+        self._broadcast = 0  # bytes broadcast to every online device so far
+        self._marks: dict[str, int] = {}  # online id -> `_broadcast` its bytes_down counts up to
+        self._missed: tuple[int, int] = (-1, 0)  # the last round with stragglers, how many
+        self._snapshot: FleetSnapshot | None = None  # the planning view; None: a change since
         self._asked: tuple[int, float] = (-1, 0.0)  # the last training round announced, when
 
     def on_hello(self, hello: DeviceHello) -> bool:
@@ -128,7 +133,7 @@ class FleetRegistry:
                     )
                 )
                 if round_id == self._asked[0]:
-                    usage = self._usage.setdefault(device_id, DeviceUsage())
+                    usage = self._used(device_id)
                     usage.round_seconds = max(0.0, time.time() - self._asked[1])
 
     def _loss(self, reported: float | None, previous: float | None) -> float | None:
@@ -145,33 +150,90 @@ class FleetRegistry:
     def missed_deadline(self, round_id: int, device_ids: Iterable[str]) -> None:
         """`device_ids` were selected for `round_id`, stayed connected, and did not answer."""
         with self._lock:
+            missed = 0
             for device_id in device_ids:
-                usage = self._usage.setdefault(device_id, DeviceUsage())
+                usage = self._used(device_id)
                 usage.missed_deadlines += 1
                 usage.missed_round = round_id
+                missed += 1
+            self._missed = (round_id, missed)
 
     def count_up(self, device_id: str, size: int) -> None:
         """`size` payload bytes arrived from `device_id` (counted only for a known device)."""
         with self._lock:
             if device_id in self._devices:
-                self._usage.setdefault(device_id, DeviceUsage()).bytes_up += size
+                self._used(device_id).bytes_up += size
 
     def count_down(self, sizes: Mapping[str, int]) -> int:
         """Payload bytes sent for each device (its downloads; known devices): their total."""
         with self._lock:
             for device_id, size in sizes.items():
                 if device_id in self._devices:
-                    self._usage.setdefault(device_id, DeviceUsage()).bytes_down += size
+                    self._used(device_id).bytes_down += size
         return sum(sizes.values())
 
     def count_broadcast(self, size: int) -> int:
-        """A broadcast of `size` bytes, which each device online now receives: their total."""
-        return self.count_down(dict.fromkeys(self.online_ids(), size))
+        """A broadcast of `size` bytes, which each device online now receives: their total.
+
+        O(1): one fleet-wide counter; each online device's share is settled when it goes
+        offline or is read (`usage`, `row_usage`), not written into every device per broadcast.
+        """
+        with self._lock:
+            self._broadcast += size
+            return size * len(self._online)
+
+    def _used(self, device_id: str) -> DeviceUsage:
+        """The device's usage to change (under the lock): its row changes with it."""
+        self._changed.add(device_id)
+        return self._usage.setdefault(device_id, DeviceUsage())
 
     def usage(self) -> dict[str, DeviceUsage]:
-        """Each device's bytes and round time so far (copies)."""
+        """Each device's bytes and round time so far (copies), broadcasts to it included."""
         with self._lock:
-            return {d: replace(u) for d, u in self._usage.items()}
+            used = {d: replace(u) for d, u in self._usage.items()}
+            for device_id, mark in self._marks.items():
+                if self._broadcast > mark:
+                    use = used.setdefault(device_id, DeviceUsage())
+                    use.bytes_down += self._broadcast - mark
+            return used
+
+    def row_usage(self, device_id: str) -> tuple[DeviceUsage, int | None]:
+        """One device's usage with broadcasts up to a mark, and the mark (None: offline).
+
+        Its full `bytes_down` is that plus `broadcast_bytes() - mark`: a row published with the
+        mark stays true for an online device while only broadcasts reach it.
+        """
+        with self._lock:
+            use = replace(self._usage.get(device_id) or DeviceUsage())
+            return use, self._marks.get(device_id)
+
+    def broadcast_bytes(self) -> int:
+        """Bytes broadcast to every online device so far."""
+        return self._broadcast
+
+    def drain_changed(self) -> set[str]:
+        """Ids whose record or usage changed since the last call (a round's rows to refresh)."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+            return changed
+
+    def stragglers(self, round_id: int) -> int:
+        """How many devices let round `round_id`'s deadline pass while connected."""
+        last, count = self._missed
+        return count if last == round_id else 0
+
+    def count(self) -> int:
+        """How many devices are known (said hello, or restored from a checkpoint)."""
+        return len(self._devices)
+
+    def has(self, device_id: str) -> bool:
+        """Whether the device has a record (said hello, or restored from a checkpoint)."""
+        return device_id in self._devices
+
+    def record(self, device_id: str) -> DeviceRecord | None:
+        """One device's record (None: unknown)."""
+        with self._lock:
+            return self._devices.get(device_id)
 
     def knows(self, device_id: str) -> bool:
         """Whether the device ever said hello."""
@@ -205,13 +267,22 @@ class FleetRegistry:
         return view
 
     def _store(self, record: DeviceRecord) -> None:
-        """Keep `record` (under the lock) and the online set with it."""
-        self._devices[record.device_id] = record
-        if record.online != (record.device_id in self._online):
+        """Keep `record` (under the lock), the online set and the broadcast marks with it."""
+        device_id = record.device_id
+        previous = self._devices.get(device_id)
+        self._devices[device_id] = record
+        self._changed.add(device_id)
+        if previous is None or _planned(previous) != _planned(record):
+            self._snapshot = None
+        if record.online != (device_id in self._online):
             if record.online:
-                self._online.add(record.device_id)
+                self._online.add(device_id)
+                self._marks[device_id] = self._broadcast
             else:
-                self._online.discard(record.device_id)
+                self._online.discard(device_id)
+                share = self._broadcast - self._marks.pop(device_id, self._broadcast)
+                if share:
+                    self._usage.setdefault(device_id, DeviceUsage()).bytes_down += share
             self._online_view = None
 
     def restore(self, device_id: str, num_train_samples: int) -> None:
@@ -228,11 +299,27 @@ class FleetRegistry:
             return [self._devices[key] for key in sorted(self._devices)]
 
     def snapshot(self) -> FleetSnapshot:
-        """The planning view of the fleet."""
-        return FleetSnapshot(
-            tuple(
-                DeviceInfo(r.device_id, r.num_train_samples, r.online)
-                for r in self.records()
-                if r.hello is not None
-            )
-        )
+        """The planning view of the fleet, rebuilt only after a change to what planning reads.
+
+        A round's updates change records (round, loss, last seen) but not this: a round in a
+        steady fleet plans from the same snapshot instead of copying the fleet again.
+        """
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None:
+            with self._lock:
+                records = [self._devices[key] for key in sorted(self._devices)]
+                snapshot = FleetSnapshot(
+                    tuple(
+                        DeviceInfo(r.device_id, r.num_train_samples, r.online)
+                        for r in records
+                        if r.hello is not None
+                    )
+                )
+                self._snapshot = snapshot
+        return snapshot
+
+
+def _planned(record: DeviceRecord) -> tuple[int, bool, bool]:
+    """What of a record the planning view reads."""
+    return record.num_train_samples, record.online, record.hello is not None

@@ -20,7 +20,7 @@ from coordinator.engine.device_messages import DeviceIntake, IntakeParts, Traffi
 from coordinator.engine.downlink import ModelPublisher
 from coordinator.engine.evaluation_round import evaluate_fleet
 from coordinator.engine.flapping import FlapWatch
-from coordinator.engine.fleet_view import fleet_status
+from coordinator.engine.fleet_view import FleetPages, fleet_status
 from coordinator.engine.intake import Collector
 from coordinator.engine.once import OnceEach
 from coordinator.engine.quarantine import Quarantine
@@ -53,6 +53,7 @@ from protocols.messages import (
     DevicePrivacy,
     EvaluationReport,
     FleetStatus,
+    FleetSummary,
     SecureRound,
     TensorSpec,
 )
@@ -117,7 +118,8 @@ class Coordinator:
         self.silent = SilentDevices()
         self.flaps = FlapWatch()
         self.guard_notes = OnceEach(logger, "said once per device; later rounds count in guard_cut")
-        self.last_fleet_status: FleetStatus | None = None
+        self.fleet_pages = FleetPages(settings.fleet, transport, self.registry)
+        self.last_fleet_summary: FleetSummary | None = None
         self.last_scalars: dict[str, float] = {}
         self.models = ModelPublisher(transport, settings.fleet, settings.downlink)
         self.run_state = RunState(self._send_status)
@@ -230,20 +232,30 @@ class Coordinator:
         self.models.publish(self.model, self.round_id, force=force)
 
     def publish_fleet_status(self) -> None:
-        """Retain the registry's view, so `pfl-coord status` shows each device's round and loss."""
-        status = fleet_status(
-            self.settings.fleet,
+        """Retain the rows that changed and a summary: `pfl-coord status` shows each device."""
+        self.last_fleet_summary = self.fleet_pages.publish(
             self.round_id,
-            self.registry,
             self.offences,
             held=self.quarantine.held(),
             flapping=self.flaps.flapping(),
             scalars=self.last_scalars,
         )
-        self.transport.publish(
-            topics.fleet_status(self.settings.fleet), encode_frame(status), retain=True
+
+    @property
+    def last_fleet_status(self) -> FleetStatus | None:
+        """The whole fleet status now, once one was published (for a run directory): O(fleet)."""
+        if self.last_fleet_summary is None:
+            return None
+        held, flapping = self.quarantine.held(), self.flaps.flapping()
+        return fleet_status(
+            self.settings.fleet,
+            self.round_id,
+            self.registry,
+            self.offences,
+            held=held,
+            flapping=flapping,
+            scalars=self.last_scalars,
         )
-        self.last_fleet_status = status  # also written to a run directory, for dashboards
 
     # -- rounds -----------------------------------------------------------------------------
 

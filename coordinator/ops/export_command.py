@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.ops.identity import tool_client_id
+from coordinator.ops.status import FleetView
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame
 from protocols.errors import PflError
-from protocols.messages import Command, ExportArguments, ExportReport, FleetStatus
+from protocols.messages import Command, ExportArguments, ExportReport
 from protocols.transport.factory import connect
 from protocols.transport.settings import BrokerSettings
 
@@ -99,7 +100,11 @@ def request_exports(
     client_id = tool_client_id(broker, "export")
     result = FleetExport()
     lock = threading.Lock()
-    status: list[FleetStatus] = []
+    view = FleetView(fleet)  # the retained fleet summary and rows, as `pfl-coord status` reads
+
+    def on_status(topic: str, payload: bytes) -> None:
+        with lock:
+            view.offer(topic, payload)
 
     def on_message(topic: str, payload: bytes) -> None:
         try:
@@ -109,18 +114,23 @@ def request_exports(
             logger.warning("ignored a malformed message on %s: %s", topic, error)
             return
         with lock:
-            if isinstance(message, FleetStatus):
-                status.append(message)
-            elif isinstance(message, ExportReport) and message.device_id == ref.device_id:
+            if isinstance(message, ExportReport) and message.device_id == ref.device_id:
                 result.reports[message.device_id] = message
 
     with connect(broker, client_id, clean_start=True) as transport:
         transport.subscribe(topics.device_subscription(fleet, "export-report"), on_message)
-        transport.subscribe(topics.fleet_status(fleet), on_message)
-        transport.wait_until(lambda: bool(status), listen_s)
+        transport.subscribe(topics.fleet_status(fleet), on_status)
+        transport.subscribe(topics.fleet_row(fleet), on_status)
+
+        def listed() -> bool:
+            with lock:
+                return view.paged.complete()
+
+        transport.wait_until(listed, listen_s)
         with lock:
-            if status:
-                result.listed = {d.device_id: d.online for d in status[-1].devices}
+            status = view.fleet
+            if status is not None:
+                result.listed = {d.device_id: d.online for d in status.devices}
         waiting = {device_id for device_id, online in result.listed.items() if online}
         command = Command(action="export", export=request)
         transport.publish(topics.command(fleet), encode_frame(command))

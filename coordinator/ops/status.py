@@ -10,11 +10,20 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from coordinator.ops.identity import tool_client_id
+from coordinator.ops.status_pages import PagedFleet
 from coordinator.ops.status_tier import AggregatorViews
 from coordinator.ops.view_intake import view_message, view_topic
 from protocols import topics
 from protocols.errors import PflError
-from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
+from protocols.messages import (
+    CoordinatorStatus,
+    DeviceStatus,
+    FleetRow,
+    FleetStatus,
+    FleetSummary,
+    Message,
+    RunHistory,
+)
 from protocols.transport.factory import connect
 from protocols.transport.mqtt import MqttTransport
 from protocols.transport.settings import BrokerSettings
@@ -40,7 +49,8 @@ class FleetView:
     name: str = "default"
     """The fleet's name: topics of other fleets are refused."""
     coordinator: CoordinatorStatus | None = None
-    fleet: FleetStatus | None = None
+    paged: PagedFleet = field(default_factory=PagedFleet)
+    """The coordinator's fleet summary and its per-device rows (`fleet` joins them)."""
     devices: dict[str, DeviceStatus] = field(default_factory=dict)
     history: RunHistory | None = None
     aggregators: AggregatorViews = field(default_factory=AggregatorViews)
@@ -59,15 +69,19 @@ class FleetView:
                 return True
             self._refuse(topic, "not this aggregator's status")
             return False
-        if view_topic(self.name, topic) is None:
+        ref = view_topic(self.name, topic)
+        if ref is None:
             return False
+        if ref.kind == "fleet-row" and not payload and ref.device_id is not None:
+            self.paged.clear(ref.device_id)  # the coordinator no longer lists the device
+            return True
         try:
             message = view_message(self.name, topic, payload, time.time() if now is None else now)
         except PflError as error:
             self._refuse(topic, str(error))
             return False
         if not self.apply(message):
-            self._refuse(topic, "more device statuses than a view keeps")
+            self._refuse(topic, "more device statuses (or rows) than a view keeps")
             return False
         return True
 
@@ -77,6 +91,11 @@ class FleetView:
         if first:
             self._logged.add(topic)
         logger.log(logging.WARNING if first else logging.DEBUG, "ignored %s: %s", topic, reason)
+
+    @property
+    def fleet(self) -> FleetStatus | None:
+        """The coordinator's fleet status: its summary joined with the rows (None: no summary)."""
+        return self.paged.status()
 
     def device_ids(self) -> list[str]:
         """Every device either source names, sorted."""
@@ -148,8 +167,12 @@ class FleetView:
         """
         if isinstance(message, CoordinatorStatus):
             self.coordinator = message
+        elif isinstance(message, FleetSummary):
+            self.paged.take_summary(message)
+        elif isinstance(message, FleetRow):
+            return self.paged.take_row(message)
         elif isinstance(message, FleetStatus):
-            self.fleet = message
+            self.paged = PagedFleet.of(message)
         elif isinstance(message, RunHistory):
             self.history = message
         elif isinstance(message, DeviceStatus) and (
@@ -196,6 +219,7 @@ def watch_fleet(
     patterns = [
         topics.coordinator_status(fleet),
         topics.fleet_status(fleet),
+        topics.fleet_row(fleet),
         topics.device_subscription(fleet, "status"),
         topics.aggregator_status(fleet),
     ]

@@ -3,9 +3,9 @@
 `pfl-coord status` and the dashboard (fed by the broker or by `serve` in-process) read every
 message through `view_message`. A device may publish on its own subtree only, so a device's
 status topic carries that device's own `DeviceStatus` and nothing else; the coordinator's status,
-fleet summary and run history count only from the coordinator's own topics. A timestamp must be a
-real time no further ahead than the clock skew allows, so nothing can pin "last seen" or print
-as `Infinity`.
+fleet summary, fleet rows and run history count only from the coordinator's own topics (a row
+only for the device its topic names). A timestamp must be a real time no further ahead than the
+clock skew allows, so nothing can pin "last seen" or print as `Infinity`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ from typing import Final
 from protocols import topics
 from protocols.codec import decode_frame
 from protocols.errors import ProtocolError
-from protocols.messages import CoordinatorStatus, DeviceStatus, FleetStatus, Message, RunHistory
+from protocols.messages import (
+    CoordinatorStatus,
+    DeviceStatus,
+    FleetRow,
+    FleetStatus,
+    FleetSummary,
+    Message,
+    RunHistory,
+)
 
 VIEW_KINDS: Final[dict[str, type[Message]]] = {
     "coordinator-status": CoordinatorStatus,
-    "fleet-status": FleetStatus,
+    "fleet-status": FleetSummary,
+    "fleet-row": FleetRow,
     "run-history": RunHistory,
     "status": DeviceStatus,
 }
@@ -58,7 +67,10 @@ def view_message(fleet: str, topic: str, payload: bytes, now: float) -> Message:
     if isinstance(message, DeviceStatus) and message.device_id != ref.device_id:
         msg = f"a status of {message.device_id!r} on the status topic of {ref.device_id!r}"
         raise ProtocolError(msg, topic=topic)
-    if isinstance(message, CoordinatorStatus | FleetStatus | RunHistory) and (
+    if isinstance(message, FleetRow) and message.device.device_id != ref.device_id:
+        msg = f"the row of {message.device.device_id!r} on the row topic of {ref.device_id!r}"
+        raise ProtocolError(msg, topic=topic)
+    if isinstance(message, CoordinatorStatus | FleetSummary | FleetRow | RunHistory) and (
         message.fleet != fleet
     ):
         msg = f"a message of fleet {message.fleet!r} on a topic of fleet {fleet!r}"
@@ -79,6 +91,8 @@ def check_view_message(message: Message, now: float) -> None:
     times = [("sent_at", message.sent_at)]
     if isinstance(message, FleetStatus):
         times += [(f"last_seen of {d.device_id}", d.last_seen) for d in message.devices]
+    if isinstance(message, FleetRow):
+        times.append((f"last_seen of {message.device.device_id}", message.device.last_seen))
     for name, value in times:
         if not math.isfinite(value) or value < 0 or value > now + MAX_CLOCK_SKEW_S:
             msg = f"{name} {value!r} is not a time up to now (at most {MAX_CLOCK_SKEW_S:g} s ahead)"

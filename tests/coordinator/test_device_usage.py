@@ -7,6 +7,7 @@ import time
 from coordinator.engine.fleet_view import fleet_status
 from coordinator.engine.registry import FleetRegistry
 from coordinator.ops.status import FleetView
+from coordinator.ops.status_pages import PagedFleet
 from protocols.messages import Capabilities, DeviceHello
 from protocols.offences import Offences
 
@@ -46,7 +47,7 @@ def test_bytes_and_round_time_reach_the_fleet_status_and_its_rows() -> None:
     assert rows["d1"].round_seconds is not None
     assert 0 <= rows["d1"].round_seconds <= time.time() - before
     assert rows["d2"].round_seconds is None
-    view = FleetView("lab", fleet=status)
+    view = FleetView("lab", paged=PagedFleet.of(status))
     row = view.rows()[0]
     assert (row["bytes_up"], row["bytes_down"]) == (100, 1007)
     assert row["round_seconds"] == rows["d1"].round_seconds

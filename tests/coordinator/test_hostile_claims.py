@@ -14,7 +14,13 @@ from pfl_tasks.base import PartitionSpec
 from pfl_tasks.registry import load_task
 from protocols import topics
 from protocols.codec import decode_frame, encode_frame, pack_tensors
-from protocols.messages import DeviceHello, DeviceUpdate, FleetStatus, RoundAnnouncement
+from protocols.messages import (
+    DeviceHello,
+    DeviceUpdate,
+    FleetRow,
+    FleetSummary,
+    RoundAnnouncement,
+)
 from protocols.transport.inprocess import InProcessBroker
 from tests.hub_fleet import hub_agent, hub_engine
 from tests.wiretap import decoded_into
@@ -68,12 +74,11 @@ def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() 
     coordinator.start()
     for index, data in enumerate(task.make_fleet(HONEST, PartitionSpec(), 0)):
         hub_agent(broker, f"dev-{index}", task, data).start()
-    seen: list[FleetStatus] = []
+    seen: list[FleetSummary] = []
+    rows: list[FleetRow] = []
     watcher = broker.connect("operator")
-    watcher.subscribe(
-        topics.fleet_status("default"),
-        decoded_into(FleetStatus, seen),
-    )
+    watcher.subscribe(topics.fleet_status("default"), decoded_into(FleetSummary, seen))
+    watcher.subscribe(topics.fleet_row("default"), decoded_into(FleetRow, rows))
     sent = _liar(broker, samples=10**6)
     assert coordinator.wait_for_devices(HONEST + 1, 2.0)
     records = [coordinator.run_round() for _ in range(2)]
@@ -82,4 +87,4 @@ def test_lies_about_counts_and_garbage_are_dropped_counted_and_change_nothing() 
     assert all(math.isfinite(float(v.abs().max())) for v in coordinator.shared.values())
     assert coordinator.offences.counts() == {"liar": 6}
     assert watcher.wait_until(lambda: bool(seen) and seen[-1].round_id == 2, 2.0)
-    assert {d.device_id: d.dropped for d in seen[-1].devices}["liar"] == 6
+    assert {r.device.device_id: r.device.dropped for r in rows}["liar"] == 6  # its last row

@@ -17,6 +17,7 @@ from coordinator.cli.app import app
 from coordinator.dashboard.board import MAX_BOARD_ROWS, Board
 from coordinator.dashboard.feeds import ViewTap
 from coordinator.ops.status import FleetView
+from coordinator.ops.status_pages import retained_pages
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import (
@@ -51,10 +52,7 @@ def _honest() -> list[tuple[str, bytes]]:
             topics.coordinator_status(FLEET),
             encode_frame(CoordinatorStatus(state="running", fleet=FLEET, round_id=2, rounds=5)),
         ),
-        (
-            topics.fleet_status(FLEET),
-            encode_frame(FleetStatus(fleet=FLEET, round_id=2, devices=devices)),
-        ),
+        *retained_pages(FleetStatus(fleet=FLEET, round_id=2, devices=devices)),
         (
             topics.device(FLEET, EVIL, "status"),
             encode_frame(DeviceStatus(device_id=EVIL, state="training", round_id=2)),
@@ -131,10 +129,8 @@ def test_a_huge_fleet_status_is_shown_bounded_and_says_how_many_are_left_out() -
         for d in devices
     )
     board = Board("test", FLEET)
-    board.offer(
-        topics.fleet_status(FLEET),
-        encode_frame(FleetStatus(fleet=FLEET, round_id=1, devices=devices)),
-    )
+    for topic, frame in retained_pages(FleetStatus(fleet=FLEET, round_id=1, devices=devices)):
+        board.offer(topic, frame)
     board.offer(
         topics.run_history(FLEET),
         encode_frame(RunHistory(fleet=FLEET, run_id=RUN_ID, devices=results)),
@@ -198,12 +194,13 @@ def test_the_engine_feeds_the_board_through_its_own_transport_and_never_fails_fo
     broker = InProcessBroker()
     board = Board("serve", FLEET)
     taken: list[str] = []
-    four = threading.Event()
+    honest = _honest()  # the engine's statuses (summary and rows), then the device's
+    everything = threading.Event()
 
     def offer(topic: str, payload: bytes) -> None:
         taken.append(topic)
-        if len(taken) == 4:
-            four.set()
+        if len(taken) == len(honest) + 1:  # with the history
+            everything.set()
         if topic == topics.run_history(FLEET):
             msg = "a board that fails"
             raise RuntimeError(msg)
@@ -216,13 +213,13 @@ def test_the_engine_feeds_the_board_through_its_own_transport_and_never_fails_fo
             topics.device_subscription(FLEET, "status"), lambda t, _: received.append(t)
         )
         # Execute: what the engine publishes, and a device's status it receives
-        for topic, payload in _honest()[:2]:
+        for topic, payload in honest[:-1]:
             engine.publish(topic, payload, retain=True)
         engine.publish(topics.run_history(FLEET), b"the board's failure is not the engine's")
         engine.publish(topics.round_announcement(FLEET), b"not a view topic")
-        device.publish(*_honest()[2])
+        device.publish(*honest[-1])
         engine.wait_until(lambda: bool(received), 5.0)
-        delivered = four.wait(10.0)  # the board's own thread decodes
+        delivered = everything.wait(10.0)  # the board's own thread decodes
     # Assert: the engine's handler ran, the board took what the topics may carry
     assert delivered
     assert received == [topics.device(FLEET, EVIL, "status")]

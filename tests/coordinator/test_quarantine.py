@@ -13,7 +13,7 @@ from coordinator.strategies import build_strategy
 from protocols import topics
 from protocols.algorithms import FedAvgConfig
 from protocols.codec import decode_frame, encode_frame
-from protocols.messages import EvaluationReport, FleetStatus, RoundAnnouncement
+from protocols.messages import EvaluationReport, FleetRow, RoundAnnouncement
 from protocols.transport.inprocess import InProcessBroker
 from tests.coordinator.test_robust_aggregate import RUN, ScriptedFleet, update_frame
 from tests.wiretap import decoded_into
@@ -61,26 +61,23 @@ def test_a_device_over_its_limit_is_ignored_for_the_round_and_shown_in_the_statu
             "noisy": noisy,
         },
     )
-    statuses: list[FleetStatus] = []
+    rows: list[FleetRow] = []
     watcher = broker.connect("watcher")
-    watcher.subscribe(
-        topics.fleet_status("default"),
-        decoded_into(FleetStatus, statuses),
-    )
+    watcher.subscribe(topics.fleet_row("default"), decoded_into(FleetRow, rows))
     coordinator.start()
     fleet.hello()
     assert coordinator.wait_for_devices(3, 1.0)
     # Execute
     first = coordinator.run_round()
     broker.pump(lambda: False)  # deliver the fleet status published on quarantine
-    during = [s for s in statuses if any(d.quarantined for d in s.devices)]
+    during = [r.device for r in rows if r.device.quarantined]
     second = coordinator.run_round()
     # Assert: round 1 closed on the honest pair without waiting for the noisy device's update,
     # which was ignored; the status showed it quarantined; it took part again in round 2
     assert sent_garbage == [1]
     assert first.participants == 2
     assert during
-    assert {d.device_id for d in during[-1].devices if d.quarantined} == {"noisy"}
+    assert {d.device_id for d in during} == {"noisy"}
     assert second.participants == 3
     assert coordinator.quarantine.held() == frozenset()
 

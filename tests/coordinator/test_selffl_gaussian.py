@@ -116,13 +116,13 @@ def test_the_fleet_scalars_reach_the_retained_fleet_status() -> None:
     # Prepare: a wiretap keeps the last retained fleet summary
     from coordinator.run.settings import SimulationSettings as Settings
     from coordinator.run.simulate import run_simulation as simulate
-    from protocols.messages import FleetStatus
+    from protocols.messages import FleetSummary
     from protocols.transport.inprocess import InProcessBroker
 
     broker = InProcessBroker()
-    seen: list[FleetStatus] = []
+    seen: list[FleetSummary] = []
     tap = broker.connect("wiretap")
-    tap.subscribe("pfl/+/coordinator/fleet", decoded_into(FleetStatus, seen))
+    tap.subscribe("pfl/+/coordinator/fleet", decoded_into(FleetSummary, seen))
     # Execute
     result = simulate(
         Settings.load(None, workers=1, task="gaussian", algorithm="selffl", devices=6, rounds=3),

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coordinator.cli.app import app
+from coordinator.ops.status_pages import retained_pages
 from protocols import topics
 from protocols.codec import encode_frame
 from protocols.messages import CoordinatorStatus, FleetDevice, FleetStatus, RunEvent
@@ -39,7 +40,8 @@ def test_status_names_the_missing_devices_and_the_deadline(mosquitto: Mosquitto)
     fleet = FleetStatus(fleet="default", round_id=3, devices=(row,))
     with MqttTransport(BrokerSettings(url=mosquitto.url), "pfl-coord-test", clean_start=True) as t:
         t.publish(topics.coordinator_status("default"), encode_frame(waiting), retain=True)
-        t.publish(topics.fleet_status("default"), encode_frame(fleet), retain=True)
+        for topic, frame in retained_pages(fleet):
+            t.publish(topic, frame, retain=True)
     runner = CliRunner()
 
     # Execute

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from coordinator.cli.app import app
 from coordinator.engine.rounds import EngineSettings
 from coordinator.ops.status import FleetView
+from coordinator.ops.status_pages import PagedFleet, retained_pages
 from coordinator.run.settings import SimulationSettings
 from protocols import topics
 from protocols.codec import encode_frame
@@ -56,7 +57,7 @@ def test_a_device_that_lets_the_deadline_pass_is_a_straggler_of_that_round(
     devices = {d.device_id: d for d in status.devices}
     assert (devices[SLOW].missed_deadlines, devices[SLOW].missed_round) == (2, 2)
     assert all(devices[d].missed_deadlines == 0 for d in ("dev-0", "dev-1", "dev-2"))
-    view = FleetView("default", fleet=status)
+    view = FleetView("default", paged=PagedFleet.of(status))
     assert view.stragglers() == [SLOW]
     assert view.as_json()["stragglers"] == [SLOW]
     assert {row["device"]: row["missed_deadlines"] for row in view.rows()}[SLOW] == 2
@@ -80,7 +81,7 @@ def test_a_round_everyone_answered_has_no_straggler() -> None:
     status = coordinator.last_fleet_status
     assert status is not None
     assert all(d.missed_deadlines == 0 and d.missed_round is None for d in status.devices)
-    assert FleetView("default", fleet=status).stragglers() == []
+    assert FleetView("default", paged=PagedFleet.of(status)).stragglers() == []
 
 
 @pytest.mark.mosquitto
@@ -101,7 +102,8 @@ def test_pfl_coord_status_names_the_last_rounds_stragglers(mosquitto: Mosquitto)
     with MqttTransport(BrokerSettings(url=mosquitto.url), "straggler-publisher") as publisher:
         publisher.publish(topics.coordinator_status("default"), encode_frame(running), retain=True)
         status = FleetStatus(fleet="default", round_id=2, devices=devices)
-        publisher.publish(topics.fleet_status("default"), encode_frame(status), retain=True)
+        for topic, frame in retained_pages(status):
+            publisher.publish(topic, frame, retain=True)
         assert publisher.flush(5)
     runner = CliRunner()
 

@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.run.serve import run_serve
 from protocols.codec import decode_frame
-from protocols.messages import DeviceHello, DeviceStatus, FleetStatus
+from protocols.messages import DeviceHello, DeviceStatus, FleetRow
 from tests.e2e.conftest import serve_settings
 from tests.e2e.test_export import Wiretap
 
@@ -45,6 +45,6 @@ def test_strict_agents_train_under_dp_and_release_nothing_else(
     assert all(s.last_loss is None and s.detail == "" for s in statuses)
     assert sum(s.state == "skipped" for s in statuses) >= 3  # the final evaluation, declined
     assert served.reports == []
-    fleets = [h for h in headers if isinstance(h, FleetStatus)]
-    assert fleets
-    assert all(d.last_loss is None for f in fleets for d in f.devices)
+    rows = [h for h in headers if isinstance(h, FleetRow)]  # the fleet status's rows
+    assert rows
+    assert all(r.device.last_loss is None for r in rows)

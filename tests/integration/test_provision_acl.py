@@ -97,6 +97,9 @@ def test_a_device_cannot_publish_outside_its_subtree(
         topics.shared_model(FLEET),
         topics.chunk_topic(topics.shared_model(FLEET), 0),
         topics.coordinator_status(FLEET),
+        topics.fleet_status(FLEET),
+        topics.fleet_row(FLEET, "dev-1"),  # its own row of the fleet status: the coordinator's
+        topics.fleet_row(FLEET, "dev-2"),
         topics.command(FLEET),
         topics.command(FLEET, "dev-2"),
         "pfl/other-fleet/device/dev-1/update",
@@ -234,13 +237,14 @@ def test_the_operator_reads_statuses_and_sends_commands_only(
     readable = [
         topics.coordinator_status(FLEET),
         topics.fleet_status(FLEET),
+        topics.fleet_row(FLEET, "dev-1"),
         topics.run_history(FLEET),  # what the dashboard reads
         topics.device(FLEET, "dev-1", "status"),
         topics.device(FLEET, "dev-1", "export-report"),
     ]
-    for topic in readable[:3]:
+    for topic in readable[:4]:
         coordinator.publish(topic, b"readable")
-    for topic in readable[3:]:
+    for topic in readable[4:]:
         device.publish(topic, b"readable")
     operator.publish(topics.round_announcement(FLEET), b"forged round")
     operator.publish(topics.command(FLEET), b"export")

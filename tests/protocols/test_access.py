@@ -27,6 +27,12 @@ def test_a_device_writes_a_fixed_list_of_names_and_reads_only_its_own_and_the_co
     assert access.allows(grants, topics.chunk_subscription(topics.shared_model(FLEET)), write=False)
     for wildcard in ("#", topics.fleet_subtree(FLEET), topics.device_subscription(FLEET, "update")):
         assert not access.allows(grants, wildcard, write=False), wildcard
+    # the fleet status: the summary readable, no row writable (not even its own) or readable
+    assert access.allows(grants, topics.fleet_status(FLEET), write=False)
+    for row in (topics.fleet_row(FLEET, "dev-1"), topics.fleet_row(FLEET, "dev-2")):
+        assert not access.allows(grants, row, write=True), row
+        assert not access.allows(grants, row, write=False), row
+    assert not access.allows(grants, topics.fleet_row(FLEET), write=False)
 
 
 def test_the_chunk_limit_covers_the_largest_upload() -> None:
@@ -74,6 +80,7 @@ def test_run_accounts_apply_each_roles_grants_to_its_client_id() -> None:
         COORDINATOR_USER, coordinator_client_id(FLEET), topics.fleet_subtree(FLEET), write=False
     )
     assert not run.allows(None, "dev-1", own, write=True)
+    assert not run.allows(DEVICE_USER, "dev-1", topics.fleet_row(FLEET, "dev-1"), write=True)
 
 
 def test_viewer_accounts_read_statuses_and_write_nothing() -> None:
@@ -84,6 +91,8 @@ def test_viewer_accounts_read_statuses_and_write_nothing() -> None:
         for readable in (
             topics.coordinator_status(FLEET),
             topics.fleet_status(FLEET),
+            topics.fleet_row(FLEET),
+            topics.fleet_row(FLEET, "dev-1"),
             topics.run_history(FLEET),
             topics.device_subscription(FLEET, "status"),
         ):
@@ -95,6 +104,7 @@ def test_viewer_accounts_read_statuses_and_write_nothing() -> None:
             topics.shared_model(FLEET),
             topics.round_announcement(FLEET),
             topics.coordinator_status(FLEET),
+            topics.fleet_row(FLEET, "dev-1"),
         ):
             assert not access.allows(grants, forbidden, write=True), forbidden
             assert not run.allows(user, client_id, forbidden, write=True), forbidden

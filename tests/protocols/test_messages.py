@@ -25,7 +25,9 @@ from protocols.messages import (
     ExportArguments,
     ExportReport,
     FleetDevice,
+    FleetRow,
     FleetStatus,
+    FleetSummary,
     MemoryPlan,
     Message,
     ModelDelta,
@@ -101,6 +103,10 @@ FLEET = FleetStatus(
         ),
     ),
 )
+SUMMARY = FleetSummary(
+    fleet="lab", epoch="0a1b", round_id=5, registered=1, online=1, broadcast_bytes=10
+)
+ROW = FleetRow(fleet="lab", epoch="0a1b", device=FLEET.devices[0], broadcast_mark=4)
 HISTORY = RunHistory(
     fleet="lab",
     run_id="0123456789abcdef" * 2,
@@ -214,6 +220,8 @@ EXAMPLES: tuple[Message, ...] = (
     STATUS,
     COORDINATOR,
     FLEET,
+    SUMMARY,
+    ROW,
     HISTORY,
     MODEL,
     DELTA,

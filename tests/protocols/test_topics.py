@@ -19,6 +19,7 @@ def built_topics() -> list[tuple[str, TopicRef]]:
     fleet_topics = [
         (topics.coordinator_status(FLEET), TopicRef(FLEET, "coordinator-status")),
         (topics.fleet_status(FLEET), TopicRef(FLEET, "fleet-status")),
+        (topics.fleet_row(FLEET, DEVICE), TopicRef(FLEET, "fleet-row", DEVICE)),
         (topics.round_announcement(FLEET), TopicRef(FLEET, "round")),
         (topics.shared_model(FLEET), TopicRef(FLEET, "model")),
         (topics.command(FLEET, DEVICE), TopicRef(FLEET, "command", DEVICE)),
@@ -55,6 +56,7 @@ def test_every_kind_has_a_distinct_topic() -> None:
     assert {ref.kind for _, ref in built_topics()} == {
         "coordinator-status",
         "fleet-status",
+        "fleet-row",
         "round",
         "model",
         "command",
@@ -115,6 +117,8 @@ def test_parse_topic_rejects_foreign_and_unknown_topics(topic: str) -> None:
         ("pfl/lab/command/+", "invalid device id"),
         ("pfl/lab/command/", "invalid device id"),
         ("pfl/lab/device/+/update", "invalid device id"),
+        ("pfl/lab/coordinator/fleet/+", "invalid device id"),
+        ("pfl/lab/coordinator/fleet/all", "reserved"),
         ("pfl/lab/device//hello", "invalid device id"),
         ("pfl/lab/device/p#/status", "invalid device id"),
         (f"pfl/lab/device/{'d' * 65}/status", "invalid device id"),
