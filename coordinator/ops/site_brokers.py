@@ -1,13 +1,14 @@
 """Sites for an aggregator tier: a mosquitto per site, bridged to the fleet's core broker.
 
-Each site's broker holds its devices' accounts and its aggregator's (`pfl-aggregator-<site>`,
-whose partial aggregates travel as `pfl/<fleet>/tier/<site>/partial`). Its bridge carries, from
-the core to the site, what devices and the aggregator read (the round, the model, commands, the
-coordinator's status, the tier's plan and close); from the site to the core, what the
-coordinator reads of devices (hellos, statuses, evaluations, export reports, peer requests)
-and the site's partial aggregates. Device updates are not bridged: they stay at the site, where
-the aggregator reads them. On the core broker the bridge logs in as `pfl-bridge-<site>`, whose
-ACL lets it write only its own devices' topics and its own aggregator's partials.
+Each site's broker holds its devices' accounts and its aggregator's (`pfl-aggregator-<site>`, whose
+partial aggregates travel as `pfl/<fleet>/tier/<site>/partial`). Its bridge carries, from the core
+to the site, what devices and the aggregator read (the round, the model, commands, the
+coordinator's status, the fleet status's summary but not its per-device rows, the tier's plan and
+close); from the site to the core, what the coordinator reads of devices (hellos, statuses,
+evaluations, export reports, peer requests) and the site's partial aggregates. Device updates are
+not bridged: they stay at the site, where the aggregator reads them. On the core broker the bridge
+logs in as `pfl-bridge-<site>`, whose ACL lets it write only its own devices' topics and its own
+aggregator's partials.
 
 A site without its own ports is on the core broker (one broker, no bridge): its aggregator's
 account is made there and reads its devices' updates on the core.
@@ -82,7 +83,7 @@ def parse_site(text: str) -> Site:
 
 
 def _downlink(fleet: str, site: Site) -> list[str]:
-    """Topic filters the core sends a site (with their chunk topics, by `#`)."""
+    """Topic filters the core sends a site (with their chunk topics: by `#`, or named)."""
     root = f"{topics.ROOT}/{fleet}"
     del site
     return [
@@ -92,7 +93,8 @@ def _downlink(fleet: str, site: Site) -> list[str]:
         f"{root}/command/#",
         f"{root}/relay/#",
         f"{root}/coordinator/status/#",
-        f"{root}/coordinator/fleet/#",
+        topics.fleet_status(fleet),  # the summary devices read; rows stay at the core
+        topics.chunk_subscription(topics.fleet_status(fleet)),
         f"{wire.plan_topic(fleet)}/#",
         f"{wire.close_topic(fleet)}/#",
     ]

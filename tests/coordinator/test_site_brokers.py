@@ -34,6 +34,10 @@ def test_a_site_with_ports_gets_a_broker_bridged_to_the_core(tmp_path: Path) -> 
     assert "topic pfl/f/tier/north/partial/# out 1" in conf
     assert "topic pfl/f/device/+/hello/# out 1" in conf
     assert "update" not in "".join(line for line in conf.splitlines() if line.startswith("topic"))
+    # the fleet status's summary (and its chunks) reach the site; its per-device rows do not
+    assert "topic pfl/f/coordinator/fleet in 1" in conf
+    assert "topic pfl/f/coordinator/fleet/chunk/+ in 1" in conf
+    assert "topic pfl/f/coordinator/fleet/# in 1" not in conf
     assert north.files["mosquitto.conf"].stat().st_mode & 0o777 == 0o600
     site_users = (tmp_path / "out/sites/north/passwords").read_text()
     assert {line.split(":")[0] for line in site_users.splitlines()} == {
