@@ -215,7 +215,7 @@ def _serve(
         settings,
         records,
         reports,
-        devices=len(coordinator.registry.records()),
+        devices=coordinator.registry.count(),
         traffic=(coordinator.bytes_up, coordinator.bytes_down),
         started=started,
     )

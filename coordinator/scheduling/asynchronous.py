@@ -169,7 +169,7 @@ class BufferedRounds:
     def _concurrency(self, settings: AsyncSettings) -> int:
         if settings.concurrency:
             return settings.concurrency
-        known = len(self.coordinator.registry.records())
+        known = self.coordinator.registry.count()
         return max(settings.buffer, math.ceil(self.participation * known))
 
     def _active(self) -> list[str]:
