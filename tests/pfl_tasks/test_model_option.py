@@ -51,7 +51,8 @@ def test_the_model_setting_becomes_the_task_option() -> None:
     [
         (
             {"task": "mnist1d", "model": "lstm"},
-            "unknown model 'lstm' for task 'mnist1d'; valid models: cnn, cnn-bn, cnn-paper, gru, mlp, linear",
+            "unknown model 'lstm' for task 'mnist1d'; "
+            "valid models: cnn, cnn-bn, cnn-paper, gru, mlp, linear",
         ),
         ({"task": "sine", "model": "cnn"}, "task 'sine' offers no choice of model"),
         ({"task": "gaussian", "model": "mlp"}, "its model is fixed"),
