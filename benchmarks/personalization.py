@@ -341,7 +341,8 @@ def main() -> None:
             write_section(args.out, section, marker)
     timing = (
         f"<!-- personalization-timing -->\nLast full run: {total / 60:.1f} minutes with "
-        f"{args.jobs} worker processes, one torch thread each.\n<!-- personalization-timing -->"
+        f"{args.jobs} worker process{'es' if args.jobs != 1 else ''}, one torch thread each."
+        "\n<!-- personalization-timing -->"
     )
     print(timing)
     if not args.quick and len(plan) == len(SETTINGS):

@@ -55,6 +55,9 @@ beats FedAvg, FedAvg+FT in both cases and is within 0.004 of its Bayes target.
 
 """
 M, THETA_0, OBS_VAR, ETA, ROUNDS, BASE_STEPS = 20, 1.6, 0.1, 1e-4, 200, 50
+UNGUARDED = {"norm_bound": 0.0, "max_count_ratio": 0.0, "max_weight_share": 1.0}
+"""The aggregate guard's cuts off for the runs checked against the closed form, which has none
+(with them, seed 0 clips a few devices' updates and agrees only to about 5e-3)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def closed_form_table(reps: int, seed: int) -> list[str]:
 
 
 def simulation_agreement(reps: int) -> list[str]:
-    """Real run_simulation (oracle variances, fixed rho = lr) against the same closed form."""
+    """Real run_simulation (oracle variances, fixed rho = lr, no guard) against the closed form."""
     rows = [
         "| case | C | seed | sim global/local error "
         "| max abs diff of personal models vs closed form, same data (C=1) | seconds |",
@@ -214,6 +217,7 @@ def simulation_agreement(reps: int) -> list[str]:
                         seed=seed,
                         participation=rate,
                         task_options={"sigma0_sq": sigma0_sq, "n_min": lo, "n_max": hi},
+                        guard=UNGUARDED,
                         algorithm_options={
                             "step_rule": "fixed_rho",
                             "fixed_rho": rho,

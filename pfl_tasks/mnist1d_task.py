@@ -21,14 +21,14 @@ import torch
 from torch import nn
 
 from pfl_tasks.base import DeviceData, PartitionSpec, Split
-from pfl_tasks.conv_models import SignalGru, SignalNorm, signal_cnn
+from pfl_tasks.conv_models import SignalGru, SignalNorm, paper_cnn, signal_cnn
 from pfl_tasks.models import Classification, build_mlp, build_seeded, check_int, check_real
 from pfl_tasks.partition import fleet_from_pool
 from pfl_tasks.signal_shift import device_sensor
 
 SIGNAL_LENGTH: Final = 40
 NUM_CLASSES: Final = 10
-MODELS: Final = ("cnn", "cnn-bn", "gru", "mlp", "linear")
+MODELS: Final = ("cnn", "cnn-bn", "cnn-paper", "gru", "mlp", "linear")
 SHIFTS: Final = ("none", "feature")
 NORMS: Final = get_args(SignalNorm)
 DEFAULT_HIDDEN: Final = {"gru": 6, "mlp": 100}
@@ -90,7 +90,8 @@ class Mnist1dTask(Classification):
 
     Args:
         model: "cnn" (`signal_cnn`, 17k parameters), "cnn-bn" (the same CNN with BatchNorm,
-            whose running statistics FedBN keeps on each device), "gru" (`SignalGru`, 5k),
+            whose running statistics FedBN keeps on each device), "cnn-paper" (`paper_cnn`, the
+            paper's 5k CNN: strided convolutions, no normalization), "gru" (`SignalGru`, 5k),
             "mlp" (40 -> hidden -> 10, the paper's MLP at hidden 100) or "linear" (the paper's
             logistic regression, one Linear(40, 10) named `output`).
         shift: "none", or "feature": a sensor per device.
@@ -112,7 +113,7 @@ class Mnist1dTask(Classification):
 
     def __init__(
         self,
-        model: Literal["cnn", "cnn-bn", "gru", "mlp", "linear"] = "cnn",
+        model: Literal["cnn", "cnn-bn", "cnn-paper", "gru", "mlp", "linear"] = "cnn",
         shift: Literal["none", "feature"] = "none",
         shift_scale: float = 1.0,
         channels: int = 48,
@@ -142,6 +143,8 @@ class Mnist1dTask(Classification):
         """A fresh model whose initialization depends only on `seed`."""
         if self.model == "gru":
             return build_seeded(seed, lambda: SignalGru(SIGNAL_LENGTH, NUM_CLASSES, self.hidden))
+        if self.model == "cnn-paper":
+            return build_seeded(seed, lambda: paper_cnn(SIGNAL_LENGTH, NUM_CLASSES))
         if self.model == "mlp":
             return build_mlp(seed, SIGNAL_LENGTH, self.hidden, NUM_CLASSES)
         if self.model == "linear":

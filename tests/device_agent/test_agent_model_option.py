@@ -38,7 +38,7 @@ def test_without_model_the_options_are_left_as_given() -> None:
 @pytest.mark.parametrize(
     ("task", "model", "says"),
     [
-        ("mnist1d", "lstm", "valid models: cnn, cnn-bn, gru, mlp, linear"),
+        ("mnist1d", "lstm", "valid models: cnn, cnn-bn, cnn-paper, gru, mlp, linear"),
         ("sine", "cnn", "offers no choice of model"),
     ],
 )

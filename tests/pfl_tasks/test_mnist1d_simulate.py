@@ -129,7 +129,7 @@ def test_the_batchnorm_cnn_is_chosen_with_the_model_flag_and_trains_as_fedbn(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ("--task mnist1d --model lstm", "valid models: cnn, cnn-bn, gru, mlp, linear"),
+        ("--task mnist1d --model lstm", "valid models: cnn, cnn-bn, cnn-paper, gru, mlp, linear"),
         ("--task sine --model cnn", "task 'sine' offers no choice of model"),
     ],
 )

@@ -57,16 +57,28 @@ def test_the_registry_builds_each_model_with_its_options() -> None:
     gru = load_task("mnist1d", {"model": "gru"}).build_model(0)
     mlp = load_task("mnist1d", {"model": "mlp"}).build_model(0)
     linear = load_task("mnist1d", {"model": "linear"}).build_model(0)
+    paper = load_task("mnist1d", {"model": "cnn-paper"}).build_model(0)
     signals = generate_mnist1d().test.inputs[:5]
 
     # Assert
     assert isinstance(load_task("mnist1d"), Task)
-    sizes = [sum(p.numel() for p in m.parameters()) for m in (cnn, gru, mlp, linear)]
-    assert sizes == [16906, 5134, 5110, 410]
+    sizes = [sum(p.numel() for p in m.parameters()) for m in (cnn, gru, mlp, linear, paper)]
+    assert sizes == [16906, 5134, 5110, 410, 5210]
     assert not any("norm" in name for name in bare.state_dict())
     assert "norm1.weight" in cnn.state_dict()
-    for model in (cnn, bare, gru, mlp, linear):
+    for model in (cnn, bare, gru, mlp, linear, paper):
         assert model(signals).shape == (5, 10)
+    # The paper's CNN: strided convolutions 40 -> 19 -> 10 -> 5 samples, 25 channels, no norm
+    assert [
+        tuple(paper.state_dict()[f"{n}.weight"].shape) for n in ("input", "conv2", "conv3")
+    ] == [
+        (25, 1, 5),
+        (25, 25, 3),
+        (25, 25, 3),
+    ]
+    assert tuple(paper.state_dict()["output.weight"].shape) == (10, 125)
+    assert not any("norm" in name for name in paper.state_dict())
+    assert resolve_preset("input", paper) == ("input",)
     assert resolve_preset("output", cnn) == ("output",)
     assert resolve_preset("input", cnn) == ("input",)
 
@@ -74,7 +86,7 @@ def test_the_registry_builds_each_model_with_its_options() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"model": "lstm"}, "valid choices: cnn, cnn-bn, gru, mlp, linear"),
+        ({"model": "lstm"}, "valid choices: cnn, cnn-bn, cnn-paper, gru, mlp, linear"),
         ({"shift": "label"}, "valid choices: none, feature"),
         ({"norm": "layer"}, "valid choices: group, batch, none"),
         ({"model": "cnn-bn", "norm": "group"}, "contradicts"),

@@ -13,7 +13,7 @@ from protocols.settings_errors import SettingsError
 
 
 def test_tasks_declare_the_models_they_offer() -> None:
-    assert offered_models("mnist1d") == ("cnn", "cnn-bn", "gru", "mlp", "linear")
+    assert offered_models("mnist1d") == ("cnn", "cnn-bn", "cnn-paper", "gru", "mlp", "linear")
     assert offered_models("digits") == ("mlp", "split-input", "linear")
     assert offered_models("synthetic") == ("mlp", "mclr")
     assert offered_models("sine") == ()
@@ -51,7 +51,8 @@ def test_the_model_setting_becomes_the_task_option() -> None:
     [
         (
             {"task": "mnist1d", "model": "lstm"},
-            "unknown model 'lstm' for task 'mnist1d'; valid models: cnn, cnn-bn, gru, mlp, linear",
+            "unknown model 'lstm' for task 'mnist1d'; "
+            "valid models: cnn, cnn-bn, cnn-paper, gru, mlp, linear",
         ),
         ({"task": "sine", "model": "cnn"}, "task 'sine' offers no choice of model"),
         ({"task": "gaussian", "model": "mlp"}, "its model is fixed"),
