@@ -209,6 +209,8 @@ COORDINATOR_KINDS: Final = frozenset(
     {
         "coordinator-status",
         "fleet-status",
+        "fleet-summary",
+        "fleet-row",
         "run-history",
         "shared-model",
         "model-delta",

@@ -28,7 +28,7 @@ from device_agent.algorithms.base import (
     phase_spec,
     require_config,
 )
-from device_agent.algorithms.pfedbred import MEMORY, iteration
+from device_agent.algorithms.proximal_prior import MEMORY, iteration
 from device_agent.algorithms.theta import THETA, model_parameters, stored, with_prefix
 from device_agent.batched.flat_sgd import FlatLayout, FlatSgd
 from device_agent.batched.forward import sample_losses, stacked_forward

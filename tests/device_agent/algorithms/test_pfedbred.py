@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from device_agent.algorithms.base import LocalContext
-from device_agent.algorithms.pfedbred import MEMORY, PFedBreDUpdate, PFedMeUpdate
+from device_agent.algorithms.pfedbred import PFedBreDUpdate, PFedMeUpdate
+from device_agent.algorithms.proximal_prior import MEMORY
 from device_agent.algorithms.theta import THETA
 from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.split import ParamSplit
