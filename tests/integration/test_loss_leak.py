@@ -106,7 +106,7 @@ def test_no_exact_loss_leaves_a_device_under_dp_or_secure_aggregation(run: dict[
     assert set(losses) == set(DEVICES)
     assert all(loss > 0 for loss in losses.values())
     kinds = {header["kind"] for _, header in headers}
-    assert {"status", "fleet-status"} <= kinds
+    assert {"status", "fleet-summary", "fleet-row"} <= kinds
     skipped = [h for _, h in headers if h["kind"] == "status" and h["state"] == "skipped"]
     assert [h["device_id"] for h in skipped] == ["dev-a"]
     leaked = [
@@ -115,8 +115,9 @@ def test_no_exact_loss_leaves_a_device_under_dp_or_secure_aggregation(run: dict[
         if any(number in losses.values() for number in _numbers(header))
     ]
     assert leaked == []
-    fleet = [h for _, h in headers if h["kind"] == "fleet-status"][-1]
-    assert all(device["last_loss"] is None for device in fleet["devices"])
+    rows = [h["device"] for _, h in headers if h["kind"] == "fleet-row"]
+    assert {row["device_id"] for row in rows} >= set(DEVICES)
+    assert all(row["last_loss"] is None for row in rows)
 
 
 class Recording(TransportWrapper):
