@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.memory_conv import SignalTask
+from benchmarks.memory_conv import CLASSES, LENGTH, SignalTask
 from coordinator.engine.rounds import EngineSettings
 from coordinator.run.pipeline import build_coordinator, plan_stages
 from coordinator.run.settings import SimulationSettings
 from device_agent.memory_plan import SAFETY_MARGIN, memory_model
-from pfl_tasks.base import DeviceData
+from pfl_tasks.base import DeviceData, Split
 from pfl_tasks.models import build_seeded
 from pfl_tasks.split import ParamSplit
 from protocols.algorithms import AlgorithmConfig
@@ -55,6 +55,18 @@ class _DeepTask(SignalTask):
     def build_model(self, seed: int) -> nn.Module:
         return build_seeded(seed, _deep_blocks)
 
+    def signals(self, count: int, seed: int = 0) -> Split:
+        """Signals twice the benchmark's length, for a window about 50 MB wide.
+
+        The process's memory may drift by several MB between the test's plan and the agent's
+        (seen with other processes running beside it): a quarter of the window covers that.
+        """
+        generator = torch.Generator().manual_seed(seed)
+        return Split(
+            torch.randn((count, 1, 2 * LENGTH), generator=generator),
+            torch.randint(0, CLASSES, (count,), generator=generator),
+        )
+
 
 def test_an_agent_under_a_tight_budget_checkpoints_and_trains_its_round() -> None:
     # Execute: in a fresh interpreter, as an agent starts: a worker that ran other tests first
@@ -84,20 +96,15 @@ def test_an_agent_under_a_tight_budget_checkpoints_and_trains_its_round() -> Non
 def tight_round() -> None:
     """One round under a budget that fits a batch checkpointed but not plainly; prints JSON.
 
-    Plan as the agent will (its probe leaves the process larger), then a budget whose room over
-    the process's memory fits a batch checkpointed but not plainly (then 2 micro-batches or
-    more): a quarter into that window, so the process's memory and the probe may move (a step's
-    overhead moves with the plain probe, so nearer the checkpointed end).
+    Plan as the agent will, with the coordinator built (its probe leaves the process larger),
+    then a budget whose room over the process's memory fits a batch checkpointed but not plainly
+    (then 2 micro-batches or more): a quarter into that window, so the process's memory and the
+    probe may move (a step's overhead moves with the plain probe, so nearer the checkpointed
+    end).
     """
     task = _DeepTask()
     data = task.signals(SAMPLES)
     device = DeviceData(device_index=0, train=data, val=data, test=data)
-    probed = task.build_model(0)
-    terms = memory_model(probed, task, data, ParamSplit.for_model(probed, ()))
-    checkpointed_room = terms.peak(BATCH, checkpointing=True) - terms.runtime_bytes
-    plain_room = terms.peak(BATCH) - terms.runtime_bytes
-    room = checkpointed_room + (plain_room - checkpointed_room) // 4
-    budget = terms.runtime_bytes + math.ceil(room / (1 - SAFETY_MARGIN))
     settings = SimulationSettings.load(
         None,
         task="digits",
@@ -114,6 +121,13 @@ def tight_round() -> None:
         model,
         EngineSettings(task=task.name, rounds=1),
     )
+    # planned once the coordinator is built: its allocations are in the agent's runtime too
+    probed = task.build_model(0)
+    terms = memory_model(probed, task, data, ParamSplit.for_model(probed, ()))
+    checkpointed_room = terms.peak(BATCH, checkpointing=True) - terms.runtime_bytes
+    plain_room = terms.peak(BATCH) - terms.runtime_bytes
+    room = checkpointed_room + (plain_room - checkpointed_room) // 4
+    budget = terms.runtime_bytes + math.ceil(room / (1 - SAFETY_MARGIN))
     agent = hub_agent(broker, "dev-0", task, device, memory_budget_bytes=budget)
     before = {k: v.clone() for k, v in coordinator.model.items()}
     agent.start()
