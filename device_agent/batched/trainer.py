@@ -11,7 +11,8 @@ came; whatever cannot batch runs per device, its reason logged once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Protocol
@@ -190,14 +191,10 @@ class Batched:
             )
             for w in group
         ]
-        generators = [w.ctx.generator.get_state() for w in group]
         started = perf_counter()
         try:
-            trained = train_stacked(ctx0.model, ctx0.task, members, phases)
-        except Exception:  # the per-device fallback draws the same minibatches again
-            for work, generator in zip(group, generators, strict=True):
-                work.ctx.generator.set_state(generator)
-            raise
+            with _draws_kept_on_failure(group):
+                trained = train_stacked(ctx0.model, ctx0.task, members, phases)
         finally:
             self.stacked_seconds += perf_counter() - started
         self.stacked_rounds += len(group)
@@ -208,13 +205,8 @@ class Batched:
 
     def _rounds(self, group: list[_Work], run: RunStacked) -> dict[int, LocalResult | Exception]:
         """The group's rounds through the update's own `run_stacked`."""
-        generators = [w.ctx.generator.get_state() for w in group]
-        try:
+        with _draws_kept_on_failure(group):
             results = run([w.ctx for w in group])
-        except Exception:  # the per-device fallback draws the same minibatches again
-            for work, generator in zip(group, generators, strict=True):
-                work.ctx.generator.set_state(generator)
-            raise
         self.stacked_rounds += len(group)
         return {id(work): result for work, result in zip(group, results, strict=True)}
 
@@ -222,6 +214,18 @@ class Batched:
         if reason not in self._told:
             self._told.add(reason)
             logger.info("batched training: %s", reason)
+
+
+@contextmanager
+def _draws_kept_on_failure(group: list[_Work]) -> Iterator[None]:
+    """Put each device's generator back if the body fails, for the per-device fallback."""
+    generators = [w.ctx.generator.get_state() for w in group]
+    try:
+        yield
+    except Exception:
+        for work, generator in zip(group, generators, strict=True):
+            work.ctx.generator.set_state(generator)
+        raise
 
 
 def _alone(work: _Work) -> LocalResult | Exception:
