@@ -30,10 +30,19 @@ def test_a_fresh_run_matches_its_cache_and_a_changed_cell_is_named(tmp_path: Pat
     lines = matrix_recheck.section_lines(rows, "the command")
 
     # Assert: local is exact (the same code and seed give the same run), fedavg is named
-    assert [(row[1], row[-1]) for row in rows] == [("local", "yes"), ("fedavg", "no")]
-    assert rows[0][4] == "n/a / n/a"  # local has no global model
-    assert rows[1][3] == f"{fresh_mean:.4f} / {fresh_mean - 0.01:.4f}"
-    assert lines[-1].startswith("1 of 2 re-run cells give the cached values exactly. Run on ")
+    assert [(row.algorithm, row.exact) for row in rows] == [("local", True), ("fedavg", False)]
+    assert rows[0].values[1] == "n/a / n/a"  # local has no global model
+    assert rows[1].values[0] == f"{fresh_mean:.4f} / {fresh_mean - 0.01:.4f}"
+    assert rows[1].change == pytest.approx(0.01)
+    # the summary counts one exact and one moved cell; the detail lists fedavg alone
+    assert f"| {TINY.key} | 2 | 1 | 0 | 1 | 0.01 |" in lines
+    assert [line for line in lines if line.startswith(f"| {TINY.key} | ")][1:] == [
+        f"| {TINY.key} | fedavg | 0 | {rows[1].values[0]} | {rows[1].values[1]} | "
+        f"{rows[1].values[2]} | 0.01 |"
+    ]
+    assert lines[-1].startswith(
+        "1 of 2 re-run cells give the cached values exactly, 0 more within 1e-05. Run on "
+    )
     assert lines[-1].endswith(": `the command`")
 
 
