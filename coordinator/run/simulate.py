@@ -177,16 +177,8 @@ def _wiring(
 
     def host_in_workers(fleet: VirtualFleet, step_macs: int) -> DeviceHost:
         threads = threads_per_worker(workers, step_macs)
-        trainer = choose_trainer(settings.batched, step_macs)
-        devices = WorkerDevices(
-            process_hub,
-            fleet,
-            settings.devices,
-            workers,
-            threads,
-            batched=trainer is not None,
-            own_rounds=trainer is not None and trainer.own_rounds,
-        )
+        batched = choose_trainer(settings.batched, step_macs) is not None
+        devices = WorkerDevices(process_hub, fleet, settings.devices, workers, threads, batched)
         cleanup.callback(devices.close)
         return devices
 

@@ -92,12 +92,10 @@ class WorkerDevices:
         workers: int,
         threads: int,
         batched: bool = False,
-        own_rounds: bool = True,
     ) -> None:
         """Fork `workers` processes for devices 0..devices-1, each with `threads` torch threads.
 
-        `batched`: each worker trains its devices' updates of a round together (`Batched`, with
-        `own_rounds` as `Batched.own_rounds`).
+        `batched`: each worker trains its devices' updates of a round together (`Batched`).
         """
         self.hub = hub
         self.agents: list[DeviceAgent] = []  # they live in the workers
@@ -111,11 +109,7 @@ class WorkerDevices:
             process = context.Process(
                 target=_worker_main,
                 args=(fleet, share, threads, down_reader, up_writer),
-                kwargs={
-                    "inherited": tuple(inherited),
-                    "batched": batched,
-                    "own_rounds": own_rounds,
-                },
+                kwargs={"inherited": tuple(inherited), "batched": batched},
                 name=f"pfl-sim-worker-{index}",
                 daemon=True,
             )
@@ -165,13 +159,12 @@ def _worker_main(
     *,
     inherited: tuple[Connection, ...],
     batched: bool = False,
-    own_rounds: bool = True,
 ) -> None:
     for connection in inherited:  # the parent's ends: the parent alone must hold them
         connection.close()
     torch.set_num_threads(threads)
     end = WorkerEnd(up)
-    trainer = Batched(own_rounds=own_rounds) if batched else None
+    trainer = Batched() if batched else None
     try:
         agents = fleet.build(
             indices, lambda device, will: end.connect(device), threaded=False, trainer=trainer

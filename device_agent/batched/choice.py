@@ -24,11 +24,7 @@ but 1.2x and 0.96x at 189k, 0.73x and 1.3x at 379k, and slower in both from 758k
 
 
 def choose_trainer(mode: BatchedMode, step_macs: int) -> Batched | None:
-    """A `Batched` trainer for the process's devices, or None to train each at once.
-
-    `auto` leaves updates that stack their own rounds (pFedMe, pFedBreD) per device: see
-    `Batched.own_rounds`.
-    """
+    """A `Batched` trainer for the process's devices, or None to train each at once."""
     if mode == "off":
         return None
     if mode == "auto" and step_macs > AUTO_MAX_STEP_MACS:
@@ -39,4 +35,4 @@ def choose_trainer(mode: BatchedMode, step_macs: int) -> Batched | None:
             AUTO_MAX_STEP_MACS,
         )
         return None
-    return Batched(own_rounds=mode == "on")
+    return Batched()

@@ -81,11 +81,7 @@ class StackedUpdate(LocalUpdate, Protocol):
 class Batched:
     """Keeps the process's handed updates and trains them together at `flush`."""
 
-    def __init__(self, *, own_rounds: bool = True) -> None:
-        self.own_rounds = own_rounds
-        """Whether updates that stack their own rounds (`run_stacked`) train stacked: only when
-        asked (`--batched on`). Over a 30-round run they drift from the per-device path well
-        beyond rounding (pFedBreD on `synthetic`: worst-10% accuracy 0.43 against 0.21)."""
+    def __init__(self) -> None:
         self._waiting: list[_Work] = []
         self._devices: set[str] = set()
         """The devices of `_waiting`."""
@@ -153,9 +149,6 @@ class Batched:
             work.rounds = getattr(work.update, "run_stacked", None)
         if work.phases is None and work.rounds is None:
             return f"{work.update.name} trains per device (its update declares no phases)"
-        if work.phases is None and not self.own_rounds:
-            work.rounds = None
-            return f"{work.update.name} trains per device unless --batched on forces its rounds"
         if ctx.budget.micro_batch_size is not None or ctx.budget.meter is not None:
             return "a memory plan or work limits bound the steps of each device"
         if id(ctx.model) not in problems:
