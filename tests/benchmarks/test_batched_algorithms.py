@@ -13,4 +13,3 @@ def test_every_update_that_stacks_has_a_row() -> None:
         if hasattr(update, "batch_phases") or hasattr(update, "run_stacked")
     }
     assert stacking == set(ALGORITHMS)
-
