@@ -141,7 +141,7 @@ def section_lines(rows: Sequence[Recheck], command: str) -> list[str]:
         if row.values
         else [row.workload, row.algorithm, str(row.seed), "", "", "", _show_change(row.change)]
         for row in rows
-        if not row.exact
+        if row.change > ROUNDING
     ]
     exact = sum(row.exact for row in rows)
     close = sum(0.0 < row.change <= ROUNDING for row in rows)
@@ -149,7 +149,8 @@ def section_lines(rows: Sequence[Recheck], command: str) -> list[str]:
         ["workload", "cells", "exact", f"within {ROUNDING:g}", "moved", "largest move"], summary
     )
     if detail:
-        lines += ["", "Cells that are not exact:", "", *markdown_table(header, detail)]
+        lines += ["", f"Cells that moved by more than {ROUNDING:g}:", ""]
+        lines += markdown_table(header, detail)
     return [
         *lines,
         "",
