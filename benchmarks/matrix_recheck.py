@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from benchmarks.common import choose, markdown_table, publish_section
 from benchmarks.results_matrix import (
@@ -35,6 +35,7 @@ from benchmarks.results_matrix import (
     not_applicable,
 )
 from coordinator.run.compare import parse_seeds
+from device_agent.batched.choice import BatchedMode
 
 MARKER: Final = "<!-- matrix-recheck -->"
 VALUES: Final = (("personalized_mean", "personalized mean"), ("global", "global"))
@@ -76,7 +77,7 @@ class Recheck:
     algorithm: str
     seed: int
     values: tuple[str, ...]
-    """Each of VALUES and WORST as "today / cached" (empty: no cached cell)."""
+    """Each of VALUES and WORST as "today / cached" (blank: no cached cell)."""
     change: float
     """The largest absolute difference of the three (0.0: exact; inf: no cached cell)."""
 
@@ -84,6 +85,16 @@ class Recheck:
     def exact(self) -> bool:
         """The cell reproduces its cached values to the bit."""
         return self.change == 0.0
+
+    @property
+    def rounding(self) -> bool:
+        """The cell differs from its cached values, by float rounding at most (ROUNDING)."""
+        return 0.0 < self.change <= ROUNDING
+
+    @property
+    def moved(self) -> bool:
+        """The cell differs from its cached values by more than rounding."""
+        return self.change > ROUNDING
 
 
 def compare_rows(
@@ -106,7 +117,8 @@ def compare_rows(
                 if fresh is None:
                     continue
                 if cached is None:
-                    rows.append(Recheck(workload.key, algorithm, seed, (), float("inf")))
+                    blank = ("",) * len(keys)
+                    rows.append(Recheck(workload.key, algorithm, seed, blank, float("inf")))
                     continue
                 values = tuple(_pair(fresh.get(key), cached.get(key)) for key in keys)
                 change = _largest_change(fresh, cached, keys)
@@ -123,13 +135,13 @@ def section_lines(rows: Sequence[Recheck], command: str) -> list[str]:
     summary = []
     for workload in dict.fromkeys(row.workload for row in rows):
         own = [row for row in rows if row.workload == workload]
-        moved = [row.change for row in own if row.change > ROUNDING]
+        moved = [row.change for row in own if row.moved]
         summary.append(
             [
                 workload,
                 str(len(own)),
                 str(sum(row.exact for row in own)),
-                str(sum(0.0 < row.change <= ROUNDING for row in own)),
+                str(sum(row.rounding for row in own)),
                 str(len(moved)),
                 _show_change(max(moved)) if moved else "",
             ]
@@ -138,13 +150,11 @@ def section_lines(rows: Sequence[Recheck], command: str) -> list[str]:
     header += ["global (today / cached)", "worst 10% (today / cached)", "largest change"]
     detail = [
         [row.workload, row.algorithm, str(row.seed), *row.values, _show_change(row.change)]
-        if row.values
-        else [row.workload, row.algorithm, str(row.seed), "", "", "", _show_change(row.change)]
         for row in rows
-        if row.change > ROUNDING
+        if row.moved
     ]
     exact = sum(row.exact for row in rows)
-    close = sum(0.0 < row.change <= ROUNDING for row in rows)
+    close = sum(row.rounding for row in rows)
     lines = markdown_table(
         ["workload", "cells", "exact", f"within {ROUNDING:g}", "moved", "largest move"], summary
     )
@@ -170,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results.md")
     parser.add_argument(
         "--batched",
-        choices=("auto", "on", "off"),
+        choices=get_args(BatchedMode),
         help="simulate's --batched for the fresh runs (default: simulate's own default)",
     )
     args = parser.parse_args(argv)
