@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import torch
@@ -14,25 +14,44 @@ from export import ExportProvenance, ExportResult, export_model
 from pfl_tasks.base import DeviceData, PartitionSpec, Split, Task
 from pfl_tasks.registry import load_task
 
-Fit = Callable[[nn.Module, Task, Split], nn.Module]
+Optimizer = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+
+
+class Fit(Protocol):
+    """The `fit` fixture: `steps` full-batch steps of `optimizer` (default SGD at 0.5)."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        task: Task,
+        split: Split,
+        steps: int = 150,
+        optimizer: Optimizer | None = None,
+    ) -> nn.Module: ...
 
 
 @pytest.fixture
 def fit() -> Fit:
-    """Full-batch SGD, enough to make a model clearly better than its initialization."""
+    """Full-batch training, enough to make a model clearly better than its initialization."""
 
-    def train(model: nn.Module, task: Task, split: Split, steps: int = 150) -> nn.Module:
+    def train(
+        model: nn.Module,
+        task: Task,
+        split: Split,
+        steps: int = 150,
+        optimizer: Optimizer | None = None,
+    ) -> nn.Module:
         # One thread: these matrices are tiny, and spinning worker threads starve each other
         # when the test machine is busy (seconds instead of milliseconds).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+            stepper = (optimizer or (lambda p: torch.optim.SGD(p, lr=0.5)))(model.parameters())
             model.train()
             for _ in range(steps):
-                optimizer.zero_grad()
+                stepper.zero_grad()
                 task.loss(model(split.inputs), split.targets).backward()
-                optimizer.step()
+                stepper.step()
         finally:
             torch.set_num_threads(threads)
         return model.eval()

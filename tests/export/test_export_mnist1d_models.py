@@ -10,34 +10,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from export import ExportProvenance, export_model
 from export.metadata import read_metadata
 from export.onnx_export import DEFAULT_TOLERANCE
-from pfl_tasks.base import PartitionSpec, Split
+from pfl_tasks.base import PartitionSpec
 from pfl_tasks.mnist1d_task import Mnist1dTask
-
-
-def _fit(model: nn.Module, task: Mnist1dTask, split: Split, steps: int = 100) -> nn.Module:
-    """Full-batch Adam at the paper's learning rate: SGD at the export tests' rate diverges here."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    model.train()
-    for _ in range(steps):
-        optimizer.zero_grad()
-        task.loss(model(split.inputs), split.targets).backward()
-        optimizer.step()
-    return model.eval()
+from tests.export.conftest import Fit
 
 
 @pytest.mark.parametrize("model", ["cnn-paper", "cnn", "gru"])
 def test_mnist1d_models_export_with_parity(
-    model: str, provenance: ExportProvenance, tmp_path: Path
+    model: str, fit: Fit, provenance: ExportProvenance, tmp_path: Path
 ) -> None:
-    # Prepare: one of two iid devices (about 2,000 signals), trained 100 full-batch steps
+    # Prepare: one of two iid devices (about 2,000 signals), trained 100 full-batch steps of
+    # Adam at the paper's learning rate (SGD at the export tests' rate diverges here)
     task = Mnist1dTask(model=model)  # type: ignore[arg-type]
     device = task.make_fleet(2, PartitionSpec(scheme="iid"), seed=0)[0]
-    trained = _fit(task.build_model(0), task, device.train)
+    trained = fit(
+        task.build_model(0),
+        task,
+        device.train,
+        steps=100,
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01),
+    )
 
     # Execute
     result = export_model(
